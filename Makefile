@@ -1,0 +1,54 @@
+# The two commands: `make demo` and `make test`. Both set up .venv themselves.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+ROOT := $(abspath .)
+SRC := $(shell find thinkmem_ros launch config models ros_launchers resource -type f \
+         -not -name '*.pyc' 2>/dev/null) setup.py setup.cfg package.xml pyproject.toml
+# Isolate DDS traffic so parallel runs on one machine never hear each other.
+ROS_DOMAIN_ID ?= $(shell echo $$(( $$$$ % 100 + 100 )))
+export ROS_DOMAIN_ID
+export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
+export AMENT_PREFIX_PATH := $(ROOT)/$(VENV)$(if $(AMENT_PREFIX_PATH),:$(AMENT_PREFIX_PATH))
+PYTEST_ARGS ?=
+
+.PHONY: setup test demo lint bench-quick clean help
+help:
+	@echo "make demo   - set up .venv and run the main job end to end"
+	@echo "make test   - set up .venv and run the test suite"
+	@echo "make lint   - ruff over the package and tests"
+	@echo "make bench-quick - every benchmark with --quick, JSON+PNG into bench_results/"
+
+setup: $(VENV)/.installed
+
+# Third-party dependencies: only re-run when a requirements file changes.
+$(VENV)/.deps: requirements/robot.txt requirements/train.txt requirements/test.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "setuptools>=64" wheel
+	$(BIN)/python -m pip install -q -r requirements/robot.txt -r requirements/train.txt \
+	    -r requirements/test.txt
+	touch $@
+
+# The package itself, as a normal (non-editable) install so the data files land in
+# share/ and lib/thinkmem_ros/ exactly as on a robot; re-run whenever a source changes.
+$(VENV)/.installed: $(VENV)/.deps $(SRC)
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	touch $@
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/thinkmem demo
+
+lint: setup
+	$(BIN)/ruff check thinkmem_ros test
+
+bench-quick: setup
+	mkdir -p bench_results
+	for b in exp1 exp2 exp3 exp5 latency; do \
+	  $(BIN)/thinkmem bench $$b --quick --json bench_results/$$b.json \
+	      --plot bench_results/$$b.png || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

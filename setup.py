@@ -1,0 +1,64 @@
+"""Packaging for both a ROS 2 ament_python build (colcon) and a plain pip install."""
+
+from glob import glob
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+PACKAGE = "thinkmem_ros"
+EXECUTABLES = {
+    "thinkmem": "thinkmem_ros.cli:main",
+    "thinking_node": "thinkmem_ros.node:main",
+    "thinkmem_consolidator": "thinkmem_ros.consolidator.service:main",
+}
+
+
+def requirements(name: str) -> list[str]:
+    """Read requirements/<name>.txt, skipping comments, so pip and the Makefile agree."""
+    path = Path(__file__).parent / "requirements" / f"{name}.txt"
+    lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def model_files() -> list[tuple[str, list[str]]]:
+    """Every shipped bundle folder under models/, installed to share/thinkmem_ros/models/."""
+    out = []
+    for folder in sorted(Path("models").glob("*")):
+        files = [str(p) for p in sorted(folder.glob("*")) if p.is_file()]
+        if folder.is_dir() and files:
+            out.append((f"share/{PACKAGE}/models/{folder.name}", files))
+    return out
+
+
+robot = [r for r in requirements("robot") if not r.startswith("ros-")]
+ros = [r for r in requirements("robot") if r.startswith("ros-")]
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    packages=find_packages(exclude=["test", "test.*"]),
+    python_requires=">=3.11",
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
+        (f"share/{PACKAGE}", ["package.xml"]),
+        (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
+        (f"share/{PACKAGE}/config", glob("config/*.yaml")),
+        (f"lib/{PACKAGE}", [f"ros_launchers/{exe}" for exe in EXECUTABLES]),
+        *model_files(),
+    ],
+    install_requires=robot,
+    extras_require={
+        "ros": ros,
+        "train": requirements("train"),
+        "test": requirements("test"),
+    },
+    zip_safe=False,
+    maintainer="thinkmem_ros maintainers",
+    maintainer_email="maintainers@thinkmem.invalid",
+    description="Learned situation-conditioned thinking policy for ROS 2 robots",
+    license="Apache-2.0",
+    tests_require=["pytest"],
+    entry_points={
+        "console_scripts": [f"{exe} = {target}" for exe, target in EXECUTABLES.items()],
+    },
+)

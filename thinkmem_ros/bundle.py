@@ -1,0 +1,180 @@
+"""The model bundle: ``policy.onnx`` plus ``bundle.json``, the contract between sides.
+
+The trainer writes bundles, the consolidator publishes them and the node loads them; this
+module is the only place that knows the layout, so a bundle written by one side is
+always readable by the others. Loading verifies the ONNX file's sha256 before anything
+touches it: a truncated or tampered file is refused, never half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+FORMAT_VERSION = 1
+SUPPORTED_FORMATS = (1,)
+MANIFEST = "bundle.json"
+ONNX_FILE = "policy.onnx"
+
+
+class BundleError(RuntimeError):
+    """A bundle is missing, unreadable, of an unknown format, or does not match its hash."""
+
+
+@dataclass
+class BundleManifest:
+    """What ``bundle.json`` holds; the node checks these against the ONNX graph."""
+
+    model_version: int
+    sha256: str
+    labels: list[str]
+    signals: list[str]
+    window: int
+    frame_rate_hz: float
+    normalisation: dict[str, list[float]]  # {"mean": [F], "std": [F]}
+    thresholds: dict[str, float]  # label -> tau
+    event_vocabulary: list[str] = field(default_factory=list)
+    max_events: int = 1
+    training_fingerprint: str = ""
+    created_at: str = ""
+    preset: str = ""
+    model_config: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version not in SUPPORTED_FORMATS:
+            raise BundleError(
+                f"bundle format_version {self.format_version} is not supported; "
+                f"this thinkmem_ros reads {list(SUPPORTED_FORMATS)}")
+        if self.window < 1:
+            raise BundleError(f"bundle window must be >= 1, got {self.window}")
+        if not self.labels:
+            raise BundleError("bundle has no thinking labels")
+        missing = [label for label in self.labels if label not in self.thresholds]
+        if missing:
+            raise BundleError(f"bundle thresholds lack labels {missing}")
+        for key in ("mean", "std"):
+            if len(self.normalisation.get(key, [])) != len(self.signals):
+                raise BundleError(
+                    f"bundle normalisation[{key!r}] must have {len(self.signals)} values")
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys) so signatures over it are reproducible."""
+        return json.dumps(asdict(self), sort_keys=True, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = MANIFEST) -> "BundleManifest":
+        """Build a manifest, naming the file and the key when something is wrong."""
+        if not isinstance(data, dict):
+            raise BundleError(f"{source}: expected a JSON object")
+        if "format_version" in data and data["format_version"] not in SUPPORTED_FORMATS:
+            raise BundleError(
+                f"{source}: format_version {data['format_version']!r} is not supported; "
+                f"this thinkmem_ros reads {list(SUPPORTED_FORMATS)}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BundleError(f"{source}: unknown keys {unknown}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise BundleError(f"{source}: {exc}") from exc
+
+
+@dataclass
+class Bundle:
+    """A verified bundle on disk: its folder, its manifest and the ONNX bytes' path."""
+
+    path: Path
+    manifest: BundleManifest
+
+    @property
+    def onnx_path(self) -> Path:
+        """Location of the verified ONNX graph."""
+        return self.path / ONNX_FILE
+
+    @property
+    def version(self) -> int:
+        """Monotonic model version; the node never swaps to a lower one from a push."""
+        return self.manifest.model_version
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, streamed so large graphs do not sit in memory twice."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path | str) -> BundleManifest:
+    """Parse ``bundle.json`` without checking the ONNX file (for listing and diffing)."""
+    manifest_path = Path(folder) / MANIFEST
+    if not manifest_path.is_file():
+        raise BundleError(f"bundle manifest not found: {manifest_path}")
+    try:
+        data = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{manifest_path}: cannot parse JSON: {exc}") from exc
+    return BundleManifest.from_dict(data, source=str(manifest_path))
+
+
+def load_bundle(folder: Path | str) -> Bundle:
+    """Read and verify a bundle; raises BundleError naming the file and expected sha256."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BundleError(f"bundle folder not found: {folder}")
+    manifest = read_manifest(folder)
+    onnx_path = folder / ONNX_FILE
+    if not onnx_path.is_file():
+        raise BundleError(f"bundle model not found: {onnx_path} (expected sha256 {manifest.sha256})")
+    actual = sha256_file(onnx_path)
+    if actual != manifest.sha256:
+        raise BundleError(
+            f"{onnx_path}: sha256 {actual} does not match the manifest's expected sha256 "
+            f"{manifest.sha256}; the file is truncated, corrupted or tampered with")
+    return Bundle(path=folder, manifest=manifest)
+
+
+def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest) -> Bundle:
+    """Write a bundle atomically: files land in a temp folder that is then renamed.
+
+    The manifest's ``sha256`` and ``created_at`` are filled in here so no caller can
+    forget them. An existing bundle at ``folder`` is replaced only once the new one is
+    complete, so a crash never leaves a half-written bundle behind.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    manifest.sha256 = hashlib.sha256(onnx_bytes).hexdigest()
+    if not manifest.created_at:
+        manifest.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    (staging / ONNX_FILE).write_bytes(onnx_bytes)
+    (staging / MANIFEST).write_text(manifest.to_json() + "\n", encoding="utf-8")
+    for name in (ONNX_FILE, MANIFEST):
+        with open(staging / name, "rb") as handle:
+            os.fsync(handle.fileno())
+    if folder.exists():
+        retired = folder.with_name(f".{folder.name}.old")
+        if retired.exists():
+            _remove_tree(retired)
+        folder.rename(retired)
+        staging.rename(folder)
+        _remove_tree(retired)
+    else:
+        staging.rename(folder)
+    return load_bundle(folder)
+
+
+def _remove_tree(path: Path) -> None:
+    for child in path.iterdir():
+        _remove_tree(child) if child.is_dir() else child.unlink()
+    path.rmdir()

@@ -1,0 +1,55 @@
+"""The ``thinkmem`` command: one small verb module per sub-command (like ``ros2 bag``).
+
+Each verb lives in ``thinkmem_ros/commands/<verb>.py`` and provides ``HELP`` (one line),
+``add_arguments(parser)`` and ``main(args) -> int``. Verbs are imported only when the
+command line names them, so ``thinkmem bag play`` on a robot never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+VERBS: dict[str, str] = {
+    "demo": "run the main job end to end (bag -> node -> activations -> report)",
+    "train": "train a policy and export it as a model bundle",
+    "bench": "run a benchmark and write its JSON (and PNG)",
+    "bag": "write synthetic scenarios to rosbag2 or play a bag into ROS",
+    "keys": "generate CURVE and signing key pairs",
+    "consolidator": "run the offboard consolidator service",
+    "knowledge": "list knowledge units the consolidator has discovered",
+}
+
+
+def _load(verb: str):
+    return importlib.import_module(f"thinkmem_ros.commands.{verb}")
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """Top-level parser; only ``verb``'s module is imported (all, when ``verb`` is None)."""
+    parser = argparse.ArgumentParser(prog="thinkmem", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    for name, summary in VERBS.items():
+        child = sub.add_parser(name, help=summary, description=summary)
+        if verb is None or verb == name:
+            _load(name).add_arguments(child)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``thinkmem`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
+    args = parser.parse_args(argv)
+    try:
+        return int(_load(args.verb).main(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

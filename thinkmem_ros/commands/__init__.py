@@ -1,0 +1,1 @@
+"""Sub-commands of the ``thinkmem`` command, one module per verb."""

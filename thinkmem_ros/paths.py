@@ -1,0 +1,43 @@
+"""Where installed data lives, so the same code works from a venv, colcon or a checkout."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+PACKAGE = "thinkmem_ros"
+
+
+def share_dirs() -> list[Path]:
+    """Candidate ``share/thinkmem_ros`` folders, most specific first.
+
+    Order: every prefix on ``AMENT_PREFIX_PATH`` (a ROS install or overlay), then this
+    interpreter's prefix (a pip install into a venv), then the source checkout itself.
+    """
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    prefixes.append(sys.prefix)
+    dirs = [Path(prefix) / "share" / PACKAGE for prefix in prefixes]
+    dirs.append(Path(__file__).resolve().parent.parent)
+    return dirs
+
+
+def find_data(relative: str) -> Path:
+    """First existing ``relative`` path under the share dirs, or a FileNotFoundError listing them."""
+    tried = []
+    for base in share_dirs():
+        candidate = base / relative
+        if candidate.exists():
+            return candidate
+        tried.append(str(candidate))
+    raise FileNotFoundError(f"{relative} not found; looked in: {', '.join(tried)}")
+
+
+def default_bundle() -> Path:
+    """The shipped default model bundle (``models/default``)."""
+    return find_data("models/default")
+
+
+def default_params() -> Path:
+    """The shipped default parameter file (``config/thinkmem.yaml``)."""
+    return find_data("config/thinkmem.yaml")

@@ -1,0 +1,1 @@
+"""thinkmem_ros.world."""
