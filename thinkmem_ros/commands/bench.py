@@ -1,0 +1,40 @@
+"""``thinkmem bench NAME``: run one benchmark, print its table, write JSON and PNG."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+from ..bench import BENCHMARKS
+
+HELP = "run a benchmark and write its JSON (and PNG)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared by every benchmark (DESIGN.md §4)."""
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="benchmark to run")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer seeds/epochs/queries, same x values (a few minutes)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="number of seeds (default 5, or 2 with --quick)")
+    parser.add_argument("--json", dest="json_path", default=None, help="write results here")
+    parser.add_argument("--plot", dest="plot_path", default=None, help="write a PNG here")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``args.name`` and report; exit code 0 even when a target is missed (it is data)."""
+    from ..bench.common import finish_report
+
+    seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
+    if seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {seeds}")
+    module = importlib.import_module(BENCHMARKS[args.name])
+    result = module.run(quick=args.quick, seeds=seeds)
+    report = finish_report(result, name=args.name, quick=args.quick, seeds=seeds,
+                           threads=result.pop("threads", 1), json_path=args.json_path)
+    if args.plot_path:
+        module.plot(report, args.plot_path)
+    print(json.dumps({"experiment": report["experiment"], "results": report["results"]},
+                     indent=2))
+    return 0
