@@ -1,5 +1,9 @@
 # The two commands: `make demo` and `make test`. Both set up .venv themselves.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3.11
+# This machine's pip config lists local mirrors that may not all exist; hide that noise.
+QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 VENV ?= .venv
 BIN := $(VENV)/bin
 ROOT := $(abspath .)
@@ -24,15 +28,15 @@ setup: $(VENV)/.installed
 # Third-party dependencies: only re-run when a requirements file changes.
 $(VENV)/.deps: requirements/robot.txt requirements/train.txt requirements/test.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "setuptools>=64" wheel
+	$(BIN)/python -m pip install -q --upgrade "setuptools>=64" wheel $(QUIET_PIP)
 	$(BIN)/python -m pip install -q -r requirements/robot.txt -r requirements/train.txt \
-	    -r requirements/test.txt
+	    -r requirements/test.txt $(QUIET_PIP)
 	touch $@
 
 # The package itself, as a normal (non-editable) install so the data files land in
 # share/ and lib/thinkmem_ros/ exactly as on a robot; re-run whenever a source changes.
 $(VENV)/.installed: $(VENV)/.deps $(SRC)
-	$(BIN)/python -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation --force-reinstall . $(QUIET_PIP)
 	touch $@
 
 test: setup
