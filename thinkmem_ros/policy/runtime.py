@@ -1,0 +1,283 @@
+"""Robot-side policy inference on ONNX Runtime and numpy alone (no torch).
+
+The session is pinned to one intra-op thread, one inter-op thread, sequential execution
+and *no spinning* by default: ONNX Runtime's worker threads busy-wait between calls
+otherwise, burning a core the robot needs for control (DESIGN.md, known pitfalls).
+The graph is checked against the manifest on load, so a bundle whose ONNX file and
+``bundle.json`` disagree is refused instead of producing misaligned labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..bundle import Bundle, BundleError, BundleManifest, load_bundle
+
+OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class InputError(ValueError):
+    """A situation given to the runtime has the wrong shape, dtype or non-finite values."""
+
+
+@dataclass
+class Prediction:
+    """Policy output for B situations."""
+
+    probabilities: np.ndarray  # (B, L) float32
+    active: list[list[str]]  # per situation, labels with probability >= tau
+    embedding: np.ndarray  # (B, d) float32, pooled hidden state (value clustering, recall)
+
+
+def session_options(threads: int = 1, allow_spinning: bool = False,
+                    optimization: str = "all") -> ort.SessionOptions:
+    """ONNX Runtime options for deterministic, low-jitter single-query inference."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads!r}")
+    if optimization not in OPTIMIZATION_LEVELS:
+        raise ValueError(f"optimization must be one of {sorted(OPTIMIZATION_LEVELS)}, "
+                         f"got {optimization!r}")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = OPTIMIZATION_LEVELS[optimization]
+    spin = "1" if allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    options.log_severity_level = 3
+    return options
+
+
+class PolicyRuntime:
+    """A loaded, verified bundle ready to answer 'which thinking now?' for situations."""
+
+    def __init__(self, bundle: Bundle | str | Path, threads: int = 1,
+                 allow_spinning: bool = False, thresholds: dict[str, float] | None = None,
+                 optimization: str = "all") -> None:
+        self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+        m = self.bundle.manifest
+        path = self.bundle.onnx_path
+        try:
+            model = path.read_bytes()
+        except OSError as exc:
+            raise BundleError(f"cannot read {path} (expected sha256 {m.sha256}): {exc}") from exc
+        # Hash the very bytes handed to ONNX Runtime: the file may change after load_bundle.
+        actual = hashlib.sha256(model).hexdigest()
+        if actual != m.sha256:
+            raise BundleError(f"{path}: sha256 {actual} does not match the expected sha256 "
+                              f"{m.sha256}; the file is truncated, corrupted or tampered with")
+        try:
+            self.session = ort.InferenceSession(
+                model, sess_options=session_options(threads, allow_spinning, optimization),
+                providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own unexported exception types
+            raise BundleError(f"{path}: ONNX Runtime cannot load the model (sha256 "
+                              f"{m.sha256}): {exc}") from exc
+        self._check_graph(m, path)
+        self.thresholds = self._thresholds(m, thresholds)
+        self._labels = np.array(m.labels, dtype=object)
+        k, f, e = m.window, len(m.signals), m.max_events
+        self._one = {"signals": np.zeros((1, k, f), np.float32),
+                     "mask": np.ones((1, k, f), np.float32),
+                     "events": np.zeros((1, e), np.int64)}
+        self._outputs = ["probabilities", "embedding"]
+
+    @staticmethod
+    def _thresholds(m: BundleManifest, override: dict[str, float] | None) -> np.ndarray:
+        tau = dict(m.thresholds)
+        if override:
+            unknown = sorted(set(override) - set(m.labels))
+            if unknown:
+                raise ValueError(f"thresholds for unknown labels {unknown}; bundle labels "
+                                 f"are {m.labels}")
+            tau.update(override)
+        for name, value in tau.items():
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"threshold for {name!r} must be in [0, 1], got {value!r}")
+        return np.array([tau[name] for name in m.labels], dtype=np.float32)
+
+    def _check_graph(self, m: BundleManifest, path: Path) -> None:
+        """Refuse a graph whose names, shapes or dtypes disagree with the manifest."""
+        d = m.model_config.get("d_model") if m.model_config else None
+        expected_in = {"signals": ([m.window, len(m.signals)], "tensor(float)"),
+                       "mask": ([m.window, len(m.signals)], "tensor(float)"),
+                       "events": ([m.max_events], "tensor(int64)")}
+        expected_out = {"probabilities": ([len(m.labels)], "tensor(float)"),
+                        "embedding": ([d], "tensor(float)")}
+        for kind, nodes, expected in (("input", self.session.get_inputs(), expected_in),
+                                      ("output", self.session.get_outputs(), expected_out)):
+            found = {node.name: node for node in nodes}
+            if set(found) != set(expected):
+                raise BundleError(f"{path}: graph {kind}s {sorted(found)} != expected "
+                                  f"{sorted(expected)} (sha256 {m.sha256})")
+            for name, (dims, dtype) in expected.items():
+                node = found[name]
+                tail = list(node.shape[1:])
+                ok = node.type == dtype and len(tail) == len(dims) and all(
+                    want is None or got == want for got, want in zip(tail, dims))
+                if not ok:
+                    raise BundleError(
+                        f"{path}: graph {kind} {name!r} is {node.type} {node.shape}, the "
+                        f"manifest expects {dtype} [batch, {', '.join(map(str, dims))}] "
+                        f"(sha256 {m.sha256})")
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def manifest(self) -> BundleManifest:
+        """The bundle's manifest."""
+        return self.bundle.manifest
+
+    @property
+    def labels(self) -> list[str]:
+        """Thinking labels in output order."""
+        return list(self.manifest.labels)
+
+    @property
+    def signals(self) -> list[str]:
+        """Signal names in input column order."""
+        return list(self.manifest.signals)
+
+    @property
+    def window(self) -> int:
+        """Frames per situation (K)."""
+        return self.manifest.window
+
+    @property
+    def max_events(self) -> int:
+        """Event slots per situation (M)."""
+        return self.manifest.max_events
+
+    @property
+    def version(self) -> int:
+        """Model version from the manifest."""
+        return self.manifest.model_version
+
+    @property
+    def sha256(self) -> str:
+        """sha256 of the loaded ONNX file."""
+        return self.manifest.sha256
+
+    # -- inference --------------------------------------------------------------------------
+    def predict(self, signals: np.ndarray, mask: np.ndarray | None = None,
+                events: np.ndarray | None = None) -> Prediction:
+        """Predict for one (K, F) situation or a (B, K, F) batch of raw signal values."""
+        feed = self.validate(signals, mask, events)
+        probs, embedding = self.session.run(self._outputs, feed)
+        return Prediction(probs, self._active(probs), embedding)
+
+    def predict_one(self, signals: np.ndarray, mask: np.ndarray | None = None,
+                    events: np.ndarray | None = None) -> Prediction:
+        """Single-situation fast path: inputs are copied into buffers reused across calls.
+
+        Validation is the same as ``predict`` but done in place, without stacking or
+        converting, so the control loop allocates little more than ONNX Runtime's outputs.
+        """
+        one = self._one
+        k, f = one["signals"].shape[1:]
+        _check_array("signals", signals, (k, f), float_only=True)
+        np.copyto(one["signals"][0], signals, casting="same_kind")
+        if not np.isfinite(one["signals"]).all():
+            raise InputError(_nonfinite_message("signals"))
+        if mask is None:
+            one["mask"].fill(1.0)
+        else:
+            _check_array("mask", mask, (k, f), float_only=False)
+            np.copyto(one["mask"][0], mask, casting="unsafe")
+            _check_mask(one["mask"])
+        if events is None:
+            one["events"].fill(0)
+        else:
+            one["events"][0] = self._pad_events(np.asarray(events)[None])[0]
+        probs, embedding = self.session.run(self._outputs, one)
+        return Prediction(probs, self._active(probs), embedding)
+
+    def validate(self, signals, mask=None, events=None) -> dict[str, np.ndarray]:
+        """Checked, batched float32/int64 feed dict; raises InputError with the reason."""
+        k, f = self.window, len(self.manifest.signals)
+        signals = np.asarray(signals)
+        if signals.ndim == 2:
+            signals = signals[None]
+        _check_array("signals", signals, (None, k, f), float_only=True)
+        signals = signals.astype(np.float32, copy=False)
+        if not np.isfinite(signals).all():
+            raise InputError(_nonfinite_message("signals"))
+        batch = signals.shape[0]
+        if mask is None:
+            mask = np.ones_like(signals)
+        else:
+            mask = np.asarray(mask)
+            if mask.ndim == 2:
+                mask = mask[None]
+            _check_array("mask", mask, (batch, k, f), float_only=False)
+            mask = mask.astype(np.float32, copy=False)
+            _check_mask(mask)
+        if events is None:
+            events = np.zeros((batch, self.max_events), np.int64)
+        else:
+            events = np.asarray(events)
+            if events.ndim == 1:
+                events = events[None]
+            if events.ndim != 2 or events.shape[0] != batch:
+                raise InputError(f"events must be (M,) or (B, M) with B={batch}, got shape "
+                                 f"{events.shape}")
+            events = self._pad_events(events)
+        return {"signals": np.ascontiguousarray(signals), "mask": np.ascontiguousarray(mask),
+                "events": np.ascontiguousarray(events)}
+
+    def _pad_events(self, events: np.ndarray) -> np.ndarray:
+        """Left-pad (B, m<=M) event ids with 0 so the newest stay last, as in training."""
+        if not np.issubdtype(events.dtype, np.integer):
+            raise InputError(f"events must be integer ids, got dtype {events.dtype}")
+        width = events.shape[-1]
+        if width > self.max_events:
+            raise InputError(f"events has {width} slots, the bundle takes at most "
+                             f"{self.max_events}")
+        vocab = len(self.manifest.event_vocabulary)
+        if events.size and (events.min() < 0 or events.max() > vocab):
+            raise InputError(f"event ids must be in [0, {vocab}] (0 = padding), got "
+                             f"[{events.min()}, {events.max()}]")
+        events = events.astype(np.int64, copy=False)
+        if width < self.max_events:
+            events = np.pad(events, ((0, 0), (self.max_events - width, 0)))
+        return events
+
+    def _active(self, probs: np.ndarray) -> list[list[str]]:
+        hits = probs >= self.thresholds  # (B, L)
+        return [self._labels[row].tolist() for row in hits]
+
+
+def _check_array(name: str, array, shape: tuple, float_only: bool) -> None:
+    if not isinstance(array, np.ndarray):
+        raise InputError(f"{name} must be a numpy array, got {type(array).__name__}")
+    kind = array.dtype.kind
+    allowed = "f" if float_only else "fiub"
+    if kind not in allowed:
+        raise InputError(f"{name} must have a {'float' if float_only else 'numeric'} dtype, "
+                         f"got {array.dtype}")
+    ok = array.ndim == len(shape) and all(
+        want is None or got == want for got, want in zip(array.shape, shape))
+    if not ok:
+        want = ", ".join("B" if s is None else str(s) for s in shape)
+        raise InputError(f"{name} must have shape ({want}) (window K, signals F), got "
+                         f"{array.shape}")
+
+
+def _check_mask(mask: np.ndarray) -> None:
+    if not np.isfinite(mask).all() or mask.min() < 0.0 or mask.max() > 1.0:
+        raise InputError("mask must hold values in [0, 1] (1 = observed), without NaN/inf")
+
+
+def _nonfinite_message(name: str) -> str:
+    return (f"{name} contain NaN or inf; missing values must be 0 with mask 0 "
+            "(never NaN)")
