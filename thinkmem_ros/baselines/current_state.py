@@ -26,17 +26,21 @@ def last_frame(data: SituationSet) -> SituationSet:
 
 @dataclass
 class CurrentStateOnly:
-    """Transformer policy with window 1 on the last frame; threshold ``tau`` on its outputs."""
+    """Transformer policy with window 1 on the last frame.
+
+    Thresholds are the per-label tau that ``train_policy`` tunes on its validation split,
+    exactly as for the proposed policy, unless a fixed ``tau`` is given.
+    """
 
     preset: str = "default"
     seed: int = 0
     epochs: int | None = None
-    tau: float = 0.5
+    tau: float | None = None
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.tau < 1.0:
-            raise ValueError(f"tau must be in (0, 1), got {self.tau}")
+        if self.tau is not None and not 0.0 < self.tau < 1.0:
+            raise ValueError(f"tau must be in (0, 1) or None, got {self.tau}")
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"epochs must be >= 1 or None, got {self.epochs}")
         self._trained = None
@@ -60,5 +64,7 @@ class CurrentStateOnly:
         return np.asarray(predict_proba(self._trained, last_frame(data)), dtype=np.float32)
 
     def predict(self, data: SituationSet) -> np.ndarray:
-        """(N, L) {0, 1} activation at threshold ``tau``."""
-        return (self.predict_proba(data) >= self.tau).astype(np.float32)
+        """(N, L) {0, 1} activation at the tuned thresholds (or the fixed ``tau``)."""
+        probs = self.predict_proba(data)
+        tau = self._trained.threshold_array if self.tau is None else self.tau
+        return (probs >= tau).astype(np.float32)

@@ -65,3 +65,63 @@ def finish_report(result: dict, *, name: str, quick: bool, seeds: int, threads: 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return report
+
+
+# --- shared by the method-comparison benchmarks (exp1, exp2, exp3, exp5) -------------------
+
+METHODS: tuple[str, ...] = ("proposed", "summary_rag", "sequence_rag", "rf_summary",
+                            "current_state_only")
+"""Method keys of the benchmark JSON, in table order."""
+
+
+def bench_progress():
+    """Return a rich progress display on stderr, so stdout stays the command's JSON summary."""
+    from rich import progress as rp
+    from rich.console import Console
+
+    return rp.Progress(rp.TextColumn("{task.description}"), rp.BarColumn(),
+                       rp.MofNCompleteColumn(), rp.TimeElapsedColumn(),
+                       console=Console(stderr=True))
+
+
+def summarise_scores(scores: dict[str, list[dict[str, float]]]) -> dict[str, dict]:
+    """Per-seed ``micro_scores`` per method -> ``results`` (F1) and precision/recall tables."""
+    out: dict[str, dict] = {"results": {}, "results_precision": {}, "results_recall": {}}
+    for method, rows in scores.items():
+        if not rows:
+            continue
+        out["results"][method] = mean_std([r["f1"] for r in rows])
+        out["results_precision"][method] = mean_std([r["precision"] for r in rows])
+        out["results_recall"][method] = mean_std([r["recall"] for r in rows])
+    return out
+
+
+def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: int,
+                    preset: str = "default") -> dict[str, dict[str, float]]:
+    """Fit each named method on ``train`` and score it on ``test`` (micro P/R/F1).
+
+    ``proposed`` and ``current_state_only`` train the Transformer policy (same preset,
+    epochs and seed; thresholds tuned on their validation split); the others are the
+    baselines of ``thinkmem_ros.baselines``.
+    """
+    from ..baselines import CurrentStateOnly, RFSummary, SequenceRAG, SummaryRAG
+    from ..metrics import micro_scores
+
+    out = {}
+    for method in methods:
+        if method == "proposed":
+            from ..policy.train import predict_proba, train_policy
+
+            trained = train_policy(train, preset, seed=seed, epochs=epochs, progress=False)
+            predicted = predict_proba(trained, test) >= trained.threshold_array
+        elif method == "current_state_only":
+            predicted = CurrentStateOnly(preset=preset, seed=seed, epochs=epochs).fit(
+                train).predict(test)
+        else:
+            factories = {"summary_rag": SummaryRAG, "sequence_rag": SequenceRAG,
+                         "rf_summary": lambda: RFSummary(seed=seed)}
+            if method not in factories:
+                raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+            predicted = factories[method]().fit(train).predict(test)
+        out[method] = micro_scores(test.labels, predicted)
+    return out

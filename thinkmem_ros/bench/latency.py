@@ -1,0 +1,165 @@
+"""Policy inference latency on one thread: the shipped default bundle and the paper preset.
+
+Reproduce: ``thinkmem bench latency --json bench_results/latency.json
+--plot bench_results/latency.png`` (``--quick``: 2,000 instead of 10,000 queries per repeat).
+
+Batch-1 queries go through ``PolicyRuntime.predict_one`` (the robot's control-loop path,
+input checks included), timed one by one after an untimed warm-up; ``batch64_per_s`` is the
+throughput of ``predict`` on batches of 64. The paper preset (4 layers, d=192) is exported
+*untrained* with the default bundle's window, labels and events: weights do not change the
+arithmetic, so its latency is that of a trained one. ONNX Runtime is measured with spinning
+allowed and disallowed (DESIGN.md pitfall: spinning threads burn CPU between calls), and the
+CPU time each query costs is recorded beside its wall time.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..paths import default_bundle
+from .common import bench_progress, mean_std, percentiles_ms
+from .plots import new_figure, save
+
+SIZES = {"full": {"queries": 10000, "batches": 300, "warmup": 200},
+         "quick": {"queries": 2000, "batches": 60, "warmup": 100},
+         "tiny": {"queries": 200, "batches": 5, "warmup": 10}}
+"""Batch-1 queries per repeat, batch-64 calls and warm-up calls per run size."""
+
+SEED_BASE = 7000
+
+
+def situations(manifest, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, K, F) float32 windows around the bundle's training statistics."""
+    mean = np.asarray(manifest.normalisation["mean"], np.float32)
+    std = np.asarray(manifest.normalisation["std"], np.float32)
+    noise = rng.standard_normal((n, manifest.window, len(manifest.signals))).astype(np.float32)
+    return mean + std * noise
+
+
+def export_untrained(preset: str, reference, folder: Path) -> Path:
+    """Write an untrained ``preset`` model with ``reference``'s shapes as a bundle."""
+    from ..policy.config import PolicyConfig
+    from ..policy.export import export_bundle
+    from ..policy.model import ThinkingPolicy
+    from ..policy.train import TrainedPolicy
+
+    m = reference.manifest
+    sizes = {k: m.model_config[k] for k in ("window", "n_signals", "n_labels", "max_events",
+                                           "n_event_vocab")}
+    config = PolicyConfig.from_preset(preset, **sizes)
+    model = ThinkingPolicy(config).eval()
+    trained = TrainedPolicy(
+        model=model, config=config, normalisation=dict(m.normalisation),
+        label_names=tuple(m.labels), signal_names=tuple(m.signals),
+        event_vocabulary=tuple(m.event_vocabulary), thresholds=dict(m.thresholds),
+        preset=preset)
+    export_bundle(trained, folder, model_version=1, frame_rate_hz=m.frame_rate_hz,
+                  extras={"note": "untrained; for latency only"})
+    return folder
+
+
+def batch1_times(runtime, windows: np.ndarray, warmup: int) -> tuple[list[float], float]:
+    """Per-query wall seconds of ``predict_one`` and the CPU seconds per query."""
+    for i in range(warmup):
+        runtime.predict_one(windows[i % len(windows)])
+    clock = time.perf_counter
+    out = []
+    cpu0 = time.process_time()
+    for window in windows:
+        start = clock()
+        runtime.predict_one(window)
+        out.append(clock() - start)
+    return out, (time.process_time() - cpu0) / len(windows)
+
+
+def batch64_rate(runtime, windows: np.ndarray, calls: int) -> float:
+    """Situations per second of ``predict`` on batches of 64 (after one untimed call)."""
+    batch = windows[:64]
+    runtime.predict(batch)
+    start = time.perf_counter()
+    for _ in range(calls):
+        runtime.predict(batch)
+    return 64 * calls / (time.perf_counter() - start)
+
+
+def measure(bundle_path: Path, cfg: dict, repeats: int, rng: np.random.Generator, *,
+            allow_spinning: bool = False, with_batch: bool = True) -> dict:
+    """Latency percentiles (pooled over repeats), per-repeat p99 spread and throughput."""
+    from ..policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime(bundle_path, threads=1, allow_spinning=allow_spinning)
+    samples, p99s, cpu = [], [], []
+    for _ in range(repeats):
+        windows = situations(runtime.manifest, cfg["queries"], rng)
+        times, cpu_s = batch1_times(runtime, windows, cfg["warmup"])
+        samples.extend(times)
+        p99s.append(percentiles_ms(times)["p99_ms"])
+        cpu.append(cpu_s * 1e3)
+    out = {**percentiles_ms(samples), "p99_ms_per_repeat": mean_std(p99s),
+           "cpu_ms_per_query": float(np.mean(cpu)), "allow_spinning": allow_spinning,
+           "threads": 1, "onnx_bytes": runtime.bundle.onnx_path.stat().st_size,
+           "model_config": runtime.manifest.model_config}
+    if with_batch:
+        windows = situations(runtime.manifest, 64, rng)
+        out["batch64_per_s"] = float(np.mean([batch64_rate(runtime, windows, cfg["batches"])
+                                              for _ in range(repeats)]))
+    return out
+
+
+def run(quick: bool, seeds: int, size: str | None = None,
+        bundle: str | Path | None = None) -> dict:
+    """Measure the default bundle (spinning off and on) and the paper preset."""
+    from ..bundle import load_bundle
+
+    cfg = SIZES[size or ("quick" if quick else "full")]
+    path = Path(bundle) if bundle else default_bundle()
+    rng = np.random.default_rng(SEED_BASE)
+    results: dict = {}
+    with bench_progress() as bar, tempfile.TemporaryDirectory() as tmp:
+        task = bar.add_task("latency", total=4)
+        bar.update(task, description="latency: default bundle")
+        results["default"] = measure(path, cfg, seeds, rng)
+        bar.update(task, advance=1, description="latency: default, spinning allowed")
+        spinning = measure(path, cfg, seeds, rng, allow_spinning=True, with_batch=False)
+        bar.update(task, advance=1, description="latency: exporting paper preset")
+        paper_path = export_untrained("paper", load_bundle(path), Path(tmp) / "paper")
+        bar.update(task, advance=1, description="latency: paper preset")
+        results["paper"] = measure(paper_path, cfg, seeds, rng)
+        bar.update(task, advance=1)
+    keys = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "cpu_ms_per_query")
+    results["default"]["spinning"] = {
+        "disallowed": {k: results["default"][k] for k in keys},
+        "allowed": {k: spinning[k] for k in keys}}
+    return {"metric": "latency_ms", "results": results,
+            "targets": {"default_p99_ms_below": 1.0,
+                        "default_p99_met": results["default"]["p99_ms"] < 1.0},
+            "setup": {**cfg, "repeats": seeds, "bundle": str(path), "batch": 1,
+                      "paper_preset": "untrained export with the default bundle's window, "
+                                      "labels and events; weights do not change latency"}}
+
+
+def plot(report: dict, path) -> None:
+    """Draw percentile bars per model and spinning setting, and batch-64 throughput."""
+    res = report["results"]
+    rows = {"default": res["default"], "default (spinning)":
+            res["default"]["spinning"]["allowed"], "paper preset": res["paper"]}
+    fig, (ax1, ax2) = new_figure(2, "Policy latency, 1 thread, batch 1")
+    keys = ("p50_ms", "p99_ms", "p999_ms")
+    width = 0.8 / len(rows)
+    for j, (name, row) in enumerate(rows.items()):
+        xs = [i + (j - 1) * width for i in range(len(keys))]
+        bars = ax1.bar(xs, [row[k] for k in keys], width, label=name)
+        ax1.bar_label(bars, fmt="%.3f", fontsize=7)
+    ax1.axhline(1.0, color="red", linestyle="--", linewidth=1, label="1 ms target")
+    ax1.set_xticks(range(len(keys)), ["p50", "p99", "p99.9"])
+    ax1.set_ylabel("ms per query")
+    ax1.legend(fontsize=8)
+    names = ["default", "paper preset"]
+    bars = ax2.bar(names, [res["default"]["batch64_per_s"], res["paper"]["batch64_per_s"]])
+    ax2.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax2.set_ylabel("situations / s (batch 64)")
+    save(fig, path)
