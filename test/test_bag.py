@@ -1,0 +1,158 @@
+"""rosbag2 writing and reading: topics, types, counts, timing, metadata and decoded values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from thinkmem_ros.bag import (
+    GROUND_TRUTH_TOPIC,
+    BagError,
+    bag_info,
+    decode,
+    default_bindings,
+    read_bag,
+    write_stream,
+)
+from thinkmem_ros.data import SignalStream
+from thinkmem_ros.vocabulary import SIGNALS, THINKING
+
+RATE = 10.0
+FRAMES = 40
+
+
+def _stream(seed: int = 3) -> SignalStream:
+    """A small hand-made stream: random values, one dropout, labels and two events."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(20.0, 5.0, size=(FRAMES, len(SIGNALS))).astype(np.float32)
+    values[7, SIGNALS.index("vibration")] = np.nan
+    labels = (rng.random((FRAMES, len(THINKING))) > 0.7).astype(np.float32)
+    return SignalStream(rate_hz=RATE, values=values, labels=labels,
+                        events=[(0.55, "door_open"), (2.0, "alarm")], scenario="hand")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    stream = _stream()
+    out = tmp_path_factory.mktemp("bags") / "hand"
+    info = write_stream(stream, out)
+    return stream, out, info
+
+
+def test_topics_types_and_counts_follow_the_node_defaults(written):
+    stream, _, info = written
+    bindings, events_topic = default_bindings()
+    expected = {b.topic: b.msgtype for b in bindings.values()}
+    expected[events_topic] = "std_msgs/msg/String"
+    expected[GROUND_TRUTH_TOPIC] = "std_msgs/msg/String"
+    assert {t: kind for t, (kind, _) in info.topics.items()} == expected
+    for name, binding in bindings.items():
+        column = stream.values[:, SIGNALS.index(name)]
+        assert info.topics[binding.topic][1] == int(np.isfinite(column).sum())
+    assert info.topics[bindings["vibration"].topic][1] == FRAMES - 1  # the dropout
+    assert info.topics[events_topic][1] == 2
+    assert info.topics[GROUND_TRUTH_TOPIC][1] == FRAMES
+    assert info.storage == "mcap"
+    assert info.duration_s == pytest.approx((FRAMES - 1) / RATE)
+
+
+def test_metadata_yaml_is_standard_rosbag2(written):
+    _, out, info = written
+    meta = yaml.safe_load((out / "metadata.yaml").read_text())["rosbag2_bagfile_information"]
+    assert meta["version"] == 9
+    assert meta["storage_identifier"] == "mcap"
+    assert meta["message_count"] == info.message_count
+    for rel in meta["relative_file_paths"]:
+        assert (out / rel).is_file() and rel.endswith(".mcap")
+    listed = {t["topic_metadata"]["name"]: t["message_count"]
+              for t in meta["topics_with_message_count"]}
+    assert listed == {t: n for t, (_, n) in info.topics.items()}
+    for entry in meta["topics_with_message_count"]:
+        assert entry["topic_metadata"]["serialization_format"] == "cdr"
+        assert entry["topic_metadata"]["type_description_hash"].startswith("RIHS01_")
+
+
+def test_timing_is_the_frame_rate_and_header_stamps_agree(written):
+    _, out, info = written
+    _, messages = read_bag(out)
+    assert [m.timestamp_ns for m in messages] == sorted(m.timestamp_ns for m in messages)
+    bindings, _ = default_bindings()
+    temps = [m for m in messages if m.topic == bindings["temperature"].topic]
+    gaps = np.diff([m.timestamp_ns for m in temps])
+    assert np.all(np.abs(gaps - 1e9 / RATE) <= 1)
+    first = decode(temps[3])
+    stamp_ns = first.header.stamp.sec * 10**9 + first.header.stamp.nanosec
+    assert stamp_ns == temps[3].timestamp_ns == info.start_ns + 3 * 10**8
+
+
+def test_values_decode_with_rclpy(written):
+    from rclpy.serialization import deserialize_message
+    from sensor_msgs.msg import Range, Temperature
+    from std_msgs.msg import Float32, String
+
+    stream, out, _ = written
+    bindings, events_topic = default_bindings()
+    classes = {"sensor_msgs/msg/Temperature": Temperature, "sensor_msgs/msg/Range": Range,
+               "std_msgs/msg/Float32": Float32}
+    _, messages = read_bag(out)
+    frame_of = {}
+    for name, binding in bindings.items():
+        column = stream.values[:, SIGNALS.index(name)]
+        frames = np.flatnonzero(np.isfinite(column))
+        got = [m for m in messages if m.topic == binding.topic]
+        decoded = [getattr(deserialize_message(m.data, classes[binding.msgtype]),
+                           binding.field) for m in got]
+        np.testing.assert_allclose(decoded, column[frames], rtol=1e-6)
+        frame_of[name] = frames
+    truths = [json.loads(deserialize_message(m.data, String).data)
+              for m in messages if m.topic == GROUND_TRUTH_TOPIC]
+    assert [t["frame"] for t in truths] == list(range(FRAMES))
+    for t in truths:
+        expected = [THINKING[i] for i in np.flatnonzero(stream.labels[t["frame"]])]
+        assert t["active"] == expected
+    events = [(m.timestamp_ns, deserialize_message(m.data, String).data)
+              for m in messages if m.topic == events_topic]
+    start = messages[0].timestamp_ns
+    assert [name for _, name in events] == ["door_open", "alarm"]
+    assert [(ns - start) / 1e9 for ns, _ in events] == pytest.approx([0.55, 2.0])
+
+
+def test_sqlite3_storage_reads_back_identically(written, tmp_path):
+    stream, out, info = written
+    other = write_stream(stream, tmp_path / "sq", storage="sqlite3")
+    assert other.storage == "sqlite3"
+    assert other.topics == info.topics
+    _, a = read_bag(out)
+    _, b = read_bag(tmp_path / "sq")
+    key = lambda m: (m.timestamp_ns, m.topic)  # noqa: E731
+    assert [(m.topic, m.timestamp_ns, m.data) for m in sorted(a, key=key)] == \
+        [(m.topic, m.timestamp_ns, m.data) for m in sorted(b, key=key)]
+
+
+def test_topic_filter_and_start_offset(written):
+    _, out, info = written
+    _, messages = read_bag(out, topics=[GROUND_TRUTH_TOPIC], start_offset_s=1.0)
+    assert {m.topic for m in messages} == {GROUND_TRUTH_TOPIC}
+    assert len(messages) == FRAMES - 10
+    assert messages[0].timestamp_ns == info.start_ns + 10**9
+
+
+def test_bad_inputs_raise_naming_the_problem(written, tmp_path):
+    stream, out, _ = written
+    with pytest.raises(BagError, match="bag not found"):
+        read_bag(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BagError, match="no metadata.yaml"):
+        bag_info(tmp_path / "empty")
+    with pytest.raises(BagError, match="/no/such"):
+        read_bag(out, topics=["/no/such"])
+    with pytest.raises(ValueError, match="start_offset_s"):
+        read_bag(out, start_offset_s=-1)
+    with pytest.raises(BagError, match="already exists"):
+        write_stream(stream, out)
+    with pytest.raises(ValueError, match="storage"):
+        write_stream(stream, tmp_path / "x", storage="rosbag1")
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,301 @@
+"""rosbag2 files without ROS: write scenario streams as MCAP bags and read any bag back.
+
+Plain Python over the ``rosbags`` package, so bags can be written on a machine without a
+ROS install and read back as timed raw CDR messages that a player republishes as-is.
+Signals go out on exactly the topics and message types the thinking node subscribes to
+(taken from :mod:`thinkmem_ros.node_config`, the one place that defines them), with the
+ground-truth thinking labels on a topic of their own so a run can be scored afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .data import SignalStream
+
+LOG = logging.getLogger(__name__)
+
+GROUND_TRUTH_TOPIC = "/thinking/ground_truth"
+"""Ground-truth thinking labels, one std_msgs/String JSON per frame (never read by the node)."""
+STRING_TYPE = "std_msgs/msg/String"
+DEFAULT_START_NS = 1_700_000_000 * 10**9
+"""Bag start time: fixed so a seeded bag is byte-for-byte reproducible."""
+STORAGES = ("mcap", "sqlite3")
+
+
+class BagError(RuntimeError):
+    """A bag that cannot be written or read, with the path and the reason."""
+
+
+@dataclass(frozen=True)
+class TopicBinding:
+    """Where one signal travels: topic, ROS message type and the dotted numeric field."""
+
+    topic: str
+    msgtype: str
+    field: str
+
+    def __post_init__(self) -> None:
+        if not self.topic.startswith("/"):
+            raise ValueError(f"topic must be absolute, got {self.topic!r}")
+        if self.msgtype.count("/") != 2:
+            raise ValueError(f"msgtype must look like 'pkg/msg/Name', got {self.msgtype!r}")
+        if not self.field or any(not part for part in self.field.split(".")):
+            raise ValueError(f"field must be a dotted path, got {self.field!r}")
+
+
+@dataclass(frozen=True)
+class RawMessage:
+    """One recorded message: topic, type, receive time (ns) and its serialized CDR bytes."""
+
+    topic: str
+    msgtype: str
+    timestamp_ns: int
+    data: bytes
+
+
+@dataclass
+class BagInfo:
+    """What ``ros2 bag info`` shows: storage, time range and per-topic type and count."""
+
+    path: Path
+    storage: str
+    start_ns: int
+    end_ns: int
+    topics: dict[str, tuple[str, int]] = field(default_factory=dict)  # topic -> (type, count)
+
+    @property
+    def duration_s(self) -> float:
+        """Time from the first to the last message."""
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def message_count(self) -> int:
+        """Messages over all topics."""
+        return sum(count for _, count in self.topics.values())
+
+
+def default_bindings() -> tuple[dict[str, TopicBinding], str]:
+    """Return the node's default signal map and events topic (the one shared definition)."""
+    from . import node_config
+    from .msg_fields import canonical_type
+
+    bindings = {name: TopicBinding(spec.topic, canonical_type(spec.msg_type), spec.field)
+                for name, spec in node_config.DEFAULT_SIGNAL_MAP.items()}
+    return bindings, node_config.DEFAULT_EVENTS_TOPIC
+
+
+def _typestore():
+    from rosbags.typesys import Stores, get_typestore
+
+    return get_typestore(Stores.ROS2_KILTED)
+
+
+def _default_message(store, msgtype: str) -> Any:
+    """Build a zero/empty ``msgtype`` message (rosbags types have no default constructor)."""
+    from rosbags.typesys.base import Nodetype
+
+    _, fields = store.fielddefs[msgtype]
+    values = {}
+    for name, (kind, detail) in fields:
+        if kind == Nodetype.BASE:
+            base = detail[0]
+            values[name] = "" if base in ("string", "wstring") else (
+                False if base == "bool" else (0.0 if base.startswith("float") else 0))
+        elif kind == Nodetype.NAME:
+            values[name] = _default_message(store, detail)
+        elif kind == Nodetype.ARRAY:
+            (sub_kind, sub_detail), length = detail
+            if sub_kind == Nodetype.BASE and sub_detail[0] not in ("string", "wstring"):
+                values[name] = np.zeros(length, dtype=_NUMPY[sub_detail[0]])
+            else:
+                raise BagError(f"{msgtype}.{name}: fixed arrays of {sub_detail} unsupported")
+        else:  # SEQUENCE: empty
+            (sub_kind, sub_detail), _ = detail
+            is_numeric = sub_kind == Nodetype.BASE and sub_detail[0] not in ("string", "wstring")
+            values[name] = np.zeros(0, dtype=_NUMPY[sub_detail[0]]) if is_numeric else []
+    return store.types[msgtype](**values)
+
+
+_NUMPY = {"bool": np.bool_, "byte": np.uint8, "char": np.uint8, "int8": np.int8,
+          "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32,
+          "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64,
+          "float32": np.float32, "float64": np.float64}
+
+
+def _set_path(msg: Any, path: str, value: Any) -> None:
+    """Set the dotted attribute ``path`` on a (nested) rosbags message."""
+    *parents, leaf = path.split(".")
+    if any(part.isdigit() for part in (*parents, leaf)):
+        raise BagError(f"field {path!r}: writing into array elements is not supported")
+    target = msg
+    for part in parents:
+        target = getattr(target, part)
+    if not hasattr(target, leaf):
+        raise BagError(f"message {type(msg).__name__} has no field {path!r}")
+    setattr(target, leaf, value)
+
+
+def _stamp(store, msg: Any, t_ns: int) -> None:
+    if hasattr(msg, "header"):
+        msg.header.stamp = store.types["builtin_interfaces/msg/Time"](
+            sec=t_ns // 10**9, nanosec=t_ns % 10**9)
+
+
+def _open_writer(out: Path, storage: str, overwrite: bool):
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
+    if out.exists():
+        if not overwrite:
+            raise BagError(f"bag output {out} already exists (pass overwrite=True)")
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    return Writer(out, version=9, storage_plugin=plugin)
+
+
+def write_stream(stream: SignalStream, out: Path | str, *,
+                 bindings: Mapping[str, TopicBinding] | None = None,
+                 events_topic: str | None = None,
+                 truth_topic: str = GROUND_TRUTH_TOPIC,
+                 start_ns: int = DEFAULT_START_NS,
+                 storage: str = "mcap", overwrite: bool = False) -> BagInfo:
+    """Record ``stream`` as a rosbag2 bag; a NaN (dropout) frame sends nothing on that topic.
+
+    Each frame t is stamped ``start_ns + t / rate`` (header stamp and bag time agree);
+    every frame also gets a ground-truth message ``{"frame", "stamp_ns", "active"}`` on
+    ``truth_topic`` so playback can be scored against what the world generator intended.
+    """
+    out = Path(out)
+    if bindings is None or events_topic is None:
+        default_map, default_events = default_bindings()
+        bindings = default_map if bindings is None else bindings
+        events_topic = default_events if events_topic is None else events_topic
+    missing = [name for name in stream.signal_names if name not in bindings]
+    if missing:
+        raise ValueError(f"no topic binding for signals {missing}")
+    store = _typestore()
+    period_ns = 1e9 / stream.rate_hz
+    writer = _open_writer(out, storage, overwrite)
+    writer.set_custom_data("thinkmem.scenario", stream.scenario)
+    writer.set_custom_data("thinkmem.rate_hz", repr(float(stream.rate_hz)))
+    writer.set_custom_data("thinkmem.label_names", ",".join(stream.label_names))
+    writer.open()
+    try:
+        signal_conns = [(col, bindings[name], writer.add_connection(
+            bindings[name].topic, bindings[name].msgtype, typestore=store))
+            for col, name in enumerate(stream.signal_names)]
+        events_conn = writer.add_connection(events_topic, STRING_TYPE, typestore=store)
+        truth_conn = writer.add_connection(truth_topic, STRING_TYPE, typestore=store)
+        string_type = store.types[STRING_TYPE]
+        events = sorted(stream.events)
+        next_event = 0
+        for t in range(stream.values.shape[0]):
+            t_ns = start_ns + round(t * period_ns)
+            frame_end_ns = start_ns + round((t + 1) * period_ns)
+            for col, binding, conn in signal_conns:
+                value = float(stream.values[t, col])
+                if math.isnan(value):
+                    continue
+                msg = _default_message(store, binding.msgtype)
+                _stamp(store, msg, t_ns)
+                _set_path(msg, binding.field, value)
+                writer.write(conn, t_ns, bytes(store.serialize_cdr(msg, binding.msgtype)))
+            while next_event < len(events) and start_ns + round(
+                    events[next_event][0] * 1e9) < frame_end_ns:
+                e_ns = max(t_ns, start_ns + round(events[next_event][0] * 1e9))
+                data = store.serialize_cdr(string_type(data=events[next_event][1]), STRING_TYPE)
+                writer.write(events_conn, e_ns, bytes(data))
+                next_event += 1
+            active = [stream.label_names[i] for i in np.flatnonzero(stream.labels[t] > 0.5)]
+            truth = json.dumps({"frame": t, "stamp_ns": t_ns, "active": active})
+            writer.write(truth_conn, t_ns,
+                         bytes(store.serialize_cdr(string_type(data=truth), STRING_TYPE)))
+    except BaseException:
+        writer.close()
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    writer.close()
+    LOG.info("wrote %s (%d frames of %r)", out, stream.values.shape[0], stream.scenario)
+    return bag_info(out)
+
+
+def _reader(path: Path):
+    from rosbags.rosbag2 import Reader
+
+    if not path.exists():
+        raise BagError(f"bag not found: {path}")
+    if not (path / "metadata.yaml").is_file():
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml): {path}")
+    try:
+        reader = Reader(path)
+        reader.open()
+    except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
+        raise BagError(f"cannot open bag {path}: {exc}") from exc
+    return reader
+
+
+def _storage_of(path: Path) -> str:
+    import yaml
+
+    meta = yaml.safe_load((path / "metadata.yaml").read_text())
+    return str(meta.get("rosbag2_bagfile_information", {}).get("storage_identifier", ""))
+
+
+def bag_info(path: Path | str) -> BagInfo:
+    """Storage, time range and per-topic type/count of a rosbag2 bag."""
+    path = Path(path)
+    reader = _reader(path)
+    try:
+        topics = {conn.topic: (conn.msgtype, conn.msgcount) for conn in reader.connections}
+        # rosbags reports an exclusive end (last stamp + 1 ns); ros2 bag info shows the last
+        end_ns = reader.end_time - 1 if reader.message_count else reader.start_time
+        return BagInfo(path=path, storage=_storage_of(path), start_ns=reader.start_time,
+                       end_ns=end_ns, topics=topics)
+    finally:
+        reader.close()
+
+
+def read_bag(path: Path | str, topics: Iterable[str] | None = None,
+             start_offset_s: float = 0.0) -> tuple[BagInfo, list[RawMessage]]:
+    """All messages of ``topics`` (all when None) in time order, skipping the first seconds.
+
+    Unknown topic names raise, naming them and the bag's topics, rather than playing an
+    empty selection silently.
+    """
+    path = Path(path)
+    if start_offset_s < 0 or not math.isfinite(start_offset_s):
+        raise ValueError(f"start_offset_s must be >= 0, got {start_offset_s}")
+    info = bag_info(path)
+    wanted = set(info.topics) if topics is None else set(topics)
+    unknown = sorted(wanted - set(info.topics))
+    if unknown:
+        raise BagError(f"topics {unknown} not in bag {path}; it has {sorted(info.topics)}")
+    start = info.start_ns + round(start_offset_s * 1e9)
+    reader = _reader(path)
+    try:
+        conns = [c for c in reader.connections if c.topic in wanted]
+        messages = [RawMessage(conn.topic, conn.msgtype, stamp, bytes(data))
+                    for conn, stamp, data in reader.messages(connections=conns, start=start)]
+    except Exception as exc:
+        raise BagError(f"cannot read bag {path}: {exc}") from exc
+    finally:
+        reader.close()
+    messages.sort(key=lambda m: m.timestamp_ns)
+    return info, messages
+
+
+def decode(message: RawMessage) -> Any:
+    """Deserialize a recorded message with rosbags' typestore (no rclpy needed)."""
+    return _typestore().deserialize_cdr(message.data, message.msgtype)

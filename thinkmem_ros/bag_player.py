@@ -1,0 +1,194 @@
+"""Republish a rosbag2 bag into ROS with its recorded timing, like ``ros2 bag play``.
+
+rosbag2 itself has no Python wheels, so this player reads bags with ``rosbags``
+(:mod:`thinkmem_ros.bag`) and publishes the recorded CDR bytes unchanged through rclpy
+publishers of the recorded types (``Publisher.publish`` accepts serialized bytes), so
+nothing is decoded or re-encoded on the way and any message type installed works.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .bag import BagError, RawMessage
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    """How to play: speed, repetition, simulated clock, topic filter and start."""
+
+    rate: float = 1.0
+    loop: bool = False
+    clock_hz: float | None = None  # publish /clock at this rate (bag time), None = off
+    topics: tuple[str, ...] | None = None  # None = every topic in the bag
+    start_offset_s: float = 0.0
+    delay_s: float = 0.0
+    qos_depth: int = 100
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"rate must be a finite number > 0, got {self.rate}")
+        if self.clock_hz is not None and not (math.isfinite(self.clock_hz)
+                                              and self.clock_hz > 0):
+            raise ValueError(f"clock_hz must be > 0, got {self.clock_hz}")
+        if not (math.isfinite(self.start_offset_s) and self.start_offset_s >= 0):
+            raise ValueError(f"start_offset_s must be >= 0, got {self.start_offset_s}")
+        if not (math.isfinite(self.delay_s) and self.delay_s >= 0):
+            raise ValueError(f"delay_s must be >= 0, got {self.delay_s}")
+        if self.qos_depth < 1:
+            raise ValueError(f"qos_depth must be >= 1, got {self.qos_depth}")
+        if self.topics is not None and not self.topics:
+            raise ValueError("topics must name at least one topic (or be None for all)")
+
+
+@dataclass(frozen=True)
+class Published:
+    """One message as it left the player: bag time and the wall time of publishing (ns)."""
+
+    topic: str
+    bag_ns: int
+    wall_ns: int
+
+
+@dataclass
+class PlayStats:
+    """What a playback did, for logs and tests."""
+
+    published: int = 0
+    clock_ticks: int = 0
+    loops: int = 0
+    stopped: bool = False
+    per_topic: dict[str, int] = field(default_factory=dict)
+
+
+def _message_class(msgtype: str) -> type:
+    """Import the rclpy class of a recorded type, as a BagError naming it when missing."""
+    from .msg_fields import message_class
+
+    try:
+        return message_class(msgtype)
+    except ValueError as exc:
+        raise BagError(f"cannot play {msgtype!r}: {exc}") from exc
+
+
+class BagPlayer:
+    """Publish timed raw messages on an rclpy node; :meth:`play` blocks until done or stopped."""
+
+    def __init__(self, node, messages: Sequence[RawMessage], config: PlayConfig,
+                 on_publish: Callable[[Published], None] | None = None) -> None:
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        if not messages:
+            raise BagError("nothing to play: the selection has no messages")
+        self._node = node
+        self._messages = list(messages)
+        self._config = config
+        self._on_publish = on_publish
+        self._stop = threading.Event()
+        qos = QoSProfile(depth=config.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
+        types: dict[str, str] = {}
+        for msg in self._messages:
+            if types.setdefault(msg.topic, msg.msgtype) != msg.msgtype:
+                raise BagError(f"topic {msg.topic} carries two types: "
+                               f"{types[msg.topic]} and {msg.msgtype}")
+        self._publishers = {topic: node.create_publisher(_message_class(kind), topic, qos)
+                            for topic, kind in types.items()}
+        self._clock_pub = None
+        if config.clock_hz is not None:
+            from rosgraph_msgs.msg import Clock
+
+            self._clock_pub = node.create_publisher(Clock, "/clock", qos)
+        self.stats = PlayStats(per_topic={topic: 0 for topic in types})
+
+    def stop(self) -> None:
+        """Ask a running :meth:`play` to return at its next wait."""
+        self._stop.set()
+
+    def _wait_until(self, deadline_ns: int) -> bool:
+        """Sleep until the monotonic deadline; False when stopped meanwhile."""
+        remaining = (deadline_ns - time.monotonic_ns()) / 1e9
+        if remaining > 0:
+            return not self._stop.wait(remaining)
+        return not self._stop.is_set()
+
+    def _publish_clock(self, bag_ns: int) -> None:
+        from rosgraph_msgs.msg import Clock
+
+        msg = Clock()
+        msg.clock.sec, msg.clock.nanosec = divmod(bag_ns, 10**9)
+        self._clock_pub.publish(msg)
+        self.stats.clock_ticks += 1
+
+    def _play_once(self) -> bool:
+        """One pass over the messages; False when stopped."""
+        first_ns = self._messages[0].timestamp_ns
+        wall0 = time.monotonic_ns()
+        rate = self._config.rate
+        clock_step = round(1e9 / self._config.clock_hz) if self._clock_pub else 0
+        next_clock = first_ns
+        for msg in self._messages:
+            while clock_step and next_clock <= msg.timestamp_ns:
+                if not self._wait_until(wall0 + round((next_clock - first_ns) / rate)):
+                    return False
+                self._publish_clock(next_clock)
+                next_clock += clock_step
+            if not self._wait_until(wall0 + round((msg.timestamp_ns - first_ns) / rate)):
+                return False
+            self._publishers[msg.topic].publish(msg.data)
+            self.stats.published += 1
+            self.stats.per_topic[msg.topic] += 1
+            if self._on_publish is not None:
+                self._on_publish(Published(msg.topic, msg.timestamp_ns, time.time_ns()))
+        return True
+
+    def play(self) -> PlayStats:
+        """Wait ``delay_s``, then play (repeatedly with ``loop``) until done or stopped."""
+        if self._config.delay_s and self._stop.wait(self._config.delay_s):
+            self.stats.stopped = True
+            return self.stats
+        LOG.info("playing %d messages on %d topics at rate %.3g",
+                 len(self._messages), len(self._publishers), self._config.rate)
+        while True:
+            if not self._play_once():
+                self.stats.stopped = True
+                break
+            self.stats.loops += 1
+            if not self._config.loop:
+                break
+        return self.stats
+
+    def destroy(self) -> None:
+        """Release the publishers (the node stays the caller's)."""
+        for pub in self._publishers.values():
+            self._node.destroy_publisher(pub)
+        if self._clock_pub is not None:
+            self._node.destroy_publisher(self._clock_pub)
+
+
+def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -> PlayStats:
+    """Read ``path`` and play it on a node of its own until done, stopped or interrupted."""
+    import rclpy
+    from rclpy.executors import ExternalShutdownException
+
+    from .bag import read_bag
+
+    _, messages = read_bag(path, topics=config.topics, start_offset_s=config.start_offset_s)
+    with rclpy.init():
+        node = rclpy.create_node(node_name)
+        player = BagPlayer(node, messages, config)
+        try:
+            return player.play()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            player.stop()
+            player.stats.stopped = True
+            return player.stats
+        finally:
+            player.destroy()
+            node.destroy_node()
