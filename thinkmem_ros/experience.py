@@ -1,0 +1,324 @@
+"""The experience record e_t = (s, a, h, y, f) and its versioned msgpack wire codec.
+
+This is the one definition both sides import: the node builds ``Experience`` objects, the
+shipper encodes them, the consolidator decodes and stores them. Decoding trusts nothing
+that came over the network: every field is checked for presence, exact type, range and
+size, and a bad record is refused with an ``ExperienceError`` that names the field, so a
+faulty or hostile robot can never push a malformed row into the store.
+
+Wire format (schema version 1): a msgpack map with exactly the keys of ``_FIELDS``.
+The signal window travels as raw little-endian float32 bytes plus its ``[K, F]`` shape;
+the mask as one uint8 per cell (1 = observed); probabilities as float32 bytes, one per
+label. Dropouts are expressed through the mask, so the window itself must be finite.
+
+Size limits (``LIMITS``) bound what one record may cost the consolidator:
+window <= 4096 frames x 64 features, <= 1024 events, <= 256 labels, names <= 64
+characters, ids <= 128, action/outcome text <= 4096, reasoning trace <= 65536 characters.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+LIMITS: dict[str, int] = {
+    "max_frames": 4096,
+    "max_features": 64,
+    "max_events": 1024,
+    "max_labels": 256,
+    "max_name": 64,
+    "max_id": 128,
+    "max_text": 4096,
+    "max_trace": 65536,
+}
+"""Upper bounds on one record; a record above any of them is refused, never truncated."""
+
+MAX_RECORD_BYTES = 3 * 1024 * 1024
+"""Cap on one encoded record, above the most the limits allow (window 1 MiB, mask 256 KiB,
+UTF-8 trace <= 256 KiB, names <= 400 KiB), so a record is refused before it is parsed."""
+
+_ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
+_SHA_RE = re.compile(r"(|[0-9a-f]{64})")
+_MAX_INT64 = 2**63 - 1
+
+
+class ExperienceError(ValueError):
+    """A record is malformed: the message names the field and what is wrong with it."""
+
+
+@dataclass(eq=False)
+class Experience:
+    """One experience e_t = (s situation, a action, h reasoning trace, y outcome, f feedback).
+
+    ``seq`` is the per-robot monotonic sequence number; leave it ``None`` and the
+    ``ExperienceShipper`` assigns one that survives restarts. Construction validates,
+    so a bad record fails on the robot where it is made, not later on the consolidator.
+    """
+
+    robot_id: str
+    episode_id: str
+    stamp: float  # seconds (ROS time or wall clock) of the situation's last frame
+    window: np.ndarray  # (K, F) float32 signal window, oldest frame first
+    labels: list[str]  # thinking labels in the bundle's output order
+    probabilities: np.ndarray  # (L,) float32, P(g | s_t) per label
+    bundle_version: int
+    mask: np.ndarray | None = None  # (K, F) 1 = observed, 0 = dropout; None = all observed
+    events: list[str] = field(default_factory=list)  # event history, oldest first
+    bundle_sha256: str = ""
+    action: str | None = None
+    trace: str | None = None  # reasoning trace h_t
+    outcome: str | float | None = None
+    reward: float | None = None  # later feedback f_t
+    seq: int | None = None
+
+    def __post_init__(self) -> None:
+        self.window = np.ascontiguousarray(self.window, dtype="<f4")
+        self.probabilities = np.ascontiguousarray(self.probabilities, dtype="<f4").reshape(-1)
+        if self.mask is not None:
+            self.mask = np.ascontiguousarray(self.mask, dtype=np.uint8)
+        # numpy scalars from the node are accepted here; the wire decoder is exact.
+        self.stamp = _plain(self.stamp)
+        self.bundle_version = _plain(self.bundle_version)
+        self.reward = _plain(self.reward)
+        self.outcome = _plain(self.outcome)
+        if self.seq is not None:
+            self.seq = _plain(self.seq)
+        _validate(self)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Idempotency key (robot_id, seq) under which the store keeps exactly one copy."""
+        if self.seq is None:
+            raise ExperienceError("seq: not assigned yet")
+        return (self.robot_id, self.seq)
+
+    def with_seq(self, seq: int) -> Experience:
+        """A copy carrying ``seq`` (arrays shared, not copied)."""
+        return _build(_to_wire(self, seq))
+
+    def to_wire(self, seq: int | None = None) -> dict[str, Any]:
+        """The msgpack-ready map; ``seq`` overrides the record's own sequence number."""
+        return _to_wire(self, seq)
+
+
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "v": (int,),
+    "robot_id": (str,),
+    "episode_id": (str,),
+    "seq": (int,),
+    "stamp": (float, int),
+    "shape": (list,),
+    "window": (bytes,),
+    "mask": (bytes, type(None)),
+    "events": (list,),
+    "labels": (list,),
+    "probabilities": (bytes,),
+    "bundle_version": (int,),
+    "bundle_sha256": (str,),
+    "action": (str, type(None)),
+    "trace": (str, type(None)),
+    "outcome": (str, float, int, type(None)),
+    "reward": (float, int, type(None)),
+}
+
+
+def encode_experience(experience: Experience, seq: int | None = None) -> bytes:
+    """Serialise one record (schema ``SCHEMA_VERSION``); ``seq`` overrides the record's own."""
+    return msgpack.packb(_to_wire(experience, seq), use_bin_type=True)
+
+
+def decode_experience(payload: bytes) -> Experience:
+    """Parse and fully validate one record; raises ``ExperienceError`` with the reason."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise ExperienceError(f"payload: expected bytes, got {type(payload).__name__}")
+    if len(payload) > MAX_RECORD_BYTES:
+        raise ExperienceError(f"payload: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
+    try:
+        data = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ExperienceError(f"payload: not a msgpack record ({type(exc).__name__})") from exc
+    return from_wire(data)
+
+
+def from_wire(data: Any) -> Experience:
+    """Validate a decoded msgpack map and build the ``Experience`` it describes."""
+    if not isinstance(data, dict):
+        raise ExperienceError(f"record: expected a map, got {type(data).__name__}")
+    version = data.get("v")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
+        raise ExperienceError(
+            f"v: schema version {version!r} is not supported; this side reads "
+            f"{list(SUPPORTED_VERSIONS)}")
+    unknown = sorted(str(k) for k in set(data) - set(_FIELDS))
+    if unknown:
+        raise ExperienceError(f"record: unknown fields {unknown}")
+    missing = sorted(set(_FIELDS) - set(data))
+    if missing:
+        raise ExperienceError(f"record: missing fields {missing}")
+    for name, types in _FIELDS.items():
+        value = data[name]
+        if type(value) not in types:  # exact: a bool is not an int here
+            allowed = "/".join(t.__name__ for t in types)
+            raise ExperienceError(f"{name}: expected {allowed}, got {type(value).__name__}")
+    return _build(data)
+
+
+def _build(data: dict[str, Any]) -> Experience:
+    shape = data["shape"]
+    if len(shape) != 2 or any(type(n) is not int for n in shape):
+        raise ExperienceError(f"shape: expected [frames, features] ints, got {shape!r}")
+    frames, features = shape
+    _check_range("shape[0] (frames)", frames, 1, LIMITS["max_frames"])
+    _check_range("shape[1] (features)", features, 1, LIMITS["max_features"])
+    cells = frames * features
+    if len(data["window"]) != 4 * cells:
+        raise ExperienceError(
+            f"window: {len(data['window'])} bytes, expected {4 * cells} for shape {shape}")
+    window = np.frombuffer(data["window"], dtype="<f4").reshape(frames, features)
+    mask = None
+    if data["mask"] is not None:
+        if len(data["mask"]) != cells:
+            raise ExperienceError(
+                f"mask: {len(data['mask'])} bytes, expected {cells} for shape {shape}")
+        mask = np.frombuffer(data["mask"], dtype=np.uint8).reshape(frames, features)
+    labels = data["labels"]
+    probabilities = data["probabilities"]
+    if len(probabilities) != 4 * len(labels):
+        raise ExperienceError(
+            f"probabilities: {len(probabilities)} bytes, expected {4 * len(labels)} "
+            f"for {len(labels)} labels")
+    return Experience(
+        robot_id=data["robot_id"], episode_id=data["episode_id"], seq=data["seq"],
+        stamp=float(data["stamp"]), window=window, mask=mask, events=data["events"],
+        labels=labels, probabilities=np.frombuffer(probabilities, dtype="<f4"),
+        bundle_version=data["bundle_version"], bundle_sha256=data["bundle_sha256"],
+        action=data["action"], trace=data["trace"], outcome=data["outcome"],
+        reward=data["reward"])
+
+
+def _to_wire(exp: Experience, seq: int | None) -> dict[str, Any]:
+    seq = exp.seq if seq is None else seq
+    if seq is None:
+        raise ExperienceError("seq: not assigned; the shipper assigns it before encoding")
+    _check_range("seq", seq, 0, _MAX_INT64)
+    return {
+        "v": SCHEMA_VERSION, "robot_id": exp.robot_id, "episode_id": exp.episode_id,
+        "seq": seq, "stamp": exp.stamp, "shape": list(exp.window.shape),
+        "window": exp.window.tobytes(),
+        "mask": None if exp.mask is None else exp.mask.tobytes(),
+        "events": list(exp.events), "labels": list(exp.labels),
+        "probabilities": exp.probabilities.tobytes(), "bundle_version": exp.bundle_version,
+        "bundle_sha256": exp.bundle_sha256, "action": exp.action, "trace": exp.trace,
+        "outcome": exp.outcome, "reward": exp.reward,
+    }
+
+
+def _validate(exp: Experience) -> None:
+    _check_text("robot_id", exp.robot_id, LIMITS["max_id"], _ID_RE)
+    _check_text("episode_id", exp.episode_id, LIMITS["max_id"], _ID_RE)
+    if exp.seq is not None:
+        if type(exp.seq) is not int:
+            raise ExperienceError(f"seq: expected int, got {type(exp.seq).__name__}")
+        _check_range("seq", exp.seq, 0, _MAX_INT64)
+    if type(exp.stamp) not in (float, int) or not math.isfinite(exp.stamp) or exp.stamp < 0:
+        raise ExperienceError(f"stamp: expected a finite number >= 0, got {exp.stamp!r}")
+    _check_window(exp)
+    _check_names("events", exp.events, LIMITS["max_events"])
+    _check_names("labels", exp.labels, LIMITS["max_labels"])
+    if len(set(exp.labels)) != len(exp.labels):
+        raise ExperienceError("labels: duplicate label names")
+    probs = exp.probabilities
+    if probs.shape != (len(exp.labels),):
+        raise ExperienceError(
+            f"probabilities: {probs.shape[0]} values for {len(exp.labels)} labels")
+    if probs.size and not (np.isfinite(probs).all() and probs.min() >= 0 and probs.max() <= 1):
+        raise ExperienceError("probabilities: every value must be finite and in [0, 1]")
+    if type(exp.bundle_version) is not int:
+        raise ExperienceError(
+            f"bundle_version: expected int, got {type(exp.bundle_version).__name__}")
+    _check_range("bundle_version", exp.bundle_version, 0, _MAX_INT64)
+    if type(exp.bundle_sha256) is not str or not _SHA_RE.fullmatch(exp.bundle_sha256):
+        raise ExperienceError("bundle_sha256: expected '' or 64 lowercase hex characters")
+    _check_optional_text("action", exp.action, LIMITS["max_text"])
+    _check_optional_text("trace", exp.trace, LIMITS["max_trace"])
+    _check_outcome(exp.outcome)
+    if exp.reward is not None and (
+            type(exp.reward) not in (float, int) or not math.isfinite(exp.reward)):
+        raise ExperienceError(f"reward: expected a finite number or None, got {exp.reward!r}")
+
+
+def _check_window(exp: Experience) -> None:
+    window = exp.window
+    if window.ndim != 2:
+        raise ExperienceError(f"window: expected (frames, features), got shape {window.shape}")
+    frames, features = window.shape
+    _check_range("window frames", frames, 1, LIMITS["max_frames"])
+    _check_range("window features", features, 1, LIMITS["max_features"])
+    if not np.isfinite(window).all():
+        raise ExperienceError("window: NaN/inf values; mark dropouts in the mask, value 0")
+    if exp.mask is not None:
+        if exp.mask.shape != window.shape:
+            raise ExperienceError(f"mask: shape {exp.mask.shape} != window {window.shape}")
+        if exp.mask.max(initial=0) > 1:
+            raise ExperienceError("mask: values must be 0 or 1")
+
+
+def _plain(value: Any) -> Any:
+    """Turn a numpy scalar into the Python number it holds; leave anything else alone."""
+    if isinstance(value, np.generic) and not isinstance(value, np.bool_):
+        return value.item()
+    return value
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ExperienceError(f"{name}: {value} outside [{low}, {high}]")
+
+
+def _check_text(name: str, value: Any, limit: int, pattern: re.Pattern | None = None) -> None:
+    if type(value) is not str:
+        raise ExperienceError(f"{name}: expected str, got {type(value).__name__}")
+    if not 0 < len(value) <= limit:
+        raise ExperienceError(f"{name}: length {len(value)} outside [1, {limit}]")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise ExperienceError(f"{name}: {value[:80]!r} has characters outside {pattern.pattern}")
+
+
+def _check_optional_text(name: str, value: Any, limit: int) -> None:
+    if value is None:
+        return
+    if type(value) is not str:
+        raise ExperienceError(f"{name}: expected str or None, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ExperienceError(f"{name}: length {len(value)} exceeds {limit}")
+
+
+def _check_names(name: str, values: Any, limit: int) -> None:
+    if type(values) is not list:
+        raise ExperienceError(f"{name}: expected a list, got {type(values).__name__}")
+    if len(values) > limit:
+        raise ExperienceError(f"{name}: {len(values)} entries exceed {limit}")
+    for index, value in enumerate(values):
+        _check_text(f"{name}[{index}]", value, LIMITS["max_name"], _NAME_RE)
+
+
+def _check_outcome(outcome: Any) -> None:
+    if outcome is None:
+        return
+    if type(outcome) is str:
+        _check_optional_text("outcome", outcome, LIMITS["max_text"])
+    elif type(outcome) in (float, int):
+        if not math.isfinite(outcome):
+            raise ExperienceError(f"outcome: number must be finite, got {outcome!r}")
+    else:
+        raise ExperienceError(
+            f"outcome: expected str, number or None, got {type(outcome).__name__}")

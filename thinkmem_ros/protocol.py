@@ -1,0 +1,158 @@
+"""Versioned wire frames between robots and the consolidator (transport-agnostic).
+
+A frame is a 4-byte header ``b"TM" + version (u8) + kind (u8)`` followed by a msgpack map
+whose shape depends on the kind. The header lets a receiver tell a peer speaking another
+protocol version (answered with REFUSED) from garbage (dropped and counted) without
+parsing the body. Decoding checks size, header and every body field, and raises
+``ProtocolError`` for anything else, so the transport never handles half-valid frames.
+
+Kinds:
+- HELLO (client <-> server): ``{"robot_id": str}`` / ``{"server": str}``; a liveness probe.
+- REFUSED (server -> client): ``{"reason": str}``; the frame was understood but refused.
+- EXPERIENCE_BATCH (robot -> consolidator): ``{"batch": int, "robot_id": str,
+  "items": [bytes]}``; each item is one ``experience.encode_experience`` record.
+- ACK (consolidator -> robot): ``{"batch": int, "stored": int, "duplicates": int,
+  "rejected": [[index, reason]]}``; sent only after the batch is committed to the store.
+- BUNDLE_PUSH, RECALL_REQ, RECALL_REP: reserved for model push and episodic recall;
+  their bodies are maps checked only for shape until those features define them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAGIC = b"TM"
+HEADER_BYTES = 4
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+"""Largest frame accepted; the receiver also sets ZMQ_MAXMSGSIZE a little above it."""
+MAX_BATCH_ITEMS = 8192
+MAX_REASON = 512
+
+
+class ProtocolError(ValueError):
+    """A frame is garbage, truncated, oversized, of another version, or has a bad body."""
+
+    def __init__(self, message: str, *, version: int | None = None) -> None:
+        super().__init__(message)
+        self.version = version  # the peer's protocol version when the header was readable
+
+
+class Kind(enum.IntEnum):
+    """Message kinds; the numeric values are part of the wire format and never change."""
+
+    HELLO = 1
+    REFUSED = 2
+    EXPERIENCE_BATCH = 3
+    ACK = 4
+    BUNDLE_PUSH = 5
+    RECALL_REQ = 6
+    RECALL_REP = 7
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A decoded frame: its kind and validated body."""
+
+    kind: Kind
+    body: dict[str, Any]
+
+
+def encode_frame(kind: Kind, body: dict[str, Any]) -> bytes:
+    """Serialise a frame after checking its body, so a sender cannot emit what we reject."""
+    _check_body(Kind(kind), body)
+    data = MAGIC + bytes((PROTOCOL_VERSION, int(kind))) + msgpack.packb(body, use_bin_type=True)
+    if len(data) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    return data
+
+
+def decode_frame(data: bytes) -> Frame:
+    """Parse and validate one frame; raises ``ProtocolError`` naming what is wrong."""
+    if len(data) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    if len(data) < HEADER_BYTES or data[:2] != MAGIC:
+        raise ProtocolError("frame: no thinkmem header (garbage or truncated)")
+    version, kind_id = data[2], data[3]
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"frame: protocol version {version}, this side speaks {PROTOCOL_VERSION}",
+            version=version)
+    try:
+        kind = Kind(kind_id)
+    except ValueError:
+        raise ProtocolError(f"frame: unknown kind {kind_id}", version=version) from None
+    try:
+        body = msgpack.unpackb(memoryview(data)[HEADER_BYTES:], raw=False,
+                               strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(
+            f"frame: {kind.name} body is not msgpack ({type(exc).__name__}: truncated?)",
+            version=version) from exc
+    _check_body(kind, body)
+    return Frame(kind, body)
+
+
+def hello(robot_id: str) -> bytes:
+    """A HELLO from a robot."""
+    return encode_frame(Kind.HELLO, {"robot_id": robot_id})
+
+
+def refused(reason: str) -> bytes:
+    """A REFUSED reply carrying the reason (trimmed to ``MAX_REASON``)."""
+    return encode_frame(Kind.REFUSED, {"reason": reason[:MAX_REASON]})
+
+
+def experience_batch(batch: int, robot_id: str, items: list[bytes]) -> bytes:
+    """An EXPERIENCE_BATCH of encoded experience records."""
+    return encode_frame(Kind.EXPERIENCE_BATCH,
+                        {"batch": batch, "robot_id": robot_id, "items": items})
+
+
+def ack(batch: int, stored: int, duplicates: int,
+        rejected: list[tuple[int, str]] | None = None) -> bytes:
+    """An ACK for a committed batch."""
+    return encode_frame(Kind.ACK, {
+        "batch": batch, "stored": stored, "duplicates": duplicates,
+        "rejected": [[i, reason[:MAX_REASON]] for i, reason in (rejected or [])]})
+
+
+_SCHEMAS: dict[Kind, dict[str, tuple[type, ...]]] = {
+    Kind.HELLO: {},
+    Kind.REFUSED: {"reason": (str,)},
+    Kind.EXPERIENCE_BATCH: {"batch": (int,), "robot_id": (str,), "items": (list,)},
+    Kind.ACK: {"batch": (int,), "stored": (int,), "duplicates": (int,), "rejected": (list,)},
+    Kind.BUNDLE_PUSH: {},
+    Kind.RECALL_REQ: {},
+    Kind.RECALL_REP: {},
+}
+
+
+def _check_body(kind: Kind, body: Any) -> None:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{kind.name}: body must be a map, got {type(body).__name__}")
+    for name, types in _SCHEMAS[kind].items():
+        if name not in body:
+            raise ProtocolError(f"{kind.name}: missing field {name!r}")
+        if type(body[name]) not in types:
+            raise ProtocolError(
+                f"{kind.name}.{name}: expected {types[0].__name__}, "
+                f"got {type(body[name]).__name__}")
+    if kind is Kind.EXPERIENCE_BATCH:
+        items = body["items"]
+        if not 0 < len(items) <= MAX_BATCH_ITEMS:
+            raise ProtocolError(f"EXPERIENCE_BATCH: {len(items)} items outside "
+                                f"[1, {MAX_BATCH_ITEMS}]")
+        if any(type(item) is not bytes for item in items):
+            raise ProtocolError("EXPERIENCE_BATCH.items: every item must be bytes")
+    if kind is Kind.ACK:
+        for entry in body["rejected"]:
+            if (type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int
+                    or type(entry[1]) is not str):
+                raise ProtocolError("ACK.rejected: entries must be [index, reason]")
+    if kind is Kind.HELLO and not any(k in body for k in ("robot_id", "server")):
+        raise ProtocolError("HELLO: needs 'robot_id' (client) or 'server' (server)")

@@ -1,0 +1,277 @@
+"""Keys, CURVE/ZAP client authentication, and Ed25519 signatures on model bundles.
+
+Transport: CURVE encrypts every link, but CURVE alone accepts *any* client key; the ZAP
+handler here (pyzmq's ``ThreadAuthenticator``, one per process Context) admits only the
+configured client public keys and logs and counts every refusal, so an unauthorised robot
+is visible on the server. The client side detects the refusal through socket-monitor
+events (see ``transport``), because a refused CURVE client otherwise looks like a dead
+server. CURVE is on by default for non-loopback endpoints (``curve_enabled``).
+
+Key files use pyzmq's certificate format: ``NAME.key`` (public) and ``NAME.key_secret``
+(public + secret, mode 0600). Signing keys are hex text: ``NAME.sign.pub`` and
+``NAME.sign.key`` (the 32-byte Ed25519 seed, mode 0600).
+
+Bundles: the consolidator signs the exact bytes of ``bundle.json`` (which carry the ONNX
+file's sha256) with Ed25519 (PyNaCl) and writes the 64-byte detached signature to
+``bundle.sig``; ``verify_signed_bundle`` checks the signature, then the ONNX hash.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import nacl.exceptions
+import nacl.signing
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from .bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_FILE = "bundle.sig"
+CURVE_MODES = ("auto", "on", "off")
+
+
+class SecurityError(RuntimeError):
+    """A key file is missing or malformed, or CURVE is required but not configured."""
+
+
+class SignatureError(BundleError):
+    """A bundle's signature is missing, malformed, or does not verify with the given key."""
+
+
+# ----------------------------------------------------------------------------- CURVE keys
+
+def write_curve_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
+    """Create ``NAME.key`` (0644) and ``NAME.key_secret`` (0600); returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    old = os.umask(0o077)  # the secret file is never world-readable, not even briefly
+    try:
+        public, secret = zmq.auth.create_certificates(str(folder), name)
+    finally:
+        os.umask(old)
+    os.chmod(public, 0o644)
+    os.chmod(secret, 0o600)
+    return Path(public), Path(secret)
+
+
+def load_curve_keypair(secret_file: Path | str) -> tuple[bytes, bytes]:
+    """``(public, secret)`` Z85 keys from a ``.key_secret`` file."""
+    try:
+        public, secret = zmq.auth.load_certificate(str(secret_file))
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"{secret_file}: cannot read CURVE key pair: {exc}") from exc
+    if not secret:
+        raise SecurityError(f"{secret_file}: has no secret-key (pass the .key_secret file)")
+    return public, secret
+
+
+def load_curve_public(key_file: Path | str) -> bytes:
+    """The Z85 public key from a ``.key`` or ``.key_secret`` file."""
+    try:
+        public, _ = zmq.auth.load_certificate(str(key_file))
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"{key_file}: cannot read CURVE public key: {exc}") from exc
+    return public
+
+
+def load_allowed_keys(source: Path | str) -> set[bytes]:
+    """Client public keys allowed to connect: one ``.key`` file, or every one in a folder."""
+    path = Path(source)
+    if path.is_dir():
+        keys = set(zmq.auth.load_certificates(str(path)))
+    elif path.is_file():
+        keys = {load_curve_public(path)}
+    else:
+        raise SecurityError(f"allowed client keys not found: {path}")
+    if not keys:
+        raise SecurityError(f"{path}: no client public keys (*.key) found")
+    return keys
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost."""
+    scheme = endpoint.split("://", 1)[0]
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = urlsplit(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # an interface name, '*' or a DNS name: treat as exposed
+        return False
+
+
+def curve_enabled(mode: str, endpoint: str, have_keys: bool) -> bool:
+    """Decide whether a socket uses CURVE; raises SecurityError when keys are missing.
+
+    ``auto`` (default): on for non-loopback endpoints, and on loopback when keys are given;
+    ``on``: always (keys required); ``off``: never (an explicit, logged opt-out).
+    """
+    if mode not in CURVE_MODES:
+        raise ValueError(f"curve must be one of {CURVE_MODES}, got {mode!r}")
+    if mode == "off":
+        if not is_loopback(endpoint):
+            log.warning("CURVE is off on non-loopback endpoint %s: traffic is plaintext",
+                        endpoint)
+        return False
+    wanted = mode == "on" or not is_loopback(endpoint) or have_keys
+    if wanted and not have_keys:
+        raise SecurityError(
+            f"CURVE is required for {endpoint} (curve={mode!r}) but no keys are configured; "
+            "generate them with `thinkmem keys` or set curve='off' on loopback")
+    return wanted
+
+
+class _AllowList:
+    """ZAP credentials callback: admits configured client keys, logs and counts refusals."""
+
+    def __init__(self, keys: set[bytes], label: str) -> None:
+        self.keys = set(keys)
+        self.label = label
+        self.denied = 0
+        self.allowed = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self.keys:
+            self.allowed += 1
+            return True
+        self.denied += 1
+        log.warning("%s: REFUSED CURVE client with unauthorised key %s (domain %s, %d refused)",
+                    self.label, key.decode("ascii", "replace"), domain, self.denied)
+        return False
+
+
+_AUTH_LOCK = threading.Lock()
+_AUTHENTICATORS: dict[int, ThreadAuthenticator] = {}
+
+
+def authorise_clients(context: zmq.Context, domain: str, keys: set[bytes],
+                      label: str = "receiver") -> _AllowList:
+    """Register ``keys`` for ZAP ``domain`` on the process's single authenticator.
+
+    One ``ThreadAuthenticator`` serves the whole Context (ZAP binds one inproc endpoint per
+    Context); each server socket uses its own domain, so several receivers can coexist.
+    """
+    with _AUTH_LOCK:
+        auth = _AUTHENTICATORS.get(id(context))
+        if auth is None:
+            auth = ThreadAuthenticator(context, log=logging.getLogger(f"{__name__}.zap"))
+            auth.start()
+            _AUTHENTICATORS[id(context)] = auth
+        allow = _AllowList(keys, label)
+        auth.configure_curve_callback(domain, credentials_provider=allow)
+        return allow
+
+
+def release_domain(context: zmq.Context, domain: str) -> None:
+    """Forget a ZAP domain (clients connecting to it are then refused)."""
+    with _AUTH_LOCK:
+        auth = _AUTHENTICATORS.get(id(context))
+        if auth is not None:
+            auth.credentials_providers.pop(domain, None)
+
+
+# ----------------------------------------------------------------------- bundle signatures
+
+def write_signing_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
+    """Create ``NAME.sign.pub`` (0644) and ``NAME.sign.key`` (0600, hex seed)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = nacl.signing.SigningKey.generate()
+    public = folder / f"{name}.sign.pub"
+    secret = folder / f"{name}.sign.key"
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(bytes(key).hex() + "\n")
+    os.chmod(secret, 0o600)
+    public.write_text(bytes(key.verify_key).hex() + "\n", encoding="ascii")
+    os.chmod(public, 0o644)
+    return public, secret
+
+
+def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
+    """The Ed25519 signing key from a ``.sign.key`` file."""
+    try:
+        return nacl.signing.SigningKey(bytes.fromhex(Path(path).read_text().strip()))
+    except (OSError, ValueError, nacl.exceptions.CryptoError) as exc:
+        raise SecurityError(f"{path}: cannot read Ed25519 signing key: {exc}") from exc
+
+
+def load_verify_key(key: nacl.signing.VerifyKey | bytes | str | Path) -> nacl.signing.VerifyKey:
+    """A verify key from a VerifyKey, 32 raw bytes, a hex string, or a ``.sign.pub`` path."""
+    if isinstance(key, nacl.signing.VerifyKey):
+        return key
+    try:
+        if isinstance(key, bytes):
+            return nacl.signing.VerifyKey(key)
+        text = str(key)
+        if isinstance(key, Path) or not _is_hex(text):
+            text = Path(text).read_text().strip()
+        return nacl.signing.VerifyKey(bytes.fromhex(text))
+    except (OSError, ValueError, TypeError, nacl.exceptions.CryptoError) as exc:
+        raise SecurityError(f"cannot read Ed25519 public key {key!r}: {exc}") from exc
+
+
+def sign_bundle(folder: Path | str, signing_key: nacl.signing.SigningKey | Path | str) -> Path:
+    """Sign ``bundle.json``'s bytes and write the detached signature ``bundle.sig``."""
+    folder = Path(folder)
+    if not isinstance(signing_key, nacl.signing.SigningKey):
+        signing_key = load_signing_key(signing_key)
+    manifest = (folder / MANIFEST).read_bytes()
+    signature = signing_key.sign(manifest).signature
+    target = folder / SIGNATURE_FILE
+    staging = folder / f".{SIGNATURE_FILE}.tmp"
+    staging.write_bytes(signature)
+    os.replace(staging, target)
+    return target
+
+
+def verify_bundle_signature(folder: Path | str,
+                            public_key: nacl.signing.VerifyKey | bytes | str | Path
+                            ) -> BundleManifest:
+    """Check ``bundle.sig`` over ``bundle.json``; returns the manifest parsed from the
+    verified bytes, or raises ``SignatureError`` with the reason."""
+    folder = Path(folder)
+    verify_key = load_verify_key(public_key)
+    try:
+        manifest = (folder / MANIFEST).read_bytes()
+        signature = (folder / SIGNATURE_FILE).read_bytes()
+    except OSError as exc:
+        raise SignatureError(f"{folder}: cannot read manifest or signature: {exc}") from exc
+    if len(signature) != 64:
+        raise SignatureError(f"{folder / SIGNATURE_FILE}: {len(signature)} bytes, expected 64")
+    try:
+        verify_key.verify(manifest, signature)
+    except nacl.exceptions.BadSignatureError as exc:
+        raise SignatureError(
+            f"{folder}: bundle.json signature does not verify with the configured key "
+            "(tampered manifest or wrong signer)") from exc
+    try:
+        return BundleManifest.from_dict(json.loads(manifest), source=str(folder / MANIFEST))
+    except ValueError as exc:
+        raise SignatureError(f"{folder / MANIFEST}: signed but unparsable: {exc}") from exc
+
+
+def verify_signed_bundle(folder: Path | str,
+                         public_key: nacl.signing.VerifyKey | bytes | str | Path) -> Bundle:
+    """Signature first, then the ONNX hash; the hash must be the one that was signed."""
+    signed = verify_bundle_signature(folder, public_key)
+    bundle = load_bundle(folder)
+    if bundle.manifest.sha256 != signed.sha256:
+        raise SignatureError(f"{folder}: bundle.json changed while it was being verified")
+    return bundle
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
