@@ -1,0 +1,89 @@
+"""Shared fixtures: ROS traffic isolation per test module and throw-away bundle copies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def domain_id_for(name: str) -> int:
+    """A ROS_DOMAIN_ID in 1..200 that differs between modules and between concurrent runs."""
+    return (os.getpid() * 7 + zlib.crc32(name.encode())) % 200 + 1
+
+
+@pytest.fixture(scope="module")
+def ros_env(request) -> dict[str, str]:
+    """Put this module on its own DDS domain, localhost only; returns the env for children."""
+    saved = {k: os.environ.get(k) for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE")}
+    os.environ["ROS_DOMAIN_ID"] = str(domain_id_for(request.module.__name__))
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    yield dict(os.environ)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _tiny_bundle(folder: Path) -> Path:
+    """Export an untrained-ish tiny policy when no shipped bundle exists yet (needs torch)."""
+    torch = pytest.importorskip("torch")
+    from thinkmem_ros.data import SituationSet
+    from thinkmem_ros.policy.config import PolicyConfig
+    from thinkmem_ros.policy.export import export_bundle
+    from thinkmem_ros.policy.train import train_policy
+    from thinkmem_ros.vocabulary import SIGNALS, THINKING
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    n, k = 32, 8
+    data = SituationSet(
+        signals=rng.normal(size=(n, k, len(SIGNALS))).astype(np.float32),
+        labels=(rng.random((n, len(THINKING))) < 0.3).astype(np.float32),
+        events=rng.integers(0, 3, size=(n, 4)), event_vocabulary=("door_open", "alarm"))
+    config = PolicyConfig(window=k, n_signals=len(SIGNALS), n_labels=len(THINKING),
+                          d_model=16, n_layers=1, n_heads=2, d_ff=32, max_events=4,
+                          n_event_vocab=2)
+    trained = train_policy(data, config, seed=0, epochs=1, val_fraction=0.0, progress=False)
+    export_bundle(trained, folder, model_version=1, frame_rate_hz=10.0)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def source_bundle(tmp_path_factory) -> Path:
+    """A valid bundle: the shipped models/default if present, else a tiny exported one."""
+    from thinkmem_ros.bundle import BundleError, load_bundle
+
+    shipped = REPO / "models" / "default"
+    try:
+        load_bundle(shipped)
+        return shipped
+    except BundleError:
+        return _tiny_bundle(tmp_path_factory.mktemp("bundles") / "tiny")
+
+
+@pytest.fixture
+def bundle_copy(source_bundle, tmp_path) -> Path:
+    """A private copy of the bundle a test may tamper with."""
+    return Path(shutil.copytree(source_bundle, tmp_path / "bundle"))
+
+
+def copy_bundle(source: Path, dest: Path, *, model_version: int | None = None) -> Path:
+    """Copy ``source`` to ``dest``, optionally re-versioned (same ONNX, new manifest)."""
+    from thinkmem_ros.bundle import load_bundle, write_bundle
+
+    if model_version is None:
+        return Path(shutil.copytree(source, dest))
+    bundle = load_bundle(source)
+    manifest = bundle.manifest
+    manifest.model_version = model_version
+    manifest.created_at = ""
+    write_bundle(dest, bundle.onnx_path.read_bytes(), manifest)
+    return dest

@@ -1,0 +1,76 @@
+"""What the node publishes per frame, built without ROS so its format is tested directly.
+
+``/thinking/activation`` carries one compact JSON object per frame: the LLM side and the
+demo read the active labels, the bag engineer scores every frame, and benchmarks read the
+timings. ``/thinking/probabilities`` is a Float32MultiArray whose layout names each
+dimension after its thinking label, so a consumer never guesses the output order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMA = 1
+
+
+@dataclass
+class FrameResult:
+    """One frame's outcome, handed to listeners (experience shipping, tests, demo)."""
+
+    seq: int
+    stamp: float  # node clock (s) the frame was assembled at
+    signals: np.ndarray  # (K, F)
+    mask: np.ndarray  # (K, F)
+    events: np.ndarray  # (M,)
+    labels: tuple[str, ...]
+    probabilities: np.ndarray  # (L,)
+    active: tuple[str, ...]
+    embedding: np.ndarray  # (d,)
+    inference_us: float
+    latency_us: float | None  # newest sample arrival -> activation built (just before publish)
+    bundle_version: int
+    bundle_sha256: str
+    stale: tuple[str, ...]
+    inputs_stamp: float | None
+
+
+def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,
+                  thresholds: np.ndarray) -> tuple[str, ...]:
+    """Labels whose probability reaches its threshold (Ĝ_t = {g : P(g|s_t) >= tau_g})."""
+    return tuple(label for label, hit in zip(labels, probabilities >= thresholds) if hit)
+
+
+def activation_record(result: FrameResult, robot_id: str) -> dict:
+    """The JSON object of one activation; probabilities rounded to 5 digits to stay small."""
+    probs = [round(float(p), 5) for p in result.probabilities]
+    by_label = dict(zip(result.labels, probs))
+    return {
+        "schema": SCHEMA,
+        "robot_id": robot_id,
+        "seq": result.seq,
+        "stamp": result.stamp,
+        "inputs_stamp": result.inputs_stamp,
+        "bundle_version": result.bundle_version,
+        "active": [{"label": label, "probability": by_label[label]} for label in result.active],
+        "probabilities": by_label,
+        "stale": list(result.stale),
+        "inference_us": round(result.inference_us, 1),
+        "latency_us": None if result.latency_us is None else round(result.latency_us, 1),
+    }
+
+
+def activation_json(result: FrameResult, robot_id: str) -> str:
+    """Compact JSON text for std_msgs/String."""
+    return json.dumps(activation_record(result, robot_id), separators=(",", ":"))
+
+
+def probabilities_layout(labels: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """(label, size, stride) per MultiArrayDimension: one unit dimension per thinking label.
+
+    With every dimension of size 1 the data stays a flat (L,) vector in label order, and
+    ``dim[i].label`` names element i.
+    """
+    return [(label, 1, 1) for label in labels]

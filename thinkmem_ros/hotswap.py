@@ -1,0 +1,204 @@
+"""Bundle hot-swap: verify a new bundle off the tick path, swap it in between two frames.
+
+A new bundle arrives either as a ``bundle_path`` parameter change or as the bundle's files
+replaced on disk (the consolidator's push). Loading hashes files and builds an ONNX
+Runtime session, which takes milliseconds to seconds, so it runs on the ``HotSwapper``
+thread; the inference thread only calls ``PolicySlot.current()``, which picks up a
+verified candidate at the start of a frame. A bad bundle never reaches the slot: the old
+policy keeps running and the error is kept for the diagnostics until a good one arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
+from .paths import default_bundle
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A verified bundle with its runtime and effective thresholds, immutable once built."""
+
+    path: Path
+    runtime: object  # thinkmem_ros.policy.runtime.PolicyRuntime
+    labels: tuple[str, ...]
+    signals: tuple[str, ...]
+    window: int
+    max_events: int
+    event_vocabulary: tuple[str, ...]
+    thresholds: np.ndarray  # (L,) float32
+    version: int
+    sha256: str
+    frame_rate_hz: float
+
+
+def resolve_bundle_path(path: str | Path) -> Path:
+    """'' -> the shipped default bundle; anything else as given (made absolute)."""
+    return default_bundle() if str(path) == "" else Path(path).expanduser().resolve()
+
+
+def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
+                thresholds: dict[str, float] | None = None, threads: int = 1,
+                like: LoadedPolicy | None = None) -> LoadedPolicy:
+    """Load and verify a bundle (sha256, format, graph shapes, labels) and probe it once.
+
+    ``signals`` are the signals the node can subscribe to; ``like`` is the running policy,
+    whose window and signal order a replacement must keep (changing them needs a restart).
+    Raises BundleError naming the bundle and the reason.
+    """
+    from .policy.runtime import PolicyRuntime
+
+    folder = resolve_bundle_path(path)
+    bundle = load_bundle(folder)
+    m = bundle.manifest
+    if signals is not None:
+        missing = [s for s in m.signals if s not in signals]
+        if missing:
+            raise BundleError(f"{folder}: bundle needs signals {missing} that have no topic "
+                              f"configured (configured: {list(signals)})")
+    if like is not None:
+        if tuple(m.signals) != like.signals:
+            raise BundleError(f"{folder}: signals {m.signals} differ from the running "
+                              f"{list(like.signals)}; restart the node to change them")
+        if m.window != like.window or m.max_events != like.max_events:
+            raise BundleError(f"{folder}: window K={m.window}, M={m.max_events} differ from "
+                              f"the running K={like.window}, M={like.max_events}; restart "
+                              "the node to change them")
+    try:
+        runtime = PolicyRuntime(bundle, threads=threads, thresholds=thresholds or None)
+    except ValueError as exc:  # thresholds naming labels this bundle does not have
+        raise BundleError(f"{folder}: {exc}") from exc
+    if list(runtime.labels) != list(m.labels) or runtime.window != m.window:
+        raise BundleError(f"{folder}: runtime labels/window disagree with bundle.json")
+    probe = runtime.predict_one(np.zeros((m.window, len(m.signals)), np.float32),
+                                np.ones((m.window, len(m.signals)), np.float32),
+                                np.zeros(m.max_events, np.int64))
+    probs = np.asarray(probe.probabilities)
+    if probs.shape != (1, len(m.labels)) or not np.isfinite(probs).all():
+        raise BundleError(f"{folder}: probe inference gave probabilities of shape "
+                          f"{probs.shape} (expected (1, {len(m.labels)})) or non-finite values")
+    return LoadedPolicy(
+        path=folder, runtime=runtime, labels=tuple(m.labels), signals=tuple(m.signals),
+        window=m.window, max_events=m.max_events, event_vocabulary=tuple(m.event_vocabulary),
+        thresholds=np.asarray(runtime.thresholds, np.float32), version=m.model_version,
+        sha256=m.sha256, frame_rate_hz=m.frame_rate_hz)
+
+
+class PolicySlot:
+    """The running policy plus at most one verified candidate, swapped between frames."""
+
+    def __init__(self, policy: LoadedPolicy) -> None:
+        self._lock = threading.Lock()
+        self._current = policy
+        self._pending: LoadedPolicy | None = None
+        self.swaps = 0
+
+    def offer(self, policy: LoadedPolicy) -> None:
+        """Queue ``policy`` for the next frame; a newer offer replaces an unused one."""
+        with self._lock:
+            self._pending = policy
+
+    def current(self) -> tuple[LoadedPolicy, bool]:
+        """The policy for this frame and whether it was just swapped in."""
+        with self._lock:
+            if self._pending is None:
+                return self._current, False
+            self._current, self._pending = self._pending, None
+            self.swaps += 1
+            return self._current, True
+
+    def peek(self) -> LoadedPolicy:
+        """The policy the next frame will use (pending if any), without swapping."""
+        with self._lock:
+            return self._pending or self._current
+
+
+def fingerprint(folder: Path) -> tuple:
+    """(inode, size, mtime_ns) of both bundle files; changes when either is replaced."""
+    out = []
+    for name in (MANIFEST, ONNX_FILE):
+        try:
+            st = os.stat(folder / name)
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+class HotSwapper(threading.Thread):
+    """Background thread: loads requested bundles and polls the running one's files."""
+
+    def __init__(self, slot: PolicySlot, load: Callable[..., LoadedPolicy], *,
+                 watch: bool, period_s: float,
+                 on_result: Callable[[LoadedPolicy | None, str], None]) -> None:
+        super().__init__(name="thinkmem-hotswap", daemon=True)
+        self._slot = slot
+        self._load = load
+        self._watch = watch
+        self._period = period_s
+        self._on_result = on_result  # (policy, '') on success, (None, error) on refusal
+        self._requests: queue.Queue[Path] = queue.Queue()
+        self._stop_event = threading.Event()
+        self._path = slot.peek().path
+        self._seen = fingerprint(self._path)
+        self.error = ""
+
+    def request(self, path: str | Path) -> None:
+        """Ask for ``path`` ('' = default bundle) to be verified and swapped in."""
+        self._requests.put(resolve_bundle_path(path))
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop polling and wait (bounded) for the thread to end."""
+        self._stop_event.set()
+        self._requests.put(Path())  # wake the thread
+        if self.is_alive():
+            self.join(timeout)
+
+    def run(self) -> None:
+        """Serve requests; between them, poll the running bundle's files."""
+        while not self._stop_event.is_set():
+            try:
+                path = self._requests.get(timeout=self._period)
+            except queue.Empty:
+                path = None
+            if self._stop_event.is_set():
+                return
+            if path is not None:
+                self._attempt(path, pushed=False)
+            elif self._watch:
+                current = fingerprint(self._path)
+                if current != self._seen:
+                    self._seen = current
+                    self._attempt(self._path, pushed=True)
+
+    def _attempt(self, path: Path, *, pushed: bool) -> None:
+        running = self._slot.peek()
+        try:
+            policy = self._load(path, like=running)
+            if pushed and policy.version < running.version:
+                raise BundleError(f"{path}: version {policy.version} is older than the "
+                                  f"running version {running.version}")
+        except Exception as exc:  # noqa: BLE001 - any failure must leave the old policy running
+            self.error = str(exc)
+            LOG.error("bundle %s refused, keeping version %s: %s", path, running.version, exc)
+            self._on_result(None, self.error)
+            return
+        self._path = path
+        self._seen = fingerprint(path)
+        self.error = ""
+        if policy.sha256 == running.sha256 and policy.version == running.version and pushed:
+            self._on_result(None, "")  # same model touched on disk: nothing to swap
+            return
+        self._slot.offer(policy)
+        self._on_result(policy, "")

@@ -1,0 +1,432 @@
+"""``thinking_node``: sensor topics -> situation window -> on-device thinking activation.
+
+A thin rclpy shell around plain-Python parts (``situation``, ``node_config``,
+``activation``, ``diagnostics``, ``hotswap``): it subscribes, stamps and hands samples to
+the ``SituationBuffer``, assembles frames on a timer (``frame_trigger: timer``, the fixed
+frame rate the policy was trained at) or as soon as every fresh signal has a new sample
+(``frame_trigger: samples``, lowest latency), runs one inference per frame on a dedicated
+thread so subscription callbacks stay responsive, and publishes the activation, the
+probabilities and 1 Hz diagnostics. Nothing on the frame path touches disk or network:
+bundle loading happens on the hot-swap thread, the stats file is written at shutdown.
+
+Latency, as reported: from the ``perf_counter`` reading taken on entry to the callback of
+the newest sample used by a frame to the return of the activation ``publish()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
+                                SetParametersResult)
+from rclpy.exceptions import ParameterException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.node import Node
+from rclpy.parameter import Parameter
+from rclpy.qos import (HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data)
+from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
+
+from .activation import FrameResult, active_labels, activation_json, probabilities_layout
+from .bundle import BundleError, read_manifest
+from .diagnostics import HealthSnapshot, build_status
+from .hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy, resolve_bundle_path
+from .msg_fields import FieldError, FieldPath, extract_stamp, message_class
+from .node_config import (ACTIVATION_TOPIC, DIAGNOSTICS_TOPIC, NODE_NAME, PARAMETERS,
+                          PROBABILITIES_TOPIC, NodeConfig, ParamSpec, signal_params)
+from .situation import BufferConfig, Frame, SituationBuffer, Verdict
+
+FrameListener = Callable[[FrameResult], None]
+
+
+class _Mailbox:
+    """One-slot hand-off from the executor to the inference thread; newest frame wins."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._frame: Frame | None = None
+        self.closed = False
+
+    def put(self, frame: Frame) -> bool:
+        """Store ``frame``; True when it replaced one the worker had not taken (a skip)."""
+        with self._cond:
+            skipped = self._frame is not None
+            self._frame = frame
+            self._cond.notify()
+            return skipped
+
+    def take(self, timeout: float) -> Frame | None:
+        """The pending frame, waiting at most ``timeout`` seconds."""
+        with self._cond:
+            if self._frame is None and not self.closed:
+                self._cond.wait(timeout)
+            frame, self._frame = self._frame, None
+            return frame
+
+    def close(self) -> None:
+        """Wake the worker so it can exit."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class _Stats:
+    """Timing samples and counters shared by the worker and the diagnostics timer."""
+
+    def __init__(self, keep_all: bool) -> None:
+        self.lock = threading.Lock()
+        self.inference_us: deque[float] = deque(maxlen=2000)
+        self.latency_us: deque[float] = deque(maxlen=2000)
+        self.all_latency_us: list[float] | None = [] if keep_all else None
+        self.all_inference_us: list[float] | None = [] if keep_all else None
+        self.published = 0
+        self.frames_skipped = 0
+        self.inference_errors = 0
+
+    def record(self, inference_us: float, latency_us: float | None) -> None:
+        with self.lock:
+            self.published += 1
+            self.inference_us.append(inference_us)
+            if self.all_inference_us is not None:
+                self.all_inference_us.append(inference_us)
+            if latency_us is not None:
+                self.latency_us.append(latency_us)
+                if self.all_latency_us is not None and len(self.all_latency_us) < 2_000_000:
+                    self.all_latency_us.append(latency_us)
+
+
+def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
+    desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
+    if spec.min is not None and isinstance(spec.default, float):
+        desc.floating_point_range = [FloatingPointRange(
+            from_value=float(spec.min), to_value=float(spec.max), step=0.0)]
+    elif spec.min is not None and isinstance(spec.default, int):
+        desc.integer_range = [IntegerRange(
+            from_value=int(spec.min), to_value=int(spec.max), step=1)]
+    return desc
+
+
+def _qos(config: NodeConfig) -> QoSProfile:
+    if config.qos == "sensor_data":
+        profile = QoSProfile(depth=config.qos_depth)
+        profile.reliability = qos_profile_sensor_data.reliability
+        profile.durability = qos_profile_sensor_data.durability
+        profile.history = HistoryPolicy.KEEP_LAST
+        return profile
+    reliability = (ReliabilityPolicy.RELIABLE if config.qos == "reliable"
+                   else ReliabilityPolicy.BEST_EFFORT)
+    return QoSProfile(depth=config.qos_depth, reliability=reliability)
+
+
+class ThinkingNode(Node):
+    """Subscribes to the signal map, publishes activations, probabilities and diagnostics."""
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs) -> None:
+        super().__init__(node_name, **kwargs)
+        self.frame_listeners: list[FrameListener] = []
+        """Called on the inference thread after each activation is published (experience
+        shipping hooks in here); a listener must not block and must not raise."""
+        self.config = self._read_config()
+        self._policy = load_policy(
+            self.config.bundle_path, signals=tuple(self.config.signal_map),
+            thresholds=self.config.thresholds, threads=self.config.inference_threads)
+        policy = self._policy
+        self.frame_rate_hz = self.config.effective_rate(policy.frame_rate_hz)
+        self.buffer = SituationBuffer(BufferConfig(
+            signals=policy.signals, window=policy.window,
+            stale_after_s=self.config.stale_after_s, max_events=policy.max_events,
+            event_vocabulary=policy.event_vocabulary,
+            event_horizon_s=self.config.event_horizon_s))
+        self._stats = _Stats(keep_all=bool(self.config.stats_file))
+        self._slot = PolicySlot(policy)
+        self._layout = self._make_layout(policy)
+        self._bundle_error = ""
+        self._mismatch_logged: set[tuple[str, str]] = set()
+        self._started = time.monotonic()
+        self._last_diag = (self._started, self._totals())
+        self._last_frame_at = -1.0
+
+        self._act_pub = self.create_publisher(String, ACTIVATION_TOPIC, 10)
+        self._prob_pub = self.create_publisher(Float32MultiArray, PROBABILITIES_TOPIC, 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
+        self._subscribe(policy)
+
+        self._mailbox = _Mailbox()
+        self._worker = threading.Thread(target=self._work, name="thinkmem-infer", daemon=True)
+        self._worker.start()
+        loader = functools.partial(
+            load_policy, signals=tuple(self.config.signal_map),
+            thresholds=self.config.thresholds, threads=self.config.inference_threads)
+        self._swapper = HotSwapper(self._slot, loader, watch=self.config.watch_bundle,
+                                   period_s=self.config.watch_period_s,
+                                   on_result=self._on_swap_result)
+        self._swapper.start()
+        self.add_on_set_parameters_callback(self._check_parameters)
+        self.add_post_set_parameters_callback(self._apply_parameters)
+        self._frame_timer = self.create_timer(1.0 / self.frame_rate_hz, self._on_timer)
+        self._diag_timer = self.create_timer(self.config.diagnostics_period_s,
+                                             self._publish_diagnostics)
+        self.get_logger().info(
+            f"ready: bundle v{policy.version} sha256 {policy.sha256[:12]} from {policy.path}; "
+            f"K={policy.window} at {self.frame_rate_hz:g} Hz ({self.config.frame_trigger}); "
+            f"signals {list(policy.signals)}")
+
+    # -- configuration ----------------------------------------------------------------------
+    def _read_config(self) -> NodeConfig:
+        """Declare every parameter with its descriptor and copy the values once."""
+        for spec in PARAMETERS:
+            self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+        bundle_path = self.get_parameter("bundle_path").value
+        signals = tuple(read_manifest(resolve_bundle_path(bundle_path)).signals)
+        specs = list(PARAMETERS)
+        for name in signals:
+            for spec in signal_params(name):
+                self.declare_parameter(spec.name, spec.default, _descriptor(spec))
+                specs.append(spec)
+        values = {spec.name: self.get_parameter(spec.name).value for spec in specs}
+        return NodeConfig.from_parameters(values, signals)
+
+    def _check_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        for param in params:
+            if param.name == "bundle_path" and param.type_ != Parameter.Type.STRING:
+                return SetParametersResult(successful=False,
+                                           reason="bundle_path must be a string")
+        return SetParametersResult(successful=True)
+
+    def _apply_parameters(self, params: list[Parameter]) -> None:
+        for param in params:
+            if param.name == "bundle_path":
+                self.get_logger().info(f"bundle_path set to {param.value!r}: verifying")
+                self._swapper.request(param.value)
+
+    def _subscribe(self, policy: LoadedPolicy) -> None:
+        qos = _qos(self.config)
+        self._subs = []
+        for index, name in enumerate(policy.signals):
+            src = self.config.signal_map[name]
+            path = FieldPath.compile(src.msg_type, src.field)
+            self._subs.append(self.create_subscription(
+                message_class(src.msg_type), src.topic,
+                functools.partial(self._on_sample, index, path), qos))
+        if self.config.events_topic:
+            self._subs.append(self.create_subscription(
+                String, self.config.events_topic, self._on_event, qos))
+
+    # -- input path -------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def _on_sample(self, index: int, path: FieldPath, msg) -> None:
+        arrival = time.perf_counter()
+        now = self._now()
+        try:
+            value = path.extract(msg)
+        except FieldError:
+            value = float("nan")  # counted as invalid by the buffer
+        verdict = self.buffer.offer(index, value, now=now, stamp=extract_stamp(msg),
+                                    arrival=arrival)
+        if (verdict is Verdict.ACCEPTED and self.config.frame_trigger == "samples"
+                and self.buffer.complete(now)):
+            self._emit(now)
+
+    def _on_event(self, msg: String) -> None:
+        self.buffer.offer_event(msg.data.strip(), now=self._now(), stamp=None)
+
+    def _on_timer(self) -> None:
+        now = self._now()
+        if self.config.frame_trigger == "timer" or (
+                now - self._last_frame_at >= 2.0 / self.frame_rate_hz):
+            self._emit(now)  # in 'samples' mode: a watchdog frame when inputs stall
+
+    def _emit(self, now: float) -> None:
+        self._last_frame_at = now
+        if self._mailbox.put(self.buffer.assemble(now)):
+            with self._stats.lock:
+                self._stats.frames_skipped += 1
+
+    # -- inference thread -------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._mailbox.closed:
+            frame = self._mailbox.take(timeout=0.2)
+            if frame is not None:
+                self._infer(frame)
+
+    def _infer(self, frame: Frame) -> None:
+        policy, swapped = self._slot.current()
+        events = frame.events
+        if swapped:
+            self._on_swapped(policy)
+            if policy.event_vocabulary != self._policy.event_vocabulary:
+                events = np.zeros_like(events)  # ids of the old vocabulary mean nothing now
+            self._policy = policy
+        start = time.perf_counter()
+        try:
+            pred = policy.runtime.predict_one(frame.signals, frame.mask, events)
+        except Exception as exc:  # noqa: BLE001 - a bad frame must not stop the node
+            with self._stats.lock:
+                self._stats.inference_errors += 1
+            self.get_logger().error(f"inference failed on frame {frame.seq}: {exc}",
+                                    throttle_duration_sec=5.0)
+            return
+        inference_us = (time.perf_counter() - start) * 1e6
+        probs = np.asarray(pred.probabilities[0], dtype=np.float32)
+        result = FrameResult(
+            seq=frame.seq, stamp=frame.stamp, signals=frame.signals, mask=frame.mask,
+            events=events, labels=policy.labels, probabilities=probs,
+            active=active_labels(policy.labels, probs, policy.thresholds),
+            embedding=np.asarray(pred.embedding[0]), inference_us=inference_us,
+            latency_us=None, bundle_version=policy.version, bundle_sha256=policy.sha256,
+            stale=frame.stale, inputs_stamp=frame.inputs_stamp)
+        if frame.last_arrival is not None:
+            result.latency_us = (time.perf_counter() - frame.last_arrival) * 1e6
+        self._act_pub.publish(String(data=activation_json(result, self.config.robot_id)))
+        latency = (None if frame.last_arrival is None
+                   else (time.perf_counter() - frame.last_arrival) * 1e6)
+        self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
+        self._stats.record(inference_us, latency)
+        for listener in list(self.frame_listeners):
+            try:
+                listener(result)
+            except Exception as exc:  # noqa: BLE001 - a listener must not stop inference
+                self.get_logger().error(f"frame listener failed: {exc}",
+                                        throttle_duration_sec=5.0)
+
+    @staticmethod
+    def _make_layout(policy: LoadedPolicy) -> MultiArrayLayout:
+        return MultiArrayLayout(dim=[MultiArrayDimension(label=label, size=size, stride=stride)
+                                     for label, size, stride in probabilities_layout(
+                                         policy.labels)], data_offset=0)
+
+    def _on_swapped(self, policy: LoadedPolicy) -> None:
+        self._layout = self._make_layout(policy)
+        self.buffer.set_event_vocabulary(policy.event_vocabulary)
+        self.get_logger().info(f"swapped to bundle v{policy.version} sha256 "
+                               f"{policy.sha256[:12]} from {policy.path}")
+
+    def _on_swap_result(self, policy: LoadedPolicy | None, error: str) -> None:
+        self._bundle_error = error
+        if error:
+            self.get_logger().error(f"bundle refused, keeping the running one: {error}")
+
+    # -- diagnostics ------------------------------------------------------------------------
+    def _totals(self) -> dict[str, int]:
+        counters = self.buffer.snapshot()
+        stats = self._stats
+        with stats.lock:
+            skipped, errors = stats.frames_skipped, stats.inference_errors
+        return {"frames": stats.published, "invalid": sum(counters.invalid.values()),
+                "duplicate": sum(counters.duplicate.values()),
+                "out_of_order": sum(counters.out_of_order.values()),
+                "unknown_events": counters.unknown_events, "frames_skipped": skipped,
+                "inference_errors": errors, "stale_frames": sum(counters.stale_frames.values()),
+                "samples": sum(counters.accepted.values())}
+
+    def type_mismatches(self) -> dict[str, list[str]]:
+        """Topics of the signal map that also carry publishers of another message type."""
+        out: dict[str, list[str]] = {}
+        expected = {self.config.signal_map[s].topic: self.config.signal_map[s].msg_type
+                    for s in self.buffer.signals}
+        if self.config.events_topic:
+            expected[self.config.events_topic] = "std_msgs/msg/String"
+        for topic, msg_type in expected.items():
+            foreign = sorted({info.topic_type for info in self.get_publishers_info_by_topic(topic)
+                              if info.topic_type != msg_type})
+            if foreign:
+                out[topic] = foreign
+                for other in foreign:
+                    if (topic, other) not in self._mismatch_logged:
+                        self._mismatch_logged.add((topic, other))
+                        self.get_logger().warning(
+                            f"{topic} has a publisher of {other}, expected {msg_type}; "
+                            "its messages cannot reach this node")
+        return out
+
+    def health(self) -> HealthSnapshot:
+        """Snapshot for ``build_status``; advances the 'since previous report' baseline."""
+        now = time.monotonic()
+        totals = self._totals()
+        last_at, previous = self._last_diag
+        self._last_diag = (now, totals)
+        with self._stats.lock:
+            inference = np.array(self._stats.inference_us)
+            latency = np.array(self._stats.latency_us)
+        fresh = self.buffer.fresh(self._now())
+        policy = self._slot.peek()
+        return HealthSnapshot(
+            robot_id=self.config.robot_id, expected_rate_hz=self.frame_rate_hz,
+            elapsed_s=now - last_at, uptime_s=now - self._started, totals=totals,
+            previous=previous, inference_us=inference, latency_us=latency,
+            signals=self.buffer.signals,
+            stale=tuple(s for s, ok in zip(self.buffer.signals, fresh) if not ok),
+            type_mismatch=self.type_mismatches(), bundle_version=policy.version,
+            bundle_sha256=policy.sha256, bundle_path=str(policy.path),
+            bundle_error=self._bundle_error, bundle_swaps=self._slot.swaps)
+
+    def _publish_diagnostics(self) -> None:
+        report = build_status(self.health(), warmup_s=2.0 * self.config.diagnostics_period_s
+                              + self.config.stale_after_s)
+        msg = DiagnosticArray()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.status = [DiagnosticStatus(
+            level=bytes([report.level]), name=f"thinkmem: {self.get_name()}",
+            message=report.message, hardware_id=self.config.robot_id,
+            values=[KeyValue(key=k, value=v) for k, v in report.values])]
+        self._diag_pub.publish(msg)
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def write_stats(self, path: str | Path) -> None:
+        """Latency/inference samples and counters as JSON (called at shutdown, off the tick)."""
+        with self._stats.lock:
+            data = {"latency_us": list(self._stats.all_latency_us or []),
+                    "inference_us": list(self._stats.all_inference_us or []),
+                    "published": self._stats.published}
+        data["totals"] = self._totals()
+        data["frame_rate_hz"] = self.frame_rate_hz
+        data["frame_trigger"] = self.config.frame_trigger
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+
+    def destroy_node(self) -> None:
+        """Stop the worker and the hot-swap thread (bounded waits), then write stats."""
+        self._mailbox.close()
+        self._worker.join(timeout=2.0)
+        self._swapper.stop(timeout=2.0)
+        if self.config.stats_file:
+            try:
+                self.write_stats(self.config.stats_file)
+            except OSError as exc:
+                self.get_logger().error(f"cannot write stats to {self.config.stats_file}: {exc}")
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the node until Ctrl-C or SIGTERM (exit 0); exit 2 on an invalid configuration."""
+    try:
+        with rclpy.init(args=args):
+            try:
+                node = ThinkingNode()
+            except (ValueError, BundleError, ParameterException, FileNotFoundError) as exc:
+                print(f"{NODE_NAME}: refusing to start: {exc}", file=sys.stderr, flush=True)
+                return 2
+            executor = SingleThreadedExecutor()
+            executor.add_node(node)
+            try:
+                executor.spin()
+            finally:
+                executor.remove_node(node)
+                node.destroy_node()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

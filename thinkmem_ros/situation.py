@@ -1,0 +1,227 @@
+"""Fixed-rate situation windows assembled from the latest sample of each signal.
+
+Sensors publish at their own rates, drop out, repeat stamps and arrive out of order; the
+policy wants a clean (K, F) window at the bundle's frame rate plus the last M events. This
+buffer is the only place that turns the first into the second, with plain numpy and no
+ROS, so every rule below is unit-tested without DDS:
+
+- a frame takes the latest accepted sample of each signal;
+- a signal whose latest sample arrived more than ``stale_after_s`` ago (or never) is
+  masked (value 0, mask 0) and counted: a dead sensor is never reused forever;
+- NaN/inf samples are dropped and counted;
+- a stamped sample whose stamp is not newer than the signal's latest accepted stamp is
+  dropped and counted as a duplicate or out-of-order: the window only moves forward;
+- events keep their arrival order; the last M known events form the event history.
+
+Times: ``now`` is the node clock (ROS time, so sim time works with bag playback) and
+decides staleness; ``stamp`` is the message header stamp (ordering only); ``arrival`` is a
+``time.perf_counter()`` reading used solely to measure latency.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Verdict(enum.Enum):
+    """What happened to one offered sample or event."""
+
+    ACCEPTED = "accepted"
+    INVALID = "invalid"
+    DUPLICATE = "duplicate"
+    OUT_OF_ORDER = "out_of_order"
+    UNKNOWN_EVENT = "unknown_event"
+
+
+@dataclass
+class BufferConfig:
+    """Shape and rules of the window; validated so a bad bundle or parameter fails early."""
+
+    signals: tuple[str, ...]
+    window: int
+    stale_after_s: float
+    max_events: int = 1
+    event_vocabulary: tuple[str, ...] = ()
+    event_horizon_s: float = 0.0  # 0 = events never expire, only the last M are kept
+
+    def __post_init__(self) -> None:
+        self.signals = tuple(self.signals)
+        self.event_vocabulary = tuple(self.event_vocabulary)
+        if not self.signals:
+            raise ValueError("signals must name at least one signal")
+        if len(set(self.signals)) != len(self.signals):
+            raise ValueError(f"signals has duplicates: {list(self.signals)}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if not (self.stale_after_s > 0.0 and math.isfinite(self.stale_after_s)):
+            raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s}")
+        if self.max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {self.max_events}")
+        if not (self.event_horizon_s >= 0.0 and math.isfinite(self.event_horizon_s)):
+            raise ValueError(f"event_horizon_s must be >= 0, got {self.event_horizon_s}")
+
+
+@dataclass
+class Frame:
+    """One assembled situation, ready for ``PolicyRuntime.predict_one``."""
+
+    seq: int
+    stamp: float  # node clock at assembly (s)
+    signals: np.ndarray  # (K, F) float32, oldest row first
+    mask: np.ndarray  # (K, F) float32, 1 = observed and fresh
+    events: np.ndarray  # (M,) int64, oldest first, 0 = padding
+    stale: tuple[str, ...]  # signals masked in the newest row (stale or never seen)
+    last_arrival: float | None  # perf_counter of the newest sample in the newest row
+    inputs_stamp: float | None  # newest header stamp among the newest row's samples
+
+
+@dataclass
+class BufferCounters:
+    """Cumulative counts a diagnostic reports; per-signal where an operator needs the name."""
+
+    accepted: dict[str, int] = field(default_factory=dict)
+    invalid: dict[str, int] = field(default_factory=dict)
+    duplicate: dict[str, int] = field(default_factory=dict)
+    out_of_order: dict[str, int] = field(default_factory=dict)
+    stale_frames: dict[str, int] = field(default_factory=dict)
+    events_accepted: int = 0
+    unknown_events: int = 0
+    frames: int = 0
+
+    def copy(self) -> "BufferCounters":
+        """Independent snapshot for a reader on another thread."""
+        return BufferCounters(dict(self.accepted), dict(self.invalid), dict(self.duplicate),
+                              dict(self.out_of_order), dict(self.stale_frames),
+                              self.events_accepted, self.unknown_events, self.frames)
+
+
+class SituationBuffer:
+    """Latest-sample store plus a K-row ring of assembled frames; thread-safe."""
+
+    def __init__(self, config: BufferConfig) -> None:
+        self.config = config
+        n = len(config.signals)
+        self._lock = threading.Lock()
+        self._value = np.zeros(n, dtype=np.float32)
+        self._received_at = np.full(n, -math.inf)  # node clock of the latest accepted sample
+        self._stamp = np.full(n, -math.inf)  # header stamp of the latest stamped sample
+        self._has_stamp = np.zeros(n, dtype=bool)
+        self._arrival = np.full(n, math.nan)
+        self._updated = np.zeros(n, dtype=bool)  # new sample since the last frame
+        self._ring_values = np.zeros((config.window, n), dtype=np.float32)
+        self._ring_mask = np.zeros((config.window, n), dtype=np.float32)
+        self._head = 0  # next row to write; rows before it (cyclically) are older
+        self._events: deque[tuple[str, float]] = deque(maxlen=config.max_events)
+        self._event_ids = {name: i + 1 for i, name in enumerate(config.event_vocabulary)}
+        self._last_event: tuple[str, float | None] | None = None
+        self.counters = BufferCounters(
+            **{key: {s: 0 for s in config.signals}
+               for key in ("accepted", "invalid", "duplicate", "out_of_order", "stale_frames")})
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """Signal names in window column order."""
+        return self.config.signals
+
+    def offer(self, index: int, value: float, *, now: float, stamp: float | None = None,
+              arrival: float | None = None) -> Verdict:
+        """Offer one sample of signal ``index``; only ACCEPTED samples change the window."""
+        name = self.config.signals[index]
+        with self._lock:
+            if not math.isfinite(value):
+                self.counters.invalid[name] += 1
+                return Verdict.INVALID
+            if stamp is not None and self._has_stamp[index]:
+                if stamp == self._stamp[index]:
+                    self.counters.duplicate[name] += 1
+                    return Verdict.DUPLICATE
+                if stamp < self._stamp[index]:
+                    self.counters.out_of_order[name] += 1
+                    return Verdict.OUT_OF_ORDER
+            if stamp is not None:
+                self._stamp[index] = stamp
+                self._has_stamp[index] = True
+            self._value[index] = value
+            self._received_at[index] = now
+            self._arrival[index] = math.nan if arrival is None else arrival
+            self._updated[index] = True
+            self.counters.accepted[name] += 1
+            return Verdict.ACCEPTED
+
+    def offer_event(self, name: str, *, now: float, stamp: float | None = None) -> Verdict:
+        """Append a discrete event; unknown names and exact repeats (same stamp) are dropped."""
+        with self._lock:
+            if name not in self._event_ids:
+                self.counters.unknown_events += 1
+                return Verdict.UNKNOWN_EVENT
+            if stamp is not None and self._last_event == (name, stamp):
+                return Verdict.DUPLICATE
+            self._last_event = (name, stamp)
+            self._events.append((name, now))
+            self.counters.events_accepted += 1
+            return Verdict.ACCEPTED
+
+    def set_event_vocabulary(self, vocabulary: tuple[str, ...]) -> None:
+        """Adopt a new bundle's event ids; held events are re-mapped by name, not by id."""
+        with self._lock:
+            self._event_ids = {name: i + 1 for i, name in enumerate(vocabulary)}
+            self.config.event_vocabulary = tuple(vocabulary)
+
+    def fresh(self, now: float) -> np.ndarray:
+        """Boolean (F,) of signals whose latest sample is within the staleness limit."""
+        with self._lock:
+            return self._fresh(now)
+
+    def _fresh(self, now: float) -> np.ndarray:
+        return (now - self._received_at) <= self.config.stale_after_s
+
+    def complete(self, now: float) -> bool:
+        """Whether every fresh signal has a new sample since the last frame (sample trigger)."""
+        with self._lock:
+            fresh = self._fresh(now)
+            return bool(self._updated.any() and self._updated[fresh].all())
+
+    def assemble(self, now: float) -> Frame:
+        """Write the newest row from the latest samples and return the whole window."""
+        cfg = self.config
+        with self._lock:
+            fresh = self._fresh(now)
+            row = self._head
+            self._ring_values[row] = np.where(fresh, self._value, 0.0)
+            self._ring_mask[row] = fresh.astype(np.float32)
+            self._head = (row + 1) % cfg.window
+            order = np.r_[self._head:cfg.window, 0:self._head]
+            stale = tuple(s for s, ok in zip(cfg.signals, fresh) if not ok)
+            for name in stale:
+                self.counters.stale_frames[name] += 1
+            arrivals = self._arrival[fresh & self._updated]
+            arrivals = arrivals[~np.isnan(arrivals)]
+            stamps = self._stamp[fresh & self._has_stamp]
+            self._updated[:] = False
+            self.counters.frames += 1
+            return Frame(
+                seq=self.counters.frames, stamp=now,
+                signals=self._ring_values[order].copy(), mask=self._ring_mask[order].copy(),
+                events=self._event_array(now), stale=stale,
+                last_arrival=float(arrivals.max()) if arrivals.size else None,
+                inputs_stamp=float(stamps.max()) if stamps.size else None)
+
+    def _event_array(self, now: float) -> np.ndarray:
+        horizon = self.config.event_horizon_s
+        ids = [self._event_ids[name] for name, at in self._events
+               if name in self._event_ids and (horizon == 0.0 or now - at <= horizon)]
+        out = np.zeros(self.config.max_events, dtype=np.int64)
+        if ids:
+            out[-len(ids):] = ids  # right-aligned: the newest event is always last
+        return out
+
+    def snapshot(self) -> BufferCounters:
+        """Counters copied under the lock."""
+        with self._lock:
+            return self.counters.copy()
