@@ -107,6 +107,18 @@ class BagPlayer:
             self._clock_pub = node.create_publisher(Clock, "/clock", qos)
         self.stats = PlayStats(per_topic={topic: 0 for topic in types})
 
+    def wait_for_subscribers(self, topics: Sequence[str], timeout_s: float) -> bool:
+        """Block until each of ``topics`` has a matched subscriber, so nothing is lost to
+        discovery; False on timeout or stop."""
+        missing = [t for t in topics if t not in self._publishers]
+        if missing:
+            raise BagError(f"cannot wait for {missing}: not among the played topics")
+        deadline = time.monotonic() + timeout_s
+        while not all(self._publishers[t].get_subscription_count() > 0 for t in topics):
+            if time.monotonic() > deadline or self._stop.wait(0.05):
+                return False
+        return True
+
     def stop(self) -> None:
         """Ask a running :meth:`play` to return at its next wait."""
         self._stop.set()

@@ -1,0 +1,181 @@
+"""``thinkmem bag play`` over real DDS: recorded timing, rate, topic filter, offset, clock."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from thinkmem_ros.bag import GROUND_TRUTH_TOPIC, default_bindings, write_stream
+from thinkmem_ros.data import SignalStream
+from thinkmem_ros.vocabulary import SIGNALS, THINKING
+
+pytestmark = pytest.mark.ros
+
+ROOT = Path(__file__).resolve().parent.parent
+DOMAIN = str(random.randint(1, 200))
+RATE = 10.0
+FRAMES = 20  # 2 s of stream
+DISCOVERY_S = 3.0  # --delay that lets DDS match the player with our subscriber
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, ROS_DOMAIN_ID=DOMAIN, ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST",
+               PYTHONPATH=str(ROOT))
+    return env
+
+
+def _stream() -> SignalStream:
+    values = np.tile(np.arange(FRAMES, dtype=np.float32)[:, None], (1, len(SIGNALS)))
+    labels = np.zeros((FRAMES, len(THINKING)), dtype=np.float32)
+    return SignalStream(rate_hz=RATE, values=values, labels=labels, scenario="ramp")
+
+
+@pytest.fixture(scope="module")
+def bags(tmp_path_factory):
+    root = tmp_path_factory.mktemp("play")
+    write_stream(_stream(), root / "mcap")
+    write_stream(_stream(), root / "sqlite", storage="sqlite3")
+    return root
+
+
+@pytest.fixture(scope="module")
+def ros():
+    os.environ["ROS_DOMAIN_ID"] = DOMAIN
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node("bag_play_test", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    yield node
+    executor.shutdown(timeout_sec=2.0)
+    node.destroy_node()
+    rclpy.shutdown(context=context)
+    thread.join(timeout=5.0)
+
+
+class Recorder:
+    """Subscriptions that log (receive monotonic time, decoded message) per topic."""
+
+    def __init__(self, node, topics: dict[str, type]) -> None:
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        qos = QoSProfile(depth=500, reliability=ReliabilityPolicy.RELIABLE)
+        self.node = node
+        self.got: dict[str, list[tuple[float, object]]] = {t: [] for t in topics}
+        self._subs = [node.create_subscription(
+            cls, topic, lambda msg, t=topic: self.got[t].append((time.monotonic(), msg)), qos)
+            for topic, cls in topics.items()]
+
+    def close(self) -> None:
+        for sub in self._subs:
+            self.node.destroy_subscription(sub)
+
+
+def _play(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "thinkmem_ros.cli", "bag", "play", *args],
+                          env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _temperature_topic() -> str:
+    return default_bindings()[0]["temperature"].topic
+
+
+def _record_play(ros, bag: Path, *args: str, extra: dict[str, type] | None = None):
+    from sensor_msgs.msg import Temperature
+    from std_msgs.msg import String
+
+    topics = {_temperature_topic(): Temperature, GROUND_TRUTH_TOPIC: String, **(extra or {})}
+    recorder = Recorder(ros, topics)
+    try:
+        done = _play(str(bag), "--delay", str(DISCOVERY_S), *args)
+        time.sleep(0.3)  # last messages in flight
+    finally:
+        recorder.close()
+    assert done.returncode == 0, done.stderr
+    return recorder.got, done
+
+
+def _gaps(samples) -> np.ndarray:
+    return np.diff([t for t, _ in samples])
+
+
+def test_recorded_timing_and_values(ros, bags):
+    got, done = _record_play(ros, bags / "mcap")
+    temps = got[_temperature_topic()]
+    assert [m.temperature for _, m in temps] == pytest.approx(list(range(FRAMES)))
+    assert len(got[GROUND_TRUTH_TOPIC]) == FRAMES
+    gaps = _gaps(temps)
+    assert np.median(gaps) == pytest.approx(1 / RATE, abs=0.015)
+    assert temps[-1][0] - temps[0][0] == pytest.approx((FRAMES - 1) / RATE, abs=0.15)
+    assert f"published {FRAMES * (len(SIGNALS) + 1)} messages" in done.stdout
+
+
+def test_rate_topics_and_start_offset(ros, bags):
+    got, _ = _record_play(ros, bags / "mcap", "--rate", "2", "--topics", _temperature_topic(),
+                          "--start-offset", "1.0")
+    temps = got[_temperature_topic()]
+    assert got[GROUND_TRUTH_TOPIC] == []  # filtered out
+    assert [m.temperature for _, m in temps] == pytest.approx(list(range(10, FRAMES)))
+    assert np.median(_gaps(temps)) == pytest.approx(0.5 / RATE, abs=0.012)
+
+
+def test_sqlite3_bag_plays_with_clock(ros, bags):
+    from rosgraph_msgs.msg import Clock
+
+    got, done = _record_play(ros, bags / "sqlite", "--clock", "50", extra={"/clock": Clock})
+    assert len(got[_temperature_topic()]) == FRAMES
+    clock_ns = [m.clock.sec * 10**9 + m.clock.nanosec for _, m in got["/clock"]]
+    assert len(clock_ns) >= 0.8 * (FRAMES - 1) / RATE * 50
+    assert np.all(np.diff(clock_ns) > 0)
+    first_stamp = got[_temperature_topic()][0][1].header.stamp
+    assert clock_ns[0] == first_stamp.sec * 10**9 + first_stamp.nanosec
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["/definitely/not/a/bag"], 1, "bag not found"),
+    (["BAG", "--rate", "-1"], 2, "--rate: must be a finite number > 0, got '-1'"),
+    (["BAG", "--start-offset", "nan"], 2, "--start-offset"),
+    (["BAG", "--topics", "/nope"], 1, "/nope"),
+])
+def test_bad_play_input_exits_nonzero(bags, args, code, message):
+    args = [str(bags / "mcap") if a == "BAG" else a for a in args]
+    done = _play(*args)
+    assert done.returncode == code
+    assert message in done.stderr
+
+
+def test_bad_write_input_exits_nonzero(tmp_path):
+    base = [sys.executable, "-m", "thinkmem_ros.cli", "bag", "write", "--out",
+            str(tmp_path / "b")]
+    done = subprocess.run([*base, "--scenario", "nosuch", "--duration", "1"], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "unknown scenario 'nosuch'" in done.stderr
+    done = subprocess.run([*base, "--scenario", "mixed", "--duration", "-3"], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--duration" in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_write_command_records_a_scenario(tmp_path):
+    out = tmp_path / "mixed"
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkmem_ros.cli", "bag", "write", "--scenario", "mixed",
+         "--duration", "5", "--rate", "10", "--seed", "2", "--out", str(out)],
+        env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (out / "metadata.yaml").is_file()
+    assert f"{GROUND_TRUTH_TOPIC:<32} std_msgs/msg/String              50" in done.stdout
