@@ -240,7 +240,7 @@ def _validate(exp: Experience) -> None:
     if probs.shape != (len(exp.labels),):
         raise ExperienceError(
             f"probabilities: {probs.shape[0]} values for {len(exp.labels)} labels")
-    if probs.size and not (np.isfinite(probs).all() and probs.min() >= 0 and probs.max() <= 1):
+    if probs.size and not ((probs >= 0) & (probs <= 1)).all():  # NaN fails both tests
         raise ExperienceError("probabilities: every value must be finite and in [0, 1]")
     if type(exp.bundle_version) is not int:
         raise ExperienceError(
@@ -302,13 +302,22 @@ def _check_optional_text(name: str, value: Any, limit: int) -> None:
         raise ExperienceError(f"{name}: length {len(value)} exceeds {limit}")
 
 
+_KNOWN_NAMES: set[str] = set()
+_KNOWN_NAMES_MAX = 65536
+
+
 def _check_names(name: str, values: Any, limit: int) -> None:
     if type(values) is not list:
         raise ExperienceError(f"{name}: expected a list, got {type(values).__name__}")
     if len(values) > limit:
         raise ExperienceError(f"{name}: {len(values)} entries exceed {limit}")
+    known = _KNOWN_NAMES
     for index, value in enumerate(values):
+        if type(value) is str and value in known:  # labels and events repeat in every record
+            continue
         _check_text(f"{name}[{index}]", value, LIMITS["max_name"], _NAME_RE)
+        if len(known) < _KNOWN_NAMES_MAX:
+            known.add(value)
 
 
 def _check_outcome(outcome: Any) -> None:

@@ -1,0 +1,113 @@
+import math
+
+import msgpack
+import numpy as np
+import pytest
+
+from thinkmem_ros.experience import (
+    LIMITS,
+    Experience,
+    ExperienceError,
+    decode_experience,
+    encode_experience,
+)
+
+
+def make(**kw):
+    base = dict(robot_id="robot-1", episode_id="ep.7", stamp=12.5,
+                window=np.arange(12, dtype=np.float32).reshape(4, 3),
+                labels=["trend", "hazard"], probabilities=[0.25, 0.75], bundle_version=3,
+                mask=np.ones((4, 3)), events=["E001", "E017"], bundle_sha256="a" * 64,
+                action="slow_down", trace="rising temp", outcome=1.5, reward=-0.5, seq=41)
+    base.update(kw)
+    return Experience(**base)
+
+
+def wire(**overrides):
+    data = make().to_wire()
+    data.update(overrides)
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def test_roundtrip_keeps_every_field():
+    exp = make(mask=np.array([[1, 0, 1]] * 4), outcome="ok")
+    back = decode_experience(encode_experience(exp))
+    assert back.to_wire() == exp.to_wire()
+    assert back.window.dtype == np.float32 and back.window.shape == (4, 3)
+    assert back.mask[0].tolist() == [1, 0, 1]
+    assert back.key == ("robot-1", 41)
+
+
+def test_seq_override_and_missing_seq():
+    exp = make(seq=None)
+    assert decode_experience(encode_experience(exp, seq=9)).seq == 9
+    with pytest.raises(ExperienceError, match="seq"):
+        encode_experience(exp)
+
+
+def test_numpy_scalars_accepted_at_construction():
+    exp = make(stamp=np.float64(3.0), bundle_version=np.int64(2), reward=np.float32(0.5))
+    assert type(exp.stamp) is float and type(exp.bundle_version) is int
+    assert decode_experience(encode_experience(exp)).reward == 0.5
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(window=np.full((2, 2), np.nan)), "window"),
+    (dict(window=np.zeros((LIMITS["max_frames"] + 1, 1))), "frames"),
+    (dict(window=np.zeros(5)), "window"),
+    (dict(probabilities=[0.5, 1.5]), "probabilities"),
+    (dict(probabilities=[0.5, math.nan]), "probabilities"),
+    (dict(probabilities=[0.5]), "probabilities"),
+    (dict(labels=["a", "a"], probabilities=[0.1, 0.2]), "labels"),
+    (dict(events=["bad name"]), r"events\[0\]"),
+    (dict(events=["x" * 65]), r"events\[0\]"),
+    (dict(robot_id=""), "robot_id"),
+    (dict(stamp=-1.0), "stamp"),
+    (dict(stamp=math.inf), "stamp"),
+    (dict(reward=math.nan), "reward"),
+    (dict(outcome=math.inf), "outcome"),
+    (dict(outcome=[1]), "outcome"),
+    (dict(trace="x" * (LIMITS["max_trace"] + 1)), "trace"),
+    (dict(bundle_sha256="XYZ"), "bundle_sha256"),
+    (dict(mask=np.ones((2, 2))), "mask"),
+    (dict(mask=np.full((4, 3), 2)), "mask"),
+    (dict(seq=-1), "seq"),
+])
+def test_construction_rejects_bad_fields(kw, field):
+    with pytest.raises(ExperienceError, match=field):
+        make(**kw)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(v=2), "schema version"),
+    (dict(v=True), "schema version"),
+    (dict(seq=True), "seq: expected int"),
+    (dict(seq="7"), "seq: expected int"),
+    (dict(stamp="now"), "stamp"),
+    (dict(window=b"\x00" * 7), "window"),
+    (dict(shape=[4]), "shape"),
+    (dict(shape=[4096 * 2, 3]), "frames"),
+    (dict(probabilities=b"\x00" * 4), "probabilities"),
+    (dict(window=np.full((4, 3), np.nan, dtype="<f4").tobytes()), "NaN"),
+    (dict(extra=1), "unknown fields"),
+    (dict(events="E001"), "events"),
+])
+def test_decode_rejects_wrong_types_and_sizes(overrides, field):
+    with pytest.raises(ExperienceError, match=field):
+        decode_experience(wire(**overrides))
+
+
+def test_decode_rejects_missing_field_garbage_and_truncation():
+    data = make().to_wire()
+    del data["labels"]
+    with pytest.raises(ExperienceError, match="missing fields"):
+        decode_experience(msgpack.packb(data))
+    good = encode_experience(make())
+    with pytest.raises(ExperienceError):
+        decode_experience(good[: len(good) // 2])
+    with pytest.raises(ExperienceError):
+        decode_experience(b"\xc1\xff garbage")
+    with pytest.raises(ExperienceError, match="expected a map"):
+        decode_experience(msgpack.packb([1, 2, 3]))
+    with pytest.raises(ExperienceError, match="exceeds"):
+        decode_experience(b"\x00" * (4 * 1024 * 1024))

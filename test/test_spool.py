@@ -1,0 +1,57 @@
+import sqlite3
+
+import pytest
+
+from thinkmem_ros.spool import Spool
+
+
+def rows(start, n, size=100):
+    return [(seq, bytes([seq % 256]) * size) for seq in range(start, start + n)]
+
+
+def test_put_read_remove_and_counters(tmp_path):
+    spool = Spool(tmp_path / "s.db", max_bytes=10_000)
+    assert spool.put(rows(0, 10)) == 0
+    assert (spool.rows, spool.bytes) == (10, 1000)
+    assert [s for s, _ in spool.read_after(3, 4)] == [4, 5, 6, 7]
+    assert spool.remove([4, 5, 99]) == 2
+    assert (spool.rows, spool.bytes) == (8, 800)
+    assert [s for s, _ in spool.get([3, 4, 6])] == [3, 6]
+    spool.put(rows(6, 2))  # a re-put of present rows is not double counted
+    assert (spool.rows, spool.bytes) == (8, 800)
+    spool.close()
+
+
+def test_survives_reopen_with_next_seq_and_rows(tmp_path):
+    spool = Spool(tmp_path / "s.db", max_bytes=10_000)
+    spool.put(rows(100, 5))
+    spool.remove([100])
+    spool.close()
+    again = Spool(tmp_path / "s.db", max_bytes=10_000)
+    assert again.next_seq == 105
+    assert [s for s, _ in again.read_after(-1, 100)] == [101, 102, 103, 104]
+    assert again.bytes == 400
+
+
+def test_full_spool_sheds_oldest_never_newest(tmp_path):
+    spool = Spool(tmp_path / "s.db", max_bytes=1000)
+    spool.put(rows(0, 10))
+    shed = spool.put(rows(10, 3))
+    assert shed == 3 and spool.shed == 3
+    kept = [s for s, _ in spool.read_after(-1, 100)]
+    assert kept == list(range(3, 13))
+    assert spool.bytes <= 1000
+    # a single batch larger than the whole spool keeps its newest rows
+    shed = spool.put(rows(20, 15))
+    kept = [s for s, _ in spool.read_after(-1, 100)]
+    assert kept == list(range(25, 35)) and spool.shed == 3 + 10 + 5
+    spool.close()
+    assert Spool(tmp_path / "s.db", max_bytes=1000).shed_total == 18
+
+
+def test_wal_mode_and_bad_config(tmp_path):
+    Spool(tmp_path / "s.db", max_bytes=10).close()
+    mode = sqlite3.connect(tmp_path / "s.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    with pytest.raises(ValueError, match="max_bytes"):
+        Spool(tmp_path / "t.db", max_bytes=0)

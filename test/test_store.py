@@ -1,0 +1,64 @@
+import sqlite3
+
+import numpy as np
+import pytest
+
+from thinkmem_ros.consolidator.store import SCHEMA_VERSION, ExperienceStore, StoreError
+from thinkmem_ros.experience import Experience, encode_experience
+
+
+def exp(seq, robot="r1", episode="e1", stamp=None, events=(), reward=None):
+    e = Experience(robot_id=robot, episode_id=episode, seq=seq,
+                   stamp=float(seq if stamp is None else stamp), window=np.zeros((2, 2)),
+                   labels=["trend"], probabilities=[0.5], bundle_version=1,
+                   events=list(events), reward=reward)
+    return e, encode_experience(e)
+
+
+def test_insert_is_idempotent_per_robot_and_seq(tmp_path):
+    with ExperienceStore(tmp_path / "x.db") as store:
+        assert store.insert_many([exp(1), exp(2)]) == (2, 0)
+        assert store.insert_many([exp(2), exp(3), exp(3)]) == (1, 2)
+        assert store.insert_many([exp(2, robot="r2")]) == (1, 0)
+        assert store.count() == 4 and store.count("r1") == 3
+        assert store.seqs("r1") == [1, 2, 3]
+        assert store.get("r1", 2).seq == 2 and store.get("r1", 99) is None
+
+
+def test_queries_for_discovery(tmp_path):
+    with ExperienceStore(tmp_path / "x.db") as store:
+        store.insert_many([exp(1, events=["A"]), exp(2, events=["A", "B"], reward=1.0),
+                           exp(3, episode="e2", events=["C"])])
+        infos = store.episodes()
+        assert [(i.episode_id, i.count, i.first_stamp, i.last_stamp) for i in infos] == [
+            ("e1", 2, 1.0, 2.0), ("e2", 1, 3.0, 3.0)]
+        assert store.episode_events() == {("r1", "e1"): ["A", "B"], ("r1", "e2"): ["C"]}
+        assert [e.seq for e in store.episode_experiences("r1", "e1")] == [1, 2]
+        assert store.rewards() == [("r1", 2, 1.0)]
+        ids = [row_id for row_id, _ in store.iter_experiences()]
+        assert [e.seq for _, e in store.iter_experiences(after_id=ids[0])] == [2, 3]
+        assert [e.seq for _, e in store.iter_experiences(episode_id="e2")] == [3]
+
+
+def test_migrates_old_file_and_keeps_rows(tmp_path):
+    path = tmp_path / "old.db"
+    with ExperienceStore(path, target_version=1) as old:
+        assert old.schema_version == 1
+        e, payload = exp(5)
+        with old._conn:  # write a row the way schema 1 did
+            old._conn.execute(
+                "INSERT INTO experiences (robot_id, seq, episode_id, stamp, bundle_version,"
+                " payload) VALUES (?, ?, ?, ?, ?, ?)", ("r1", 5, "e1", 5.0, 1, payload))
+    with ExperienceStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.get("r1", 5).seq == 5
+        assert store.insert_many([exp(5)]) == (0, 1)
+
+
+def test_refuses_newer_schema(tmp_path):
+    path = tmp_path / "new.db"
+    ExperienceStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_version VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreError, match="newer"):
+        ExperienceStore(path)
