@@ -36,6 +36,8 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
     with warnings.catch_warnings():
         # The legacy exporter announces its own deprecation; it is chosen on purpose.
         warnings.simplefilter("ignore", DeprecationWarning)
+        # Shape checks inside nn.MultiheadAttention are constant for a fixed config.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             model, example, buffer, dynamo=False, opset_version=opset,
             input_names=list(INPUTS), output_names=list(OUTPUTS),

@@ -1,0 +1,197 @@
+"""Robot-side runtime: bad input, bad bundles, and importing without torch."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from thinkmem_ros.bundle import MANIFEST, ONNX_FILE, BundleError, read_manifest, write_bundle
+from thinkmem_ros.data import SituationSet
+from thinkmem_ros.policy.config import PolicyConfig
+from thinkmem_ros.policy.export import export_bundle
+from thinkmem_ros.policy.runtime import InputError, PolicyRuntime
+from thinkmem_ros.policy.train import train_policy
+
+K, M = 6, 3
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    data = SituationSet(rng.normal(size=(40, K, 7)), (rng.random((40, 10)) > 0.5),
+                        events=rng.integers(0, 3, size=(40, M)), event_vocabulary=("a", "b"))
+    config = PolicyConfig(window=K, n_labels=10, d_model=8, n_layers=1, n_heads=2, d_ff=16,
+                          max_events=M, n_event_vocab=2)
+    trained = train_policy(data, config, epochs=1, progress=False, val_fraction=0.0)
+    return export_bundle(trained, tmp_path_factory.mktemp("rt") / "tiny")
+
+
+@pytest.fixture()
+def runtime(bundle):
+    return PolicyRuntime(bundle)
+
+
+def ok_signals(batch: int | None = None) -> np.ndarray:
+    shape = (K, 7) if batch is None else (batch, K, 7)
+    return np.ones(shape, np.float32)
+
+
+@pytest.mark.parametrize("signals, message", [
+    (np.ones((K + 1, 7), np.float32), r"signals must have shape \(B, 6, 7\).*got \(1, 7, 7\)"),
+    (np.ones((K, 6), np.float32), r"got \(1, 6, 6\)"),
+    (np.ones((2, 2, K, 7), np.float32), r"got \(2, 2, 6, 7\)"),
+    (np.ones((K, 7), np.int32), "float dtype, got int32"),
+    (np.array([["x"] * 7] * K), "float dtype"),
+])
+def test_wrong_shapes_and_dtypes_are_rejected(runtime, signals, message):
+    with pytest.raises(InputError, match=message):
+        runtime.predict(signals)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_and_inf_are_rejected_with_the_masking_rule(runtime, bad):
+    signals = ok_signals(3)
+    signals[1, 2, 4] = bad
+    with pytest.raises(InputError, match="NaN or inf; missing values must be 0 with mask 0"):
+        runtime.predict(signals)
+    with pytest.raises(InputError, match="NaN or inf"):
+        runtime.predict_one(signals[1])
+
+
+def test_bad_mask_and_events_are_rejected(runtime):
+    with pytest.raises(InputError, match="mask must have shape"):
+        runtime.predict(ok_signals(2), mask=np.ones((3, K, 7)))
+    with pytest.raises(InputError, match=r"mask must hold values in \[0, 1\]"):
+        runtime.predict(ok_signals(), mask=np.full((K, 7), 2.0))
+    with pytest.raises(InputError, match=r"event ids must be in \[0, 2\]"):
+        runtime.predict(ok_signals(), events=np.array([0, 0, 5]))
+    with pytest.raises(InputError, match="at most 3"):
+        runtime.predict_one(ok_signals(), events=np.zeros(4, np.int64))
+    with pytest.raises(InputError, match="integer ids"):
+        runtime.predict(ok_signals(), events=np.zeros(3, np.float32))
+    with pytest.raises(InputError, match="must be a numpy array"):
+        runtime.predict_one([[1.0] * 7] * K)
+
+
+def test_thresholds_override_changes_the_active_set(bundle):
+    everything = PolicyRuntime(bundle, thresholds={name: 0.0 for name in
+                                                   bundle.manifest.labels})
+    nothing = PolicyRuntime(bundle, thresholds={name: 1.0 for name in bundle.manifest.labels})
+    assert everything.predict_one(ok_signals()).active == [bundle.manifest.labels]
+    assert nothing.predict_one(ok_signals()).active == [[]]
+    with pytest.raises(ValueError, match="unknown labels \\['nope'\\]"):
+        PolicyRuntime(bundle, thresholds={"nope": 0.3})
+
+
+def test_missing_bundle_names_the_path(tmp_path):
+    with pytest.raises(BundleError, match="bundle folder not found: .*nowhere"):
+        PolicyRuntime(tmp_path / "nowhere")
+
+
+def copy_bundle(bundle, folder: Path) -> Path:
+    folder.mkdir()
+    for name in (ONNX_FILE, MANIFEST):
+        (folder / name).write_bytes((bundle.path / name).read_bytes())
+    return folder
+
+
+def test_truncated_onnx_names_file_and_expected_sha(bundle, tmp_path):
+    folder = copy_bundle(bundle, tmp_path / "cut")
+    data = (folder / ONNX_FILE).read_bytes()
+    (folder / ONNX_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(BundleError) as info:
+        PolicyRuntime(folder)
+    assert str(folder / ONNX_FILE) in str(info.value)
+    assert f"expected sha256 {bundle.manifest.sha256}" in str(info.value)
+
+
+def test_missing_onnx_names_file_and_expected_sha(bundle, tmp_path):
+    folder = copy_bundle(bundle, tmp_path / "gone")
+    (folder / ONNX_FILE).unlink()
+    with pytest.raises(BundleError, match=f"{ONNX_FILE}.*expected sha256 "
+                                          f"{bundle.manifest.sha256}"):
+        PolicyRuntime(folder)
+
+
+def test_garbage_onnx_with_matching_hash_is_refused(bundle, tmp_path):
+    manifest = replace(read_manifest(bundle.path))
+    written = write_bundle(tmp_path / "junk", b"not an onnx graph", manifest)
+    with pytest.raises(BundleError, match="ONNX Runtime cannot load the model.*sha256"):
+        PolicyRuntime(written)
+
+
+def test_unknown_format_version_is_refused(bundle, tmp_path):
+    folder = copy_bundle(bundle, tmp_path / "future")
+    data = json.loads((folder / MANIFEST).read_text())
+    data["format_version"] = 99
+    (folder / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(BundleError, match="format_version 99 is not supported"):
+        PolicyRuntime(folder)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"window": K + 2}, "graph input 'signals'.*manifest expects tensor\\(float\\) "
+                        "\\[batch, 8, 7\\]"),
+    ({"max_events": M + 1}, "graph input 'events'"),
+])
+def test_manifest_that_disagrees_with_graph_is_refused(bundle, tmp_path, change, words):
+    manifest = replace(read_manifest(bundle.path), **change)
+    written = write_bundle(tmp_path / "mismatch", bundle.onnx_path.read_bytes(), manifest)
+    with pytest.raises(BundleError, match=words):
+        PolicyRuntime(written)
+
+
+def test_manifest_with_other_labels_is_refused(bundle, tmp_path):
+    labels = bundle.manifest.labels + ["consider:E9"]
+    manifest = replace(read_manifest(bundle.path), labels=labels,
+                       thresholds={name: 0.5 for name in labels})
+    written = write_bundle(tmp_path / "labels", bundle.onnx_path.read_bytes(), manifest)
+    with pytest.raises(BundleError, match="graph output 'probabilities'.*\\[batch, 11\\]"):
+        PolicyRuntime(written)
+
+
+def test_session_does_not_spin_by_default(runtime):
+    config = runtime.session.get_session_options().get_session_config_entry
+    assert config("session.intra_op.allow_spinning") == "0"
+    assert runtime.session.get_session_options().intra_op_num_threads == 1
+
+
+ROBOT_MODULES = ("thinkmem_ros.policy.runtime", "thinkmem_ros.policy.config",
+                 "thinkmem_ros.bundle", "thinkmem_ros.data", "thinkmem_ros.vocabulary",
+                 "thinkmem_ros.metrics", "thinkmem_ros.paths", "thinkmem_ros.situation",
+                 "thinkmem_ros.experience", "thinkmem_ros.protocol", "thinkmem_ros.spool",
+                 "thinkmem_ros.transport", "thinkmem_ros.value", "thinkmem_ros.memctl",
+                 "thinkmem_ros.world.streams")
+
+
+def test_robot_side_imports_and_predicts_with_torch_unimportable(bundle):
+    present = [name for name in ROBOT_MODULES
+               if (REPO / (name.replace(".", "/") + ".py")).is_file()]
+    script = textwrap.dedent(f"""
+        import sys, importlib, importlib.abc
+        class BlockTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    raise ImportError("torch is blocked in this test")
+        sys.meta_path.insert(0, BlockTorch())
+        for name in {present!r}:
+            importlib.import_module(name)
+        from thinkmem_ros.policy.runtime import PolicyRuntime
+        import numpy as np
+        rt = PolicyRuntime({str(bundle.path)!r})
+        print(rt.predict_one(np.ones(({K}, 7), np.float32)).probabilities.shape)
+        assert "torch" not in sys.modules
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert "(1, 10)" in result.stdout
