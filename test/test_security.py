@@ -1,0 +1,166 @@
+import argparse
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from thinkmem_ros.bundle import BundleError, BundleManifest, write_bundle
+from thinkmem_ros.commands import keys as keys_cmd
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.experience import Experience
+from thinkmem_ros.security import (
+    SecurityError,
+    SignatureError,
+    curve_enabled,
+    is_loopback,
+    load_curve_keypair,
+    sign_bundle,
+    verify_bundle_signature,
+    verify_signed_bundle,
+    write_signing_keypair,
+)
+from thinkmem_ros.transport import (
+    ExperienceReceiver,
+    ExperienceShipper,
+    ReceiverConfig,
+    ShipperConfig,
+)
+
+
+@pytest.fixture(scope="module")
+def keydir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("keys")
+    args = argparse.Namespace(out=str(out), name=["server", "robot", "intruder"],
+                              sign_name="signer", no_sign=False, force=False)
+    assert keys_cmd.main(args) == 0
+    allowed = out / "allowed"
+    allowed.mkdir()
+    (allowed / "robot.key").write_bytes((out / "robot.key").read_bytes())
+    return out
+
+
+def test_keys_command_perms_and_no_overwrite(keydir, capsys):
+    for secret in ("server.key_secret", "robot.key_secret", "signer.sign.key"):
+        assert (keydir / secret).stat().st_mode & 0o777 == 0o600
+    assert (keydir / "server.key").stat().st_mode & 0o777 == 0o644
+    public, secret = load_curve_keypair(keydir / "robot.key_secret")
+    assert len(public) == 40 and len(secret) == 40
+    args = argparse.Namespace(out=str(keydir), name=["server"], sign_name=None,
+                              no_sign=True, force=False)
+    assert keys_cmd.main(args) == 2
+    assert load_curve_keypair(keydir / "server.key_secret")[0] != public
+
+
+def test_curve_policy():
+    assert is_loopback("tcp://127.0.0.1:5") and is_loopback("ipc:///tmp/x")
+    assert not is_loopback("tcp://10.0.0.2:5") and not is_loopback("tcp://*:5")
+    assert curve_enabled("auto", "tcp://127.0.0.1:5", have_keys=False) is False
+    assert curve_enabled("auto", "tcp://127.0.0.1:5", have_keys=True) is True
+    with pytest.raises(SecurityError, match="no keys"):
+        curve_enabled("auto", "tcp://10.1.2.3:5", have_keys=False)
+    with pytest.raises(ValueError, match="curve"):
+        curve_enabled("maybe", "tcp://127.0.0.1:5", have_keys=True)
+    with pytest.raises(SecurityError):
+        ShipperConfig(endpoint="tcp://192.168.1.9:5755", robot_id="r", spool_path="x")
+
+
+def _bundle(folder, version=3):
+    manifest = BundleManifest(
+        model_version=version, sha256="", labels=["trend"], signals=["t"], window=4,
+        frame_rate_hz=10.0, normalisation={"mean": [0.0], "std": [1.0]},
+        thresholds={"trend": 0.5})
+    return write_bundle(folder, b"fake onnx bytes", manifest)
+
+
+def test_bundle_signature_roundtrip_and_tampering(tmp_path, keydir):
+    bundle = _bundle(tmp_path / "b")
+    sign_bundle(bundle.path, keydir / "signer.sign.key")
+    assert (bundle.path / "bundle.sig").stat().st_size == 64
+    assert verify_bundle_signature(bundle.path, keydir / "signer.sign.pub").model_version == 3
+    assert verify_signed_bundle(bundle.path, keydir / "signer.sign.pub").version == 3
+    # wrong key
+    other, _ = write_signing_keypair(tmp_path / "k", "other")
+    with pytest.raises(SignatureError, match="does not verify"):
+        verify_bundle_signature(bundle.path, other)
+    # tampered manifest (version bumped by an attacker)
+    text = (bundle.path / "bundle.json").read_text()
+    (bundle.path / "bundle.json").write_text(text.replace('"model_version": 3',
+                                                          '"model_version": 4'))
+    with pytest.raises(SignatureError):
+        verify_bundle_signature(bundle.path, keydir / "signer.sign.pub")
+    assert issubclass(SignatureError, BundleError)
+
+
+def test_signed_manifest_but_swapped_onnx_fails_hash(tmp_path, keydir):
+    bundle = _bundle(tmp_path / "b")
+    sign_bundle(bundle.path, keydir / "signer.sign.key")
+    (bundle.path / "policy.onnx").write_bytes(b"evil")
+    verify_bundle_signature(bundle.path, keydir / "signer.sign.pub")  # manifest still fine
+    with pytest.raises(BundleError, match="sha256"):
+        verify_signed_bundle(bundle.path, keydir / "signer.sign.pub")
+
+
+def test_missing_or_short_signature(tmp_path, keydir):
+    bundle = _bundle(tmp_path / "b")
+    with pytest.raises(SignatureError, match="cannot read"):
+        verify_bundle_signature(bundle.path, keydir / "signer.sign.pub")
+    (bundle.path / "bundle.sig").write_bytes(b"x" * 10)
+    with pytest.raises(SignatureError, match="expected 64"):
+        verify_bundle_signature(bundle.path, keydir / "signer.sign.pub")
+
+
+def _exp(i):
+    return Experience(robot_id="robot", episode_id="e", stamp=float(i),
+                      window=np.zeros((4, 2)), labels=["trend"], probabilities=[0.5],
+                      bundle_version=1)
+
+
+def _wait(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_curve_authorised_client_delivers(tmp_path, keydir):
+    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
+                         curve="on", server_secret_file=keydir / "server.key_secret",
+                         allowed_clients=keydir / "allowed")
+    with ExperienceReceiver(cfg) as receiver:
+        shipper_cfg = ShipperConfig(
+            endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
+            curve="on", server_public_key=keydir / "server.key",
+            client_secret_file=keydir / "robot.key_secret")
+        with ExperienceShipper(shipper_cfg) as shipper:
+            for i in range(20):
+                shipper.ship(_exp(i))
+            assert shipper.flush(10.0)
+            assert shipper.stats()["auth_failures"] == 0
+    with ExperienceStore(tmp_path / "db.sqlite") as store:
+        assert store.count("robot") == 20
+
+
+def test_unauthorised_client_is_refused_and_both_sides_see_it(tmp_path, keydir, caplog):
+    caplog.set_level(logging.WARNING)
+    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
+                         curve="on", server_secret_file=keydir / "server.key_secret",
+                         allowed_clients=keydir / "allowed")
+    with ExperienceReceiver(cfg) as receiver:
+        shipper_cfg = ShipperConfig(
+            endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
+            curve="on", server_public_key=keydir / "server.key",
+            client_secret_file=keydir / "intruder.key_secret")
+        with ExperienceShipper(shipper_cfg) as shipper:
+            shipper.ship(_exp(0))
+            assert _wait(lambda: shipper.stats()["auth_failures"] >= 1)
+            assert _wait(lambda: receiver._allow.denied >= 1)
+            stats = shipper.stats()
+            assert stats["acked"] == 0 and stats["spool_rows"] == 1 and not stats["connected"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("REFUSED CURVE client" in m for m in messages)  # server side
+    assert any("REFUSED our CURVE key" in m for m in messages)  # client side
+    with ExperienceStore(tmp_path / "db.sqlite") as store:
+        assert store.count() == 0
