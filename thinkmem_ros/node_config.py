@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .msg_fields import FieldPath, canonical_type
+from .msg_fields import FieldPath, canonical_type, message_class
 from .vocabulary import SIGNALS
 
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
@@ -40,6 +40,7 @@ class SignalSource:
             raise ValueError(f"signals.{name}.topic must be a topic name, got {self.topic!r}")
         try:
             msg_type = canonical_type(self.msg_type)
+            message_class(msg_type)
         except ValueError as exc:
             raise ValueError(f"signals.{name}.type: {exc}") from None
         try:
