@@ -1,0 +1,218 @@
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from thinkmem_ros import protocol
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.experience import Experience, encode_experience
+from thinkmem_ros.protocol import Kind
+from thinkmem_ros.transport import (
+    ExperienceReceiver,
+    ExperienceShipper,
+    ReceiverConfig,
+    ShipperConfig,
+    TransportError,
+    context,
+)
+
+
+def exp(i, robot="r1"):
+    return Experience(robot_id=robot, episode_id=f"ep{i // 100}", stamp=float(i),
+                      window=np.full((8, 3), i % 7, dtype=np.float32), labels=["trend"],
+                      probabilities=[0.5], bundle_version=1, trace=f"x{i}")
+
+
+def wait(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def shipper_cfg(tmp_path, endpoint, **kw):
+    base = dict(endpoint=endpoint, robot_id="r1", spool_path=tmp_path / "spool.db",
+                ack_timeout_s=0.5, backoff_initial_s=0.05, backoff_max_s=0.5, batch_size=64)
+    base.update(kw)
+    return ShipperConfig(**base)
+
+
+def traces(db):
+    with ExperienceStore(db) as store:
+        return [e.trace for _, e in store.iter_experiences()]
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "store.db",
+                         max_frame_bytes=1 << 20, poll_s=0.02)
+    with ExperienceReceiver(cfg) as rx:
+        yield rx
+
+
+@pytest.fixture
+def raw_dealer():
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    yield sock
+    sock.close(0)
+
+
+def recv_frame(sock, timeout_ms=5000):
+    assert sock.poll(timeout_ms), "no reply from receiver"
+    return protocol.decode_frame(sock.recv())
+
+
+def test_delivers_everything_once_with_counters(tmp_path, receiver):
+    with ExperienceShipper(shipper_cfg(tmp_path, receiver.endpoint)) as shipper:
+        for i in range(500):
+            assert shipper.ship(exp(i))
+        assert shipper.flush(15.0)
+        stats = shipper.stats()
+    assert stats["acked"] == 500 and stats["stored"] == 500 and stats["spool_rows"] == 0
+    assert sorted(traces(tmp_path / "store.db")) == sorted(f"x{i}" for i in range(500))
+    with ExperienceStore(tmp_path / "store.db") as store:
+        seqs = store.seqs("r1")
+    assert len(set(seqs)) == 500 and seqs == sorted(seqs)
+
+
+def test_bad_frames_do_not_disturb_valid_traffic(tmp_path, receiver, raw_dealer):
+    raw_dealer.connect(receiver.endpoint)
+    good = encode_experience(exp(0, robot="raw"), seq=1)
+    wrong_version = bytearray(protocol.experience_batch(1, "raw", [good]))
+    wrong_version[2] = 99
+    bad = [b"", b"garbage" * 10, protocol.experience_batch(2, "raw", [good])[:-5],
+           b"TM\x01\x03" + b"\x00" * (1 << 20) + b"x", b"TM\x01\x42" + msgpack.packb({})]
+    with ExperienceShipper(shipper_cfg(tmp_path, receiver.endpoint)) as shipper:
+        for i in range(300):
+            shipper.ship(exp(i))
+            if i % 60 == 0:
+                for frame in bad:
+                    raw_dealer.send(frame)
+                raw_dealer.send_multipart([b"two", b"parts"])
+        raw_dealer.send(bytes(wrong_version))
+        reply = recv_frame(raw_dealer)
+        assert reply.kind is Kind.REFUSED and "version 99" in reply.body["reason"]
+        assert shipper.flush(15.0)
+    assert receiver.stats.bad_frames >= 5 * 5 + 5 + 1
+    assert len(traces(tmp_path / "store.db")) == 300
+    # the receiver still answers after all of that
+    raw_dealer.send(protocol.experience_batch(3, "raw", [good]))
+    assert recv_frame(raw_dealer).body["stored"] == 1
+
+
+def test_replayed_batches_are_stored_once(tmp_path, receiver, raw_dealer):
+    raw_dealer.connect(receiver.endpoint)
+    items = [encode_experience(exp(i, robot="raw"), seq=i) for i in range(10)]
+    frame = protocol.experience_batch(5, "raw", items)
+    raw_dealer.send(frame)
+    first = recv_frame(raw_dealer).body
+    raw_dealer.send(frame)
+    raw_dealer.send(protocol.experience_batch(6, "raw", items[3:5]))
+    second, third = recv_frame(raw_dealer).body, recv_frame(raw_dealer).body
+    assert (first["stored"], first["duplicates"]) == (10, 0)
+    assert (second["stored"], second["duplicates"]) == (0, 10)
+    assert (third["stored"], third["duplicates"]) == (0, 2)
+    assert len(traces(tmp_path / "store.db")) == 10
+
+
+def test_invalid_record_rejected_with_reason_others_stored(tmp_path, receiver, raw_dealer):
+    raw_dealer.connect(receiver.endpoint)
+    wire = exp(1, robot="raw").to_wire(seq=1)
+    wire["probabilities"] = np.array([2.0], dtype="<f4").tobytes()
+    items = [encode_experience(exp(0, robot="raw"), seq=0), msgpack.packb(wire),
+             encode_experience(exp(2, robot="other"), seq=2)]
+    raw_dealer.send(protocol.experience_batch(1, "raw", items))
+    body = recv_frame(raw_dealer).body
+    assert body["stored"] == 1
+    assert [i for i, _ in body["rejected"]] == [1, 2]
+    assert "probabilities" in body["rejected"][0][1] and "robot_id" in body["rejected"][1][1]
+    assert receiver.stats.rejected_records == 2
+
+
+def test_reserved_kinds_and_hello(receiver, raw_dealer):
+    raw_dealer.connect(receiver.endpoint)
+    raw_dealer.send(protocol.hello("r1"))
+    assert recv_frame(raw_dealer).body == {"server": "consolidator"}
+    raw_dealer.send(protocol.encode_frame(Kind.BUNDLE_PUSH, {}))
+    assert recv_frame(raw_dealer).kind is Kind.REFUSED
+
+
+def free_endpoint(tmp_path):
+    """An endpoint nobody listens on (bound once, then released)."""
+    rx = ExperienceReceiver(ReceiverConfig(bind="tcp://127.0.0.1:*",
+                                           db_path=tmp_path / "probe.db"))
+    endpoint = rx.endpoint
+    rx._close_socket()
+    return endpoint
+
+
+def test_node_restart_with_non_empty_spool(tmp_path):
+    endpoint = free_endpoint(tmp_path)
+    with ExperienceShipper(shipper_cfg(tmp_path, endpoint)) as shipper:
+        for i in range(150):
+            shipper.ship(exp(i))
+        assert wait(lambda: shipper.stats()["spool_rows"] == 150)
+        first_seqs_max = None
+    cfg = ReceiverConfig(bind=endpoint, db_path=tmp_path / "store.db", poll_s=0.02)
+    with ExperienceReceiver(cfg):
+        with ExperienceShipper(shipper_cfg(tmp_path, endpoint)) as shipper:
+            assert shipper.stats()["spool_rows"] == 150  # found on start, re-sent
+            for i in range(150, 200):
+                shipper.ship(exp(i))
+            assert shipper.flush(15.0)
+    assert sorted(traces(tmp_path / "store.db")) == sorted(f"x{i}" for i in range(200))
+    with ExperienceStore(tmp_path / "store.db") as store:
+        by_trace = {e.trace: e.seq for _, e in store.iter_experiences()}
+    first_seqs_max = max(by_trace[f"x{i}"] for i in range(150))
+    assert min(by_trace[f"x{i}"] for i in range(150, 200)) > first_seqs_max
+
+
+def test_queue_unsent_at_close_is_spooled(tmp_path):
+    endpoint = free_endpoint(tmp_path)
+    shipper = ExperienceShipper(shipper_cfg(tmp_path, endpoint, idle_poll_s=1.0)).start()
+    for i in range(40):
+        shipper.ship(exp(i))
+    shipper.close()
+    assert shipper.stats()["spool_rows"] == 40
+
+
+def test_full_spool_sheds_oldest_with_counter(tmp_path):
+    endpoint = free_endpoint(tmp_path)
+    size = len(encode_experience(exp(0), seq=10**15))
+    cfg = shipper_cfg(tmp_path, endpoint, spool_max_bytes=50 * size + 10)
+    with ExperienceShipper(cfg) as shipper:
+        for i in range(200):
+            shipper.ship(exp(i))
+        assert wait(lambda: shipper.stats()["spooled"] == 200)
+        stats = shipper.stats()
+        assert stats["shed"] >= 150 and stats["spool_bytes"] <= cfg.spool_max_bytes
+    rx_cfg = ReceiverConfig(bind=endpoint, db_path=tmp_path / "store.db", poll_s=0.02)
+    with ExperienceReceiver(rx_cfg):
+        with ExperienceShipper(shipper_cfg(tmp_path, endpoint)) as shipper:
+            assert shipper.flush(15.0)
+    kept = traces(tmp_path / "store.db")
+    assert "x199" in kept and "x0" not in kept and len(kept) == 200 - stats["shed"]
+
+
+def test_ship_never_blocks_when_queue_full(tmp_path):
+    endpoint = free_endpoint(tmp_path)
+    cfg = shipper_cfg(tmp_path, endpoint, queue_size=5, idle_poll_s=0.5)
+    shipper = ExperienceShipper(cfg)  # not started: nothing drains the queue
+    start = time.perf_counter()
+    accepted = [shipper.ship(exp(i)) for i in range(20)]
+    assert time.perf_counter() - start < 0.5
+    assert accepted.count(True) == 5 and shipper.stats()["dropped_queue_full"] == 15
+
+
+def test_config_validation_and_bind_errors(tmp_path, receiver):
+    with pytest.raises(ValueError, match="batch_size"):
+        shipper_cfg(tmp_path, "tcp://127.0.0.1:1", batch_size=0)
+    with pytest.raises(ValueError, match="endpoint"):
+        shipper_cfg(tmp_path, "nowhere")
+    with pytest.raises(TransportError, match="cannot bind"):
+        ExperienceReceiver(ReceiverConfig(bind=receiver.endpoint, db_path=tmp_path / "x.db"))
