@@ -1,0 +1,242 @@
+"""Knowledge units k = (P, R, Delta, g, c, E) and their life cycle across consolidation rounds.
+
+Discovery says what the CURRENT buffer supports; knowledge is what survives across rounds.
+Each round, every unit's confidence moves as c <- rho * c + (1 - rho) * Support (seed 000,
+eq. 11), where Support is the share of the round's antecedent episodes (A...B) that the
+consequence C followed when the relation passed the statistical acceptance rule, and 0
+otherwise. A new relation enters as a ``candidate`` with c = Support. Status rules:
+
+- candidate or demoted -> ``promoted`` when c >= promote_at (its material is trained);
+- promoted -> ``demoted`` when c < demote_below (kept, no longer trained);
+- any status -> ``retired`` when c < retire_below (archived, never deleted: a retired unit
+  that is accepted again re-enters as a candidate with its history kept).
+
+The SQLite tables are this module's own (``knowledge_*``) so they can share a database file
+with the experience store without touching its schema.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ..vocabulary import DISCOVERED_PREFIX
+from .discovery import DiscoveryConfig, DiscoveryResult, Relation
+
+STATUSES: tuple[str, ...] = ("candidate", "promoted", "demoted", "retired")
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class KnowledgeConfig:
+    """Persistence rho and the promotion / demotion / retirement thresholds."""
+
+    rho: float = 0.5
+    promote_at: float = 0.5
+    demote_below: float = 0.3
+    retire_below: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rho < 1:
+            raise ValueError(f"rho must be in [0, 1), got {self.rho}")
+        if not 0 <= self.retire_below <= self.demote_below <= self.promote_at <= 1:
+            raise ValueError(
+                "need 0 <= retire_below <= demote_below <= promote_at <= 1, got "
+                f"retire_below={self.retire_below}, demote_below={self.demote_below}, "
+                f"promote_at={self.promote_at}")
+
+
+@dataclass
+class KnowledgeUnit:
+    """One discovered relation as reusable thinking knowledge."""
+
+    pattern: tuple[str, ...]  # P: ordered antecedent + consequence codes
+    relation: str  # R: "sequence3" (A...B...C) or "sequence2" (A...B)
+    constraints: dict  # Delta: gap bounds searched and gaps observed per step
+    thinking: str  # g: e.g. "consider:E030"
+    confidence: float = 0.0  # c
+    experiences: tuple[int, ...] = ()  # E: supporting episode / experience ids
+    status: str = "candidate"
+    rounds: int = 0  # consolidation rounds this unit has been scored in
+    supported_rounds: int = 0
+    last_support: float = 0.0
+    created_round: int = 0
+    updated_round: int = 0
+    statement: str = ""  # optional natural-language phrasing (LLM consolidation)
+    history: list[tuple[int, float, float, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pattern = tuple(self.pattern)
+        if len(self.pattern) < 2:
+            raise ValueError(f"pattern needs >= 2 events, got {self.pattern}")
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if not 0 <= self.confidence <= 1:
+            raise ValueError(f"confidence must be in [0, 1], got {self.confidence}")
+
+    @property
+    def key(self) -> str:
+        """Stable identity: the ordered pattern joined with '>'."""
+        return ">".join(self.pattern)
+
+    @property
+    def antecedent(self) -> tuple[str, ...]:
+        """The prefix that should trigger the thinking (A...B)."""
+        return self.pattern[:-1]
+
+    @property
+    def consequence(self) -> str:
+        """The event the thinking anticipates (C)."""
+        return self.pattern[-1]
+
+    @property
+    def active(self) -> bool:
+        """Promoted units are the ones internalised into the policy."""
+        return self.status == "promoted"
+
+    def update(self, support: float, round_index: int, cfg: KnowledgeConfig) -> None:
+        """Apply c <- rho*c + (1-rho)*support and the status rules for one round."""
+        if not 0 <= support <= 1:
+            raise ValueError(f"support must be in [0, 1], got {support}")
+        if self.status == "retired" and support > 0:
+            self.status = "candidate"  # reactivated; keeps its confidence history
+        self.confidence = cfg.rho * self.confidence + (1 - cfg.rho) * support
+        self._after(support, round_index, cfg)
+
+    def _after(self, support: float, round_index: int, cfg: KnowledgeConfig) -> None:
+        self.rounds += 1
+        self.supported_rounds += int(support > 0)
+        self.last_support = support
+        self.updated_round = round_index
+        c = self.confidence
+        if c < cfg.retire_below:
+            self.status = "retired"
+        elif self.status in ("candidate", "demoted") and c >= cfg.promote_at:
+            self.status = "promoted"
+        elif self.status == "promoted" and c < cfg.demote_below:
+            self.status = "demoted"
+        self.history.append((round_index, support, c, self.status))
+
+
+def unit_from_relation(rel: Relation, round_index: int, cfg: KnowledgeConfig,
+                       discovery: DiscoveryConfig) -> KnowledgeUnit:
+    """A new candidate unit whose first confidence is the relation's support."""
+    unit = KnowledgeUnit(
+        pattern=rel.pattern, relation=rel.relation,
+        constraints={"min_gap": discovery.min_gap,
+                     "max_gap": None if discovery.max_gap == float("inf") else discovery.max_gap,
+                     "observed_gaps": [list(g) for g in rel.gaps]},
+        thinking=f"{DISCOVERED_PREFIX}{rel.pattern[-1]}", confidence=rel.confidence,
+        experiences=rel.episodes, created_round=round_index)
+    unit._after(rel.confidence, round_index, cfg)
+    return unit
+
+
+def consolidate(units: dict[str, KnowledgeUnit], result: DiscoveryResult, round_index: int,
+                cfg: KnowledgeConfig) -> dict[str, KnowledgeUnit]:
+    """Fold one discovery round into ``units`` (updated in place and returned)."""
+    accepted = {">".join(r.pattern): r for r in result.accepted}
+    for key, unit in units.items():
+        rel = accepted.pop(key, None)
+        if rel is None:
+            unit.update(0.0, round_index, cfg)
+        else:
+            unit.update(rel.confidence, round_index, cfg)
+            unit.experiences = tuple(sorted(set(unit.experiences) | set(rel.episodes)))
+            unit.constraints["observed_gaps"] = [list(g) for g in rel.gaps]
+    for key, rel in accepted.items():
+        units[key] = unit_from_relation(rel, round_index, cfg, result.config)
+    return units
+
+
+class KnowledgeStoreError(RuntimeError):
+    """The knowledge tables cannot be opened or are from a newer schema."""
+
+
+class KnowledgeStore:
+    """Knowledge units in SQLite (WAL); may share a file with the experience store."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+        self.path = Path(path)
+        try:
+            self._conn = sqlite3.connect(str(self.path), timeout=timeout_s)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._migrate()
+        except sqlite3.Error as err:
+            raise KnowledgeStoreError(f"{self.path}: cannot open knowledge tables: {err}") from err
+
+    def _migrate(self) -> None:
+        with self._conn:
+            self._conn.execute("CREATE TABLE IF NOT EXISTS knowledge_schema_version "
+                               "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+        row = self._conn.execute("SELECT MAX(version) FROM knowledge_schema_version").fetchone()
+        current = row[0] or 0
+        if current > SCHEMA_VERSION:
+            raise KnowledgeStoreError(f"{self.path}: knowledge schema {current} is newer than "
+                                      f"supported {SCHEMA_VERSION}")
+        if current < 1:
+            with self._conn:
+                self._conn.execute(
+                    "CREATE TABLE knowledge_units (key TEXT PRIMARY KEY, pattern TEXT NOT NULL,"
+                    " relation TEXT NOT NULL, constraints TEXT NOT NULL, thinking TEXT NOT NULL,"
+                    " confidence REAL NOT NULL, status TEXT NOT NULL, experiences TEXT NOT NULL,"
+                    " rounds INTEGER NOT NULL, supported_rounds INTEGER NOT NULL,"
+                    " last_support REAL NOT NULL, created_round INTEGER NOT NULL,"
+                    " updated_round INTEGER NOT NULL, statement TEXT NOT NULL,"
+                    " history TEXT NOT NULL, updated_at REAL NOT NULL)")
+                self._conn.execute("INSERT INTO knowledge_schema_version VALUES (?, ?)",
+                                   (1, time.time()))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+    def __enter__(self) -> "KnowledgeStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def save(self, units: Iterable[KnowledgeUnit]) -> int:
+        """Insert or replace ``units`` in one transaction; returns how many were written."""
+        rows = [(u.key, json.dumps(list(u.pattern)), u.relation, json.dumps(u.constraints),
+                 u.thinking, float(u.confidence), u.status, json.dumps(list(u.experiences)),
+                 u.rounds, u.supported_rounds, float(u.last_support), u.created_round,
+                 u.updated_round, u.statement, json.dumps(u.history), time.time())
+                for u in units]
+        with self._conn:
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO knowledge_units VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def load(self, status: str | None = None) -> list[KnowledgeUnit]:
+        """All units (or those with ``status``), highest confidence first."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        query = ("SELECT pattern, relation, constraints, thinking, confidence, status, "
+                 "experiences, rounds, supported_rounds, last_support, created_round, "
+                 "updated_round, statement, history FROM knowledge_units")
+        params: tuple = ()
+        if status is not None:
+            query += " WHERE status = ?"
+            params = (status,)
+        query += " ORDER BY confidence DESC, key"
+        out = []
+        for row in self._conn.execute(query, params):
+            out.append(KnowledgeUnit(
+                pattern=tuple(json.loads(row[0])), relation=row[1],
+                constraints=json.loads(row[2]), thinking=row[3], confidence=row[4],
+                status=row[5], experiences=tuple(json.loads(row[6])), rounds=row[7],
+                supported_rounds=row[8], last_support=row[9], created_round=row[10],
+                updated_round=row[11], statement=row[12],
+                history=[tuple(h) for h in json.loads(row[13])]))
+        return out
+
+    def units(self) -> dict[str, KnowledgeUnit]:
+        """All units keyed by pattern key, ready for :func:`consolidate`."""
+        return {u.key: u for u in self.load()}
