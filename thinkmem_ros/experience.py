@@ -110,6 +110,7 @@ class Experience:
         return _to_wire(self, seq)
 
 
+_MISSING = object()
 _FIELDS: dict[str, tuple[type, ...]] = {
     "v": (int,),
     "robot_id": (str,),
@@ -158,17 +159,16 @@ def from_wire(data: Any) -> Experience:
         raise ExperienceError(
             f"v: schema version {version!r} is not supported; this side reads "
             f"{list(SUPPORTED_VERSIONS)}")
-    unknown = sorted(str(k) for k in set(data) - set(_FIELDS))
-    if unknown:
-        raise ExperienceError(f"record: unknown fields {unknown}")
-    missing = sorted(set(_FIELDS) - set(data))
-    if missing:
-        raise ExperienceError(f"record: missing fields {missing}")
     for name, types in _FIELDS.items():
-        value = data[name]
+        value = data.get(name, _MISSING)
         if type(value) not in types:  # exact: a bool is not an int here
+            if value is _MISSING:
+                raise ExperienceError(f"record: missing fields {sorted(set(_FIELDS) - set(data))}")
             allowed = "/".join(t.__name__ for t in types)
             raise ExperienceError(f"{name}: expected {allowed}, got {type(value).__name__}")
+    if len(data) != len(_FIELDS):
+        unknown = sorted(str(k) for k in set(data) - set(_FIELDS))
+        raise ExperienceError(f"record: unknown fields {unknown}")
     return _build(data)
 
 

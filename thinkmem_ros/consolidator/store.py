@@ -14,7 +14,6 @@ decoded again) next to indexed columns for the queries discovery and retraining 
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +32,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " UNIQUE (robot_id, seq))",
     ),
     (  # 2: columns and index for episode queries (events, feedback, arrival time)
-        "ALTER TABLE experiences ADD COLUMN events TEXT NOT NULL DEFAULT '[]'",
+        # events: names joined by "\n" (names cannot contain it), oldest first
+        "ALTER TABLE experiences ADD COLUMN events TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE experiences ADD COLUMN reward REAL",
         "ALTER TABLE experiences ADD COLUMN received_at REAL NOT NULL DEFAULT 0",
         "CREATE INDEX experiences_episode ON experiences (robot_id, episode_id, stamp)",
@@ -86,7 +86,7 @@ class ExperienceStore:
             return 0, 0
         now = time.time()
         rows = [(e.robot_id, e.seq, e.episode_id, e.stamp, e.bundle_version, payload,
-                 json.dumps(e.events), e.reward, now) for e, payload in records]
+                 "\n".join(e.events), e.reward, now) for e, payload in records]
         try:
             with self._conn:
                 before = self._conn.total_changes
@@ -168,7 +168,7 @@ class ExperienceStore:
             "SELECT robot_id, episode_id, events FROM experiences e WHERE id = ("
             " SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
             " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)")
-        return {(r[0], r[1]): json.loads(r[2]) for r in rows}
+        return {(r[0], r[1]): r[2].split("\n") if r[2] else [] for r in rows}
 
     def rewards(self) -> list[tuple[str, int, float]]:
         """``(robot_id, seq, reward)`` of every experience that carries feedback."""
