@@ -1,0 +1,255 @@
+"""The main job through ROS: bag -> thinking_node -> activations -> score against truth.
+
+The stream is written as a rosbag2 bag, the real node runs as its own process with the
+shipped bundle, the bag is played into DDS with its recorded timing and every activation
+is matched to the ground-truth frame it could have seen: the latest frame whose last
+sample had been published when the node stamped the activation (both on the wall clock,
+so no simulated time is needed and end-to-end latency is real).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..bag import GROUND_TRUTH_TOPIC, read_bag, write_stream
+from ..bag_player import BagPlayer, PlayConfig, Published
+from ..node_config import ACTIVATION_TOPIC
+from .common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
+from .scoring import build_timeline, label_matrix, match_frames, percentiles
+from .steps import DemoContext, Step
+
+LATE_FACTOR = 2.0
+"""Activations stamped more than this many frame periods after their frame are left out
+(the node ticking on after playback ended, or a frame it never saw)."""
+
+
+def write_bag_step(ctx: DemoContext) -> None:
+    """Record the generated stream as an MCAP bag on the node's topics."""
+    path = ctx.config.out_dir / "bag"
+    info = write_stream(ctx.artefacts["stream"], path, overwrite=True)
+    ctx.artefacts["bag"] = path
+    ctx.summary["bag"] = {"path": str(path), "messages": info.message_count,
+                          "duration_s": round(info.duration_s, 3), "topics": len(info.topics)}
+    ctx.console.print(f"  {path}: {info.message_count} messages on {len(info.topics)} topics")
+
+
+def isolate_dds(config_domain: int | None) -> int:
+    """Pick the DDS domain (random unless given or set) and keep discovery on this host."""
+    if config_domain is not None:
+        os.environ["ROS_DOMAIN_ID"] = str(config_domain)
+    elif "ROS_DOMAIN_ID" not in os.environ:
+        os.environ["ROS_DOMAIN_ID"] = str(random.SystemRandom().randint(1, 200))
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    return int(os.environ["ROS_DOMAIN_ID"])
+
+
+def start_ros_step(ctx: DemoContext) -> None:
+    """Init rclpy in a private context and start the collector node."""
+    import rclpy
+
+    from .collector import Collector
+
+    domain = isolate_dds(ctx.config.ros_domain_id)
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    collector = Collector(context)
+    ctx.artefacts["collector"] = collector
+    ctx.summary["ros"] = {"domain_id": domain,
+                          "discovery_range": os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"]}
+
+    def shutdown() -> None:
+        collector.close()
+        rclpy.shutdown(context=context)
+
+    ctx.cleanups.append(shutdown)
+    ctx.console.print(f"  ROS_DOMAIN_ID={domain}, discovery "
+                      f"{os.environ['ROS_AUTOMATIC_DISCOVERY_RANGE']}")
+
+
+def node_command() -> tuple[list[str], dict[str, str]]:
+    """Return how to start thinking_node: this install's console script, or ``python -m``.
+
+    A source checkout next to an older pip install must not run the installed node, so
+    the console script is used only when this package itself is the installed one.
+    """
+    import thinkmem_ros
+
+    package_root = Path(thinkmem_ros.__file__).resolve().parent.parent
+    script = Path(sys.executable).parent / "thinking_node"
+    env = dict(os.environ)
+    if script.is_file() and "site-packages" in package_root.parts:
+        return [str(script)], env
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(package_root), *filter(None, [env.get("PYTHONPATH")])])
+    return [sys.executable, "-m", "thinkmem_ros.node"], env
+
+
+def start_node_step(ctx: DemoContext) -> None:
+    """Start thinking_node with the bundle and wait until it publishes activations."""
+    cfg = ctx.config
+    command, env = node_command()
+    if cfg.node_command is not None:
+        command = list(cfg.node_command)
+    command += ["--ros-args", "-p", f"bundle_path:={ctx.summary['bundle']['path']}",
+                "-p", f"frame_trigger:={cfg.frame_trigger}"]
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = cfg.out_dir / "node.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ctx.artefacts["node_process"] = process
+    ctx.summary["node"] = {"command": command, "log": str(log_path)}
+
+    def stop() -> None:
+        stop_node(ctx)
+        log.close()
+
+    ctx.cleanups.append(stop)
+    collector = ctx.artefacts["collector"]
+    up = collector.wait_for_publisher(ACTIVATION_TOPIC, cfg.node_start_timeout_s,
+                                      alive=lambda: process.poll() is None)
+    if not up:
+        tail = log_path.read_text()[-2000:] if log_path.exists() else ""
+        state = (f"exited with code {process.returncode}" if process.poll() is not None
+                 else f"did not publish {ACTIVATION_TOPIC} within {cfg.node_start_timeout_s} s")
+        raise RuntimeError(f"thinking_node {state}; log {log_path}:\n{tail}")
+    ctx.console.print(f"  thinking_node pid {process.pid} is up (log {log_path})")
+
+
+def stop_node(ctx: DemoContext, timeout_s: float = 10.0) -> None:
+    """SIGINT the node, escalate to SIGKILL after ``timeout_s``; record its exit code."""
+    process = ctx.artefacts.get("node_process")
+    if process is None or ctx.summary["node"].get("exit_code") is not None:
+        return
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=timeout_s)
+            ctx.summary["node"]["killed"] = True
+    ctx.summary["node"]["exit_code"] = process.returncode
+
+
+def play_step(ctx: DemoContext) -> None:
+    """Play the bag into ROS with live progress; record when each frame was complete."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cfg = ctx.config
+    collector = ctx.artefacts["collector"]
+    info, messages = read_bag(ctx.artefacts["bag"])
+    ready: dict[int, int] = {}  # bag stamp ns -> wall ns when its last message went out
+    latest = [info.start_ns]  # read by the display while the player thread writes
+
+    def on_publish(sent: Published) -> None:
+        ready[sent.bag_ns] = sent.wall_ns
+        latest[0] = sent.bag_ns
+
+    player = BagPlayer(collector.node, messages, PlayConfig(), on_publish=on_publish)
+    ctx.cleanups.append(player.destroy)
+    signal_topics = sorted(t for t in info.topics if t != GROUND_TRUTH_TOPIC
+                           and info.topics[t][0] != "std_msgs/msg/String")
+    if not player.wait_for_subscribers(signal_topics, cfg.node_start_timeout_s):
+        raise RuntimeError(f"thinking_node did not subscribe to {signal_topics} "
+                           f"within {cfg.node_start_timeout_s} s")
+    thread = threading.Thread(target=player.play, name="demo-player", daemon=True)
+    received = collector.received
+    total = info.duration_s
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+               TextColumn("{task.completed:5.1f}/{task.total:.1f} s"), TimeRemainingColumn())
+    with Progress(*columns, console=ctx.console, disable=cfg.quiet) as progress:
+        task = progress.add_task("playing", total=total)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            played = (latest[0] - info.start_ns) / 1e9
+            last = received.activations[-1][1] if received.activations else {}
+            active = ",".join(a["label"] for a in last.get("active", [])) or "-"
+            progress.update(task, completed=played,
+                            description=f"{len(received.activations):5d} activations, "
+                                        f"now: {active:<48.48}")
+        time.sleep(cfg.settle_s)
+        progress.update(task, completed=total)
+    ctx.artefacts["ready"] = ready
+    ctx.artefacts["bag_start_ns"] = info.start_ns
+    ctx.summary["playback"] = {"published": player.stats.published,
+                               "activations_received": len(received.activations),
+                               "ground_truth_received": len(received.truth),
+                               "bad_json": received.bad_json}
+
+
+def stop_node_step(ctx: DemoContext) -> None:
+    """Stop the node cleanly (SIGINT) and keep its last diagnostics."""
+    stop_node(ctx)
+    received = ctx.artefacts["collector"].received
+    ctx.summary["diagnostics"] = {"levels": dict(received.diagnostic_levels),
+                                  "last": dict(received.diagnostics)}
+    ctx.console.print(f"  node exit code {ctx.summary['node']['exit_code']}")
+
+
+def match_step(ctx: DemoContext) -> None:
+    """Match activations to frames by stamp and collect the latency samples."""
+    stream = ctx.artefacts["stream"]
+    received = ctx.artefacts["collector"].received
+    ready = ctx.artefacts["ready"]
+    truth_msgs = received.truth
+    frames_n = stream.values.shape[0]
+    period_ns = 1e9 / stream.rate_hz
+    start_ns = ctx.artefacts["bag_start_ns"]
+    stamps = [start_ns + round(f * period_ns) for f in range(frames_n)]
+    if any(s not in ready for s in stamps):
+        raise RuntimeError("playback did not publish every frame; cannot score")
+    frame_ready = np.array([ready[s] for s in stamps], dtype=np.int64)
+    truth = np.zeros_like(stream.labels)
+    have_truth = np.zeros(frames_n, dtype=bool)
+    for frame, record in truth_msgs.items():
+        if 0 <= frame < frames_n:
+            truth[frame] = label_matrix([record["active"]], stream.label_names)[0]
+            have_truth[frame] = True
+    acts = received.activations
+    receipt = np.array([r for r, _ in acts], dtype=np.int64)
+    stamp_ns = np.array([round(a["stamp"] * 1e9) for _, a in acts], dtype=np.int64)
+    frames = match_frames(stamp_ns, frame_ready)
+    lag = stamp_ns - frame_ready[np.clip(frames, 0, None)]
+    ok = (frames >= 0) & (lag <= LATE_FACTOR * period_ns)
+    ok &= have_truth[np.clip(frames, 0, None)]
+    active = [[x["label"] for x in a["active"]] for _, a in acts]
+    rows = label_matrix(active, stream.label_names)
+    min_frame = ctx.artefacts["runtime"].window
+    ctx.artefacts["timeline"] = build_timeline(
+        stream.times, stream.values, truth, frames[ok], rows[ok], min_frame=min_frame,
+        signal_names=stream.signal_names, label_names=stream.label_names)
+    used = ok & (frames >= min_frame)
+    ctx.summary["latency"] = {
+        "inference_us": percentiles([a["inference_us"] for _, a in acts]),
+        "node_latency_us": percentiles([a["latency_us"] for _, a in acts
+                                        if a.get("latency_us") is not None]),
+        "end_to_end_ms": percentiles(receipt[used] - frame_ready[frames[used]], 1e-6),
+        "stamp_to_receipt_ms": percentiles(receipt[used] - stamp_ns[used], 1e-6),
+    }
+    ctx.summary["matching"] = {"activations": len(acts), "matched": int(used.sum()),
+                               "before_window_full_or_unmatched": int((~used).sum()),
+                               "frames_without_truth": int((~have_truth).sum())}
+
+
+WRITE_BAG = Step("write bag", write_bag_step, "the stream as rosbag2 MCAP on the node's topics")
+START_ROS = Step("start ROS", start_ros_step, "private DDS domain and the collector node")
+START_NODE = Step("start node", start_node_step, "thinking_node with the bundle")
+PLAY = Step("play bag", play_step, "recorded timing into DDS, live activations")
+STOP_NODE = Step("stop node", stop_node_step, "SIGINT and collect diagnostics")
+MATCH = Step("match", match_step, "activations to ground-truth frames by stamp")
+
+
+def ros_steps() -> list[Step]:
+    """Return the ROS job; add later stages with ``steps.insert_before(..., 'report', step)``."""
+    return [LOAD_BUNDLE, GENERATE, WRITE_BAG, START_ROS, START_NODE, PLAY, STOP_NODE, MATCH,
+            SCORE, PLOT, REPORT]
