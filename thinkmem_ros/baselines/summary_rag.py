@@ -22,13 +22,15 @@ def knn_vote(neighbour_labels: np.ndarray) -> np.ndarray:
 
 
 def exact_knn(index: np.ndarray, norms: np.ndarray, queries: np.ndarray, k: int,
-              chunk: int = 1024) -> np.ndarray:
+              chunk: int | None = None) -> np.ndarray:
     """Return indices (N, k) of the k nearest rows of ``index`` (squared L2), exactly.
 
     ``norms`` are the precomputed squared norms of ``index`` rows; the distance is
     ``||x||^2 - 2 x.q`` (``||q||^2`` is constant per query and does not change the order).
     """
     k = min(k, index.shape[0])
+    if chunk is None:  # keep each (chunk, N) distance block near 64 MB
+        chunk = int(max(1, min(1024, 2**24 // max(index.shape[0], 1))))
     out = np.empty((queries.shape[0], k), dtype=np.int64)
     for start in range(0, queries.shape[0], chunk):
         q = queries[start:start + chunk]

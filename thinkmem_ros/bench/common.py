@@ -125,3 +125,14 @@ def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: i
             predicted = factories[method]().fit(train).predict(test)
         out[method] = micro_scores(test.labels, predicted)
     return out
+
+
+def epochs_for(n_rows: int, base: int, *, min_steps: int = 400, batch_size: int = 128,
+               val_fraction: float = 0.15, cap: int = 400) -> int:
+    """Epochs so that small training sets still get ``min_steps`` optimiser steps.
+
+    A fixed epoch count gives a 100-row set one step per epoch; training would end before
+    the model learned anything, and the benchmark would measure the schedule, not the data.
+    """
+    steps = max(1, -(-int(round(n_rows * (1.0 - val_fraction))) // batch_size))
+    return int(min(cap, max(base, -(-min_steps // steps))))
