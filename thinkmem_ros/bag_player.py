@@ -108,8 +108,10 @@ class BagPlayer:
         self.stats = PlayStats(per_topic={topic: 0 for topic in types})
 
     def wait_for_subscribers(self, topics: Sequence[str], timeout_s: float) -> bool:
-        """Block until each of ``topics`` has a matched subscriber, so nothing is lost to
-        discovery; False on timeout or stop."""
+        """Block until each of ``topics`` has a matched subscriber; False on timeout or stop.
+
+        Messages published before DDS matched a subscriber are lost, so a demo waits here.
+        """
         missing = [t for t in topics if t not in self._publishers]
         if missing:
             raise BagError(f"cannot wait for {missing}: not among the played topics")
