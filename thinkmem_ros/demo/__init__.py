@@ -7,6 +7,8 @@ over the policy runtime alone. The job is a list of named steps (``ros_steps()``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .steps import DemoConfig, DemoContext, Step, insert_before, run_steps
 
 __all__ = ["DemoConfig", "DemoContext", "Step", "insert_before", "run_steps", "run_demo",
@@ -24,11 +26,29 @@ def default_steps(config: DemoConfig) -> list[Step]:
     return ros_steps()
 
 
+def _ros_missing() -> str | None:
+    """Why the ROS path cannot run here (rclpy or the message packages missing), or None."""
+    try:
+        import rclpy  # noqa: F401
+        import sensor_msgs.msg  # noqa: F401
+        import std_msgs.msg  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
 def run_demo(config: DemoConfig, steps: list[Step] | None = None, console=None) -> dict:
     """Run the demo and return its summary (also written to ``out_dir/summary.json``)."""
     from rich.console import Console
 
     console = console or Console(quiet=config.quiet)
+    fallback = None if config.offline else _ros_missing()
+    if fallback is not None and steps is None:
+        console.print(f"[bold yellow]ROS 2 Python packages are not importable ({fallback}); "
+                      "running the offline demo instead[/]")
+        config = replace(config, offline=True)
     ctx = DemoContext(config=config, console=console)
     ctx.summary["mode"] = "offline" if config.offline else "ros"
+    if fallback is not None:
+        ctx.summary["fallback_reason"] = fallback
     return run_steps(steps if steps is not None else default_steps(config), ctx)
