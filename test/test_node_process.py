@@ -1,0 +1,91 @@
+"""The node as a process: clean exit on SIGINT/SIGTERM, refusal of invalid parameters."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+
+
+class NodeProcess:
+    """A thinking_node child whose output is collected on a thread (reads never block)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if text in self.output:
+                return
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"{text!r} never appeared (rc={self.proc.returncode}):\n{self.output}")
+
+    def finish(self, timeout: float = 15.0) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"node did not exit within {timeout} s:\n{self.output}")
+        self.reader.join(timeout=2.0)
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5.0)
+
+
+def node_cmd(*ros_args: str) -> list[str]:
+    return [sys.executable, "-m", "thinkmem_ros.node", "--ros-args", *ros_args]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_clean_exit_on_signal(sig, ros_env, source_bundle, tmp_path):
+    stats = tmp_path / "stats.json"
+    node = NodeProcess(node_cmd("-p", f"bundle_path:={source_bundle}", "-p",
+                                f"stats_file:={stats}", "-p", "frame_rate_hz:=50.0"), ros_env)
+    node.wait_for("ready:")
+    time.sleep(0.5)  # let a few frames through
+    node.proc.send_signal(sig)
+    assert node.finish() == 0, node.output
+    assert "Traceback" not in node.output
+    data = json.loads(stats.read_text())  # written on the way out
+    assert data["published"] > 0 and data["frame_rate_hz"] == 50.0
+
+
+@pytest.mark.parametrize("args, named", [
+    (("-p", "frame_rate_hz:=-5.0"), "frame_rate_hz"),
+    (("-p", "qos:=fastest"), "qos"),
+    (("-p", "signals.temperature.field:=temp"), "signals.temperature.field"),
+    (("-p", "thresholds:=hazard=2"), "thresholds"),
+    (("-p", "bundle_path:=/nonexistent/bundle"), "/nonexistent/bundle"),
+], ids=["range", "choice", "field", "thresholds", "bundle"])
+def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle):
+    base = () if "bundle_path" in args[1] else ("-p", f"bundle_path:={source_bundle}")
+    node = NodeProcess(node_cmd(*base, *args), ros_env)
+    rc = node.finish(timeout=30.0)
+    assert rc == 2, node.output
+    assert "refusing to start" in node.output and named in node.output, node.output
