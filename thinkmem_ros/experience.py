@@ -102,11 +102,11 @@ class Experience:
         return (self.robot_id, self.seq)
 
     def with_seq(self, seq: int) -> Experience:
-        """A copy carrying ``seq`` (arrays shared, not copied)."""
+        """Return a copy carrying ``seq`` (arrays shared, not copied)."""
         return _build(_to_wire(self, seq))
 
     def to_wire(self, seq: int | None = None) -> dict[str, Any]:
-        """The msgpack-ready map; ``seq`` overrides the record's own sequence number."""
+        """Return the msgpack-ready map; ``seq`` overrides the record's own sequence number."""
         return _to_wire(self, seq)
 
 

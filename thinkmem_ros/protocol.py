@@ -98,24 +98,24 @@ def decode_frame(data: bytes) -> Frame:
 
 
 def hello(robot_id: str) -> bytes:
-    """A HELLO from a robot."""
+    """Build a HELLO from a robot."""
     return encode_frame(Kind.HELLO, {"robot_id": robot_id})
 
 
 def refused(reason: str) -> bytes:
-    """A REFUSED reply carrying the reason (trimmed to ``MAX_REASON``)."""
+    """Build a REFUSED reply carrying the reason (trimmed to ``MAX_REASON``)."""
     return encode_frame(Kind.REFUSED, {"reason": reason[:MAX_REASON]})
 
 
 def experience_batch(batch: int, robot_id: str, items: list[bytes]) -> bytes:
-    """An EXPERIENCE_BATCH of encoded experience records."""
+    """Build an EXPERIENCE_BATCH of encoded experience records."""
     return encode_frame(Kind.EXPERIENCE_BATCH,
                         {"batch": batch, "robot_id": robot_id, "items": items})
 
 
 def ack(batch: int, stored: int, duplicates: int,
         rejected: list[tuple[int, str]] | None = None) -> bytes:
-    """An ACK for a committed batch."""
+    """Build an ACK for a committed batch."""
     return encode_frame(Kind.ACK, {
         "batch": batch, "stored": stored, "duplicates": duplicates,
         "rejected": [[i, reason[:MAX_REASON]] for i, reason in (rejected or [])]})

@@ -76,7 +76,7 @@ def load_curve_keypair(secret_file: Path | str) -> tuple[bytes, bytes]:
 
 
 def load_curve_public(key_file: Path | str) -> bytes:
-    """The Z85 public key from a ``.key`` or ``.key_secret`` file."""
+    """Read the Z85 public key from a ``.key`` or ``.key_secret`` file."""
     try:
         public, _ = zmq.auth.load_certificate(str(key_file))
     except (OSError, ValueError) as exc:
@@ -99,7 +99,7 @@ def load_allowed_keys(source: Path | str) -> set[bytes]:
 
 
 def is_loopback(endpoint: str) -> bool:
-    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost."""
+    """Tell whether an endpoint is local (ipc, inproc, 127.0.0.0/8, ::1, localhost)."""
     scheme = endpoint.split("://", 1)[0]
     if scheme in ("ipc", "inproc"):
         return True
@@ -201,7 +201,7 @@ def write_signing_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
 
 
 def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
-    """The Ed25519 signing key from a ``.sign.key`` file."""
+    """Read the Ed25519 signing key from a ``.sign.key`` file."""
     try:
         return nacl.signing.SigningKey(bytes.fromhex(Path(path).read_text().strip()))
     except (OSError, ValueError, nacl.exceptions.CryptoError) as exc:
@@ -209,7 +209,7 @@ def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
 
 
 def load_verify_key(key: nacl.signing.VerifyKey | bytes | str | Path) -> nacl.signing.VerifyKey:
-    """A verify key from a VerifyKey, 32 raw bytes, a hex string, or a ``.sign.pub`` path."""
+    """Make a verify key from a VerifyKey, 32 raw bytes, a hex string, or a ``.sign.pub`` path."""
     if isinstance(key, nacl.signing.VerifyKey):
         return key
     try:
@@ -240,8 +240,10 @@ def sign_bundle(folder: Path | str, signing_key: nacl.signing.SigningKey | Path 
 def verify_bundle_signature(folder: Path | str,
                             public_key: nacl.signing.VerifyKey | bytes | str | Path
                             ) -> BundleManifest:
-    """Check ``bundle.sig`` over ``bundle.json``; returns the manifest parsed from the
-    verified bytes, or raises ``SignatureError`` with the reason."""
+    """Check ``bundle.sig`` over ``bundle.json`` and parse the manifest from those bytes.
+
+    Raises ``SignatureError`` with the reason when anything does not verify.
+    """
     folder = Path(folder)
     verify_key = load_verify_key(public_key)
     try:

@@ -111,7 +111,7 @@ class Spool:
         return cursor.fetchall()
 
     def get(self, seqs: Iterable[int]) -> list[tuple[int, bytes]]:
-        """The rows still present among ``seqs`` (shed ones are gone), oldest first."""
+        """Return the rows still present among ``seqs`` (shed ones are gone), oldest first."""
         seqs = list(seqs)
         out: list[tuple[int, bytes]] = []
         for start in range(0, len(seqs), 500):

@@ -1,5 +1,6 @@
-"""ZeroMQ experience transport: the robot's ``ExperienceShipper`` and the consolidator's
-``ExperienceReceiver``.
+"""ZeroMQ experience transport: robot-side shipper, consolidator-side receiver.
+
+The robot runs ``ExperienceShipper``, the consolidator ``ExperienceReceiver``.
 
 Delivery is at-least-once with idempotent keys, which the store turns into exactly-once:
 the shipper assigns every experience a per-robot monotonic ``seq``, writes it to the
@@ -62,7 +63,7 @@ class TransportError(RuntimeError):
 
 
 def context() -> zmq.Context:
-    """The process's single ZeroMQ Context (sockets share its I/O thread and ZAP handler)."""
+    """Return the process's one ZeroMQ Context (sockets share its I/O thread and ZAP)."""
     return zmq.Context.instance()
 
 

@@ -159,7 +159,7 @@ def _kill_run(work: Path, n: int, rng: np.random.Generator) -> dict:
     try:
         with ExperienceShipper(cfg).start() as shipper:
             killed = False
-            for i, experience in enumerate(items):
+            for experience in items:
                 while not shipper.ship(experience):
                     time.sleep(0.0005)
                 if not killed and shipper.stats()["acked"] >= n // 3:

@@ -100,7 +100,7 @@ class ExperienceStore:
         return stored, len(rows) - stored
 
     def count(self, robot_id: str | None = None) -> int:
-        """Number of stored experiences (of one robot, if given)."""
+        """Count stored experiences (of one robot, if given)."""
         if robot_id is None:
             return self._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0]
         return self._conn.execute(
@@ -113,7 +113,7 @@ class ExperienceStore:
         return [r[0] for r in rows]
 
     def get(self, robot_id: str, seq: int) -> Experience | None:
-        """The experience stored under a key, or None."""
+        """Return the experience stored under a key, or None."""
         row = self._conn.execute(
             "SELECT payload FROM experiences WHERE robot_id = ? AND seq = ?",
             (robot_id, seq)).fetchone()
