@@ -35,18 +35,13 @@ def _balanced_classes(n: int, n_classes: int, rng: np.random.Generator) -> np.nd
 # --------------------------------------------------------------------------- Exp 2
 
 ORDER_CLASSES: tuple[tuple[str, tuple[int, ...], tuple[str, ...]], ...] = (
-    ("ascending", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9),
-     ("vibration_load_comparison", "information_seeking")),
-    ("descending", (9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-     ("hazard", "temp_current_inconsistency", "future_impact")),
-    ("peak", (0, 2, 4, 6, 8, 9, 7, 5, 3, 1),
-     ("cause", "late_change_inspection")),
+    ("ascending", (0, 1, 2, 3, 4, 5, 6, 7, 8, 9), ("trend", "cause")),
+    ("descending", (9, 8, 7, 6, 5, 4, 3, 2, 1, 0), ("trend", "hazard", "future_impact")),
+    ("peak", (0, 2, 4, 6, 8, 9, 7, 5, 3, 1), ("trend", "late_change_inspection")),
     ("valley", (9, 7, 5, 3, 1, 0, 2, 4, 6, 8),
-     ("trend", "hazard")),
-    ("zigzag", (0, 9, 1, 8, 2, 7, 3, 6, 4, 5),
-     ("recovery_confirmation", "information_seeking", "cause")),
-    ("halves_swapped", (5, 6, 7, 8, 9, 0, 1, 2, 3, 4),
-     ("trend", "visibility_distance_check", "future_impact")),
+     ("cause", "recovery_confirmation", "information_seeking")),
+    ("zigzag", (0, 9, 1, 8, 2, 7, 3, 6, 4, 5), ("trend", "cause", "temp_current_inconsistency")),
+    ("halves_swapped", (5, 6, 7, 8, 9, 0, 1, 2, 3, 4), ("hazard", "vibration_load_comparison")),
 )
 """(name, rank order of the 10 reference intermediates, labels) per order class."""
 
@@ -87,20 +82,21 @@ def order_only(n: int, rng: np.random.Generator, identities: Sequence[int] | Non
     identical. The class is the order in which the intermediates are visited, and the
     order -> thinking mapping is an arbitrary rule of this environment:
 
-    ==============  ===========================  ==============================================
+    ==============  ===========================  =========================================
     class           intermediate order (ranks)   thinking
-    ==============  ===========================  ==============================================
-    ascending       0 1 2 3 4 5 6 7 8 9          vibration_load_comparison, information_seeking
-    descending      9 8 7 6 5 4 3 2 1 0          hazard, temp_current_inconsistency,
-                                                 future_impact
-    peak            0 2 4 6 8 9 7 5 3 1          cause, late_change_inspection
-    valley          9 7 5 3 1 0 2 4 6 8          trend, hazard
-    zigzag          0 9 1 8 2 7 3 6 4 5          recovery_confirmation, information_seeking,
-                                                 cause
-    halves_swapped  5 6 7 8 9 0 1 2 3 4          trend, visibility_distance_check,
-                                                 future_impact
-    ==============  ===========================  ==============================================
+    ==============  ===========================  =========================================
+    ascending       0 1 2 3 4 5 6 7 8 9          trend, cause
+    descending      9 8 7 6 5 4 3 2 1 0          trend, hazard, future_impact
+    peak            0 2 4 6 8 9 7 5 3 1          trend, late_change_inspection
+    valley          9 7 5 3 1 0 2 4 6 8          cause, recovery_confirmation,
+                                                 information_seeking
+    zigzag          0 9 1 8 2 7 3 6 4 5          trend, cause, temp_current_inconsistency
+    halves_swapped  5 6 7 8 9 0 1 2 3 4          hazard, vibration_load_comparison
+    ==============  ===========================  =========================================
 
+    ``trend`` is active in 4 of 6 classes and ``cause`` in 3, as in a real log where a few
+    kinds of thinking dominate; a model blind to order can only predict those majorities
+    (micro-F1 about 0.4), while the order itself determines every label.
     (For ``window != 12`` the 10-step pattern is stretched to ``window - 2`` steps.) The
     other six channels are nominal operation independent of the class. ``groups`` is the
     identity; ``meta["classes"]`` the class index per row (names in
@@ -149,8 +145,7 @@ def order_only_split(n_train: int, n_test: int, rng: np.random.Generator,
 
 FINAL_STATE_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rising", ("trend", "cause", "hazard")),
-    ("falling", ("recovery_confirmation", "trend")),
-    ("steady_moderate", ("information_seeking",)),
+    ("falling", ("recovery_confirmation",)),
     ("steady_hot", ("hazard", "information_seeking")),
 )
 
@@ -158,30 +153,29 @@ FINAL_STATE_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
 def same_final_state(n: int, rng: np.random.Generator, window: int = 16) -> SituationSet:
     """Exp 3: the same final state is reached by rising or by falling histories.
 
-    Hidden rule. Rows come in pairs sharing one final frame (all seven channels, exactly
-    equal, temperature 50-60 degC and current 6-9 A). In the ``rising`` row temperature and
+    Hidden rule. Rows come in pairs sharing one final frame (all seven channels exactly
+    equal; temperature 50-60 degC, current 6-9 A). In the ``rising`` row temperature and
     current climb towards it (thinking: trend, cause, hazard); in the ``falling`` row they
-    fall towards it from above (recovery_confirmation, trend). Two further classes sit
-    still: ``steady_moderate`` holds a final state in the same 50-60 degC band
-    (information_seeking) and ``steady_hot`` holds 68-80 degC (hazard,
-    information_seeking). A last-frame-only model therefore separates only the hot rows
-    and must guess between three classes in the moderate band; a sequence model sees the
-    direction. Classes are balanced as rising/falling pairs plus steady rows (about 1/3
-    pairs-rows each for rising and falling). ``groups`` = the pair (or steady row) id.
+    fall towards it from above (recovery_confirmation). The third class,
+    ``steady_hot``, holds 68-80 degC (hazard, information_seeking), so the final state is
+    informative for some rows and a last-frame-only model lands between chance and 1: for
+    the moderate rows it can only guess one history for both (micro-F1 about 0.7), while
+    a sequence model sees the direction. About a third of the rows belong to each class; ``groups`` is
+    the pair (or steady row) id and ``meta["classes"]`` the class index.
     """
     if window < 4:
         raise ValueError(f"window must be >= 4 for same_final_state, got {window}")
     n_pairs = n // 3
     n_steady = n - 2 * n_pairs
-    steady_cls = 2 + (rng.permutation(np.arange(n_steady)) % 2)
-    classes = np.concatenate([np.zeros(n_pairs, int), np.ones(n_pairs, int), steady_cls])
+    classes = np.concatenate([np.zeros(n_pairs, int), np.ones(n_pairs, int),
+                              np.full(n_steady, 2)])
     groups = np.concatenate([np.arange(n_pairs), np.arange(n_pairs),
                              n_pairs + np.arange(n_steady)])
     signals = nominal_windows(n, window, rng)
     final = signals[:, -1, :].copy()
     final[:, CH["temperature"]] = rng.uniform(50.0, 60.0, n)
     final[:, CH["current"]] = rng.uniform(6.0, 9.0, n)
-    hot = classes == 3
+    hot = classes == 2
     final[hot, CH["temperature"]] = rng.uniform(68.0, 80.0, int(hot.sum()))
     final[n_pairs:2 * n_pairs] = final[:n_pairs]  # the pair shares its last frame exactly
     # shift every row's nuisance history so it ends exactly on its final frame (no jump)
@@ -303,14 +297,17 @@ def rare_onset_split(n_histories: int, n_test: int, rng: np.random.Generator,
 # --------------------------------------------------------------------------- streams
 
 def mixed_windows(n: int, rng: np.random.Generator, window: int = 32,
-                  stream_s: float = 300.0, scenario: str = "mixed") -> SituationSet:
+                  stream_s: float = 120.0, scenario: str = "mixed") -> SituationSet:
     """Windows sampled from several 10 Hz ``scenario`` streams (default ``mixed``).
 
     Hidden rule: the stream rule table in ``streams`` (labels of the window's last frame
-    from its clean signal). ``groups`` is the stream, so group splits never share a stream.
+    from its clean signal). ``groups`` is the stream, so group splits never share a stream;
+    at least four streams are used and at most a quarter of any stream's windows.
     """
-    per_stream = max(int(stream_s * 10) - window + 1, 1)
-    n_streams = max(1, int(np.ceil(n / (0.5 * per_stream))))
+    per_stream = int(stream_s * 10) - window + 1
+    if per_stream < 1:
+        raise ValueError(f"stream_s={stream_s} is shorter than window={window} frames")
+    n_streams = max(4, int(np.ceil(n / (0.25 * per_stream))))
     parts = []
     for g in range(n_streams):
         stream = generate_stream(scenario, stream_s, 10.0, rng)
