@@ -15,7 +15,7 @@ NOMINAL: dict[str, tuple[float, float]] = {
     "temperature": (38.0, 45.0),  # degC, motor housing at work
     "current": (4.0, 6.0),  # A, drive current
     "vibration": (1.5, 2.5),  # mm/s RMS
-    "distance": (5.5, 9.5),  # m, nearest object
+    "distance": (6.5, 9.5),  # m, nearest object
     "visibility": (0.80, 0.95),  # 0..1, camera visibility score
     "motion": (0.5, 1.2),  # m/s, base speed
     "load": (10.0, 25.0),  # kg, payload

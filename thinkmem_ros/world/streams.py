@@ -33,8 +33,11 @@ recovery_confirmation       dT <= -4 and T0 >= 55
 Frames in the first 3.1 s use the first frame of the stream in place of the missing past.
 Scenario dynamics cross these thresholds quickly (ramps of >= 1.8 degC/s against a 4 degC
 threshold, instantaneous current steps of >= 2.6 A, obstacles closing at >= 1.3 m/s) and
-stay well clear of them otherwise (nominal drift moves T by < 0.4 degC per window, the
-steepest linear heating moves ``late T`` by < 2.1 degC), so few frames are borderline.
+stay well clear of them otherwise: nominal drift moves T by < 0.4 degC per window, the
+steepest linear heating moves ``late T`` by < 2.1 degC, heat plateaus end >= 67 degC,
+vibration plateaus >= 7.8 mm/s, obstacles stop at <= 1.3 m, fog at <= 0.3 and the nominal
+distance stays >= 5.7 m. Few frames are therefore borderline, and a K=32 window model can
+learn the table from the noisy, partly missing observations.
 
 Events
 ------
@@ -175,7 +178,7 @@ def episode_overheat(rng: np.random.Generator) -> Episode:
 
 def episode_recovery(rng: np.random.Generator) -> Episode:
     """Heating explained by a current rise (work), then falling back from high."""
-    kt, kv = _heat_profile(rng, (28.0, 40.0), (2.0, 5.0))
+    kt, kv = _heat_profile(rng, (32.0, 42.0), (2.0, 5.0))
     ratio = rng.uniform(0.22, 0.3)  # A per degC: dI >= 0.22 dT, far from the 0.1 rule
     return Episode(float(kt[-1]), add={"temperature": (kt, kv), "current": (kt, kv * ratio)})
 
@@ -191,9 +194,9 @@ def episode_late_current_change(rng: np.random.Generator) -> Episode:
 
 
 def episode_overload(rng: np.random.Generator) -> Episode:
-    """Load a heavy payload (20-35 kg) while vibration climbs 5.5-8 mm/s above nominal."""
+    """Load a heavy payload (20-35 kg) while vibration climbs 6.5-8.5 mm/s above nominal."""
     payload = rng.uniform(20.0, 35.0)
-    amp = rng.uniform(5.5, 8.0)
+    amp = rng.uniform(6.5, 8.5)  # plateau >= 7.8 mm/s: clear of the 5 and 7 thresholds
     rise = amp / rng.uniform(2.0, 3.0)
     hold = rng.uniform(4.0, 10.0)
     fall = amp / rng.uniform(2.0, 3.0)
@@ -231,7 +234,7 @@ def episode_fog_obstacle(rng: np.random.Generator) -> Episode:
 
 
 def episode_rare_onset(rng: np.random.Generator) -> Episode:
-    """After a normal stretch, temperature and vibration accelerate (quadratic) then relax."""
+    """After a normal stretch, temperature accelerates (quadratic) to a plateau, then cools."""
     accel = rng.uniform(1.5, 2.5)  # degC/s^2
     amp = rng.uniform(30.0, 40.0)
     tau = np.sqrt(amp / accel)
@@ -240,8 +243,7 @@ def episode_rare_onset(rng: np.random.Generator) -> Episode:
     end = hold + amp / rng.uniform(1.8, 2.6)
     kt = np.concatenate([ts, [hold, end]])
     kv = np.concatenate([accel * ts**2, [amp, 0.0]])
-    vib = kv * rng.uniform(0.06, 0.09)
-    return Episode(float(end), add={"temperature": (kt, kv), "vibration": (kt, vib)})
+    return Episode(float(end), add={"temperature": (kt, kv)})
 
 
 EPISODES: dict[str, Callable[[np.random.Generator], Episode]] = {
@@ -306,7 +308,7 @@ def _scenario(name: str) -> Scenario:
 def _baseline(times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Nominal levels with slow sinusoidal drift (periods >= 60 s), (T, F)."""
     levels = nominal_levels(1, rng)[0]
-    amp = {"temperature": 1.0, "current": 0.3, "vibration": 0.2, "distance": 1.5,
+    amp = {"temperature": 1.0, "current": 0.3, "vibration": 0.2, "distance": 0.8,
            "visibility": 0.04, "load": 0.0, "motion": 0.0}
     out = np.empty((times.size, len(SIGNALS)))
     for name, col in CH.items():
