@@ -6,7 +6,9 @@ that came over the network: every field is checked for presence, exact type, ran
 size, and a bad record is refused with an ``ExperienceError`` that names the field, so a
 faulty or hostile robot can never push a malformed row into the store.
 
-Wire format (schema version 1): a msgpack map with exactly the keys of ``_FIELDS``.
+Wire format (schema version 2): a msgpack map with exactly the keys of ``_FIELDS``.
+Version 1 records (no ``required`` key) are still decoded, with ``required = None``, so
+spools and stores written before the field existed stay readable.
 The signal window travels as raw little-endian float32 bytes plus its ``[K, F]`` shape;
 the mask as one uint8 per cell (1 = observed); probabilities as float32 bytes, one per
 label. Dropouts are expressed through the mask, so the window itself must be finite.
@@ -26,8 +28,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+SCHEMA_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 
 LIMITS: dict[str, int] = {
     "max_frames": 4096,
@@ -79,6 +81,9 @@ class Experience:
     outcome: str | float | None = None
     reward: float | None = None  # later feedback f_t
     seq: int | None = None
+    # thinking labels that hindsight (trace h_t / feedback f_t) says the situation needed:
+    # the g_i of direct material (s_i, g_i); None = unknown (the record feeds discovery only)
+    required: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.window = np.ascontiguousarray(self.window, dtype="<f4")
@@ -92,6 +97,8 @@ class Experience:
         self.outcome = _plain(self.outcome)
         if self.seq is not None:
             self.seq = _plain(self.seq)
+        if isinstance(self.required, tuple):
+            self.required = list(self.required)
         _validate(self)
 
     @property
@@ -129,7 +136,9 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "trace": (str, type(None)),
     "outcome": (str, float, int, type(None)),
     "reward": (float, int, type(None)),
+    "required": (list, type(None)),
 }
+_V1_FIELDS = {k: v for k, v in _FIELDS.items() if k != "required"}
 
 
 def encode_experience(experience: Experience, seq: int | None = None) -> bytes:
@@ -159,15 +168,16 @@ def from_wire(data: Any) -> Experience:
         raise ExperienceError(
             f"v: schema version {version!r} is not supported; this side reads "
             f"{list(SUPPORTED_VERSIONS)}")
-    for name, types in _FIELDS.items():
+    fields = _FIELDS if version >= 2 else _V1_FIELDS
+    for name, types in fields.items():
         value = data.get(name, _MISSING)
         if type(value) not in types:  # exact: a bool is not an int here
             if value is _MISSING:
-                raise ExperienceError(f"record: missing fields {sorted(set(_FIELDS) - set(data))}")
+                raise ExperienceError(f"record: missing fields {sorted(set(fields) - set(data))}")
             allowed = "/".join(t.__name__ for t in types)
             raise ExperienceError(f"{name}: expected {allowed}, got {type(value).__name__}")
-    if len(data) != len(_FIELDS):
-        unknown = sorted(str(k) for k in set(data) - set(_FIELDS))
+    if len(data) != len(fields):
+        unknown = sorted(str(k) for k in set(data) - set(fields))
         raise ExperienceError(f"record: unknown fields {unknown}")
     return _build(data)
 
@@ -202,7 +212,7 @@ def _build(data: dict[str, Any]) -> Experience:
         labels=labels, probabilities=np.frombuffer(probabilities, dtype="<f4"),
         bundle_version=data["bundle_version"], bundle_sha256=data["bundle_sha256"],
         action=data["action"], trace=data["trace"], outcome=data["outcome"],
-        reward=data["reward"])
+        reward=data["reward"], required=data.get("required"))
 
 
 def _to_wire(exp: Experience, seq: int | None) -> dict[str, Any]:
@@ -219,6 +229,7 @@ def _to_wire(exp: Experience, seq: int | None) -> dict[str, Any]:
         "probabilities": exp.probabilities.tobytes(), "bundle_version": exp.bundle_version,
         "bundle_sha256": exp.bundle_sha256, "action": exp.action, "trace": exp.trace,
         "outcome": exp.outcome, "reward": exp.reward,
+        "required": None if exp.required is None else list(exp.required),
     }
 
 
@@ -251,6 +262,8 @@ def _validate(exp: Experience) -> None:
     _check_optional_text("action", exp.action, LIMITS["max_text"])
     _check_optional_text("trace", exp.trace, LIMITS["max_trace"])
     _check_outcome(exp.outcome)
+    if exp.required is not None:
+        _check_names("required", exp.required, LIMITS["max_labels"])
     if exp.reward is not None and (
             type(exp.reward) not in (float, int) or not math.isfinite(exp.reward)):
         raise ExperienceError(f"reward: expected a finite number or None, got {exp.reward!r}")

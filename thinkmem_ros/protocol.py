@@ -13,8 +13,14 @@ Kinds:
   "items": [bytes]}``; each item is one ``experience.encode_experience`` record.
 - ACK (consolidator -> robot): ``{"batch": int, "stored": int, "duplicates": int,
   "rejected": [[index, reason]]}``; sent only after the batch is committed to the store.
-- BUNDLE_PUSH, RECALL_REQ, RECALL_REP: reserved for model push and episodic recall;
-  their bodies are maps checked only for shape until those features define them.
+- BUNDLE_PUSH (consolidator -> robot): ``{"version": int, "manifest": bytes, "onnx": bytes,
+  "signature": bytes}``: a published model bundle's files as they are on disk
+  (``signature`` empty = unsigned, which robots refuse). Here it is checked only for
+  being a map: ``bundle_receiver`` checks every field on the robot and trusts nothing.
+  Bundles can be MBs; they travel consolidator -> robot only, where the frame limit is
+  ``MAX_FRAME_BYTES`` (the receiver's own inbound limit stays small).
+- RECALL_REQ, RECALL_REP: reserved for episodic recall; their bodies are maps checked only
+  for shape until that feature defines them.
 """
 
 from __future__ import annotations
@@ -121,12 +127,18 @@ def ack(batch: int, stored: int, duplicates: int,
         "rejected": [[i, reason[:MAX_REASON]] for i, reason in (rejected or [])]})
 
 
+def bundle_push(version: int, manifest: bytes, onnx: bytes, signature: bytes) -> bytes:
+    """Build a BUNDLE_PUSH carrying a bundle's ``bundle.json``, ONNX and signature bytes."""
+    return encode_frame(Kind.BUNDLE_PUSH, {"version": version, "manifest": manifest,
+                                           "onnx": onnx, "signature": signature})
+
+
 _SCHEMAS: dict[Kind, dict[str, tuple[type, ...]]] = {
     Kind.HELLO: {},
     Kind.REFUSED: {"reason": (str,)},
     Kind.EXPERIENCE_BATCH: {"batch": (int,), "robot_id": (str,), "items": (list,)},
     Kind.ACK: {"batch": (int,), "stored": (int,), "duplicates": (int,), "rejected": (list,)},
-    Kind.BUNDLE_PUSH: {},
+    Kind.BUNDLE_PUSH: {},  # fields checked by bundle_receiver, which trusts nothing
     Kind.RECALL_REQ: {},
     Kind.RECALL_REP: {},
 }

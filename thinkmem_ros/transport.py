@@ -30,6 +30,7 @@ import argparse
 import collections
 import itertools
 import logging
+import queue
 import signal
 import sys
 import threading
@@ -101,6 +102,10 @@ class ShipperConfig:
     server_public_key: Path | str | bytes | None = None  # the consolidator's .key (Z85)
     client_secret_file: Path | str | None = None  # this robot's .key_secret
     idle_poll_s: float = 0.02
+    # Called with a BUNDLE_PUSH body (dict) on the shipper's thread, never on the tick;
+    # e.g. ``BundleReceiver.handle_push``. When set, the shipper says HELLO on every
+    # connect so the consolidator knows where to push before any experience is shipped.
+    on_bundle_push: Callable[[dict], object] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         positive = ("spool_max_bytes", "queue_size", "batch_size", "max_inflight",
@@ -141,6 +146,7 @@ class _Stats:
     bad_replies: int = 0
     disconnects: int = 0
     errors: int = 0
+    bundle_pushes: int = 0
 
 
 class ExperienceShipper:
@@ -385,6 +391,15 @@ class _ShipLoop:
                 continue
             if frame.kind is Kind.ACK:
                 self.on_ack(frame.body)
+            elif frame.kind is Kind.BUNDLE_PUSH and self.cfg.on_bundle_push is not None:
+                self.stats.bundle_pushes += 1
+                try:
+                    self.cfg.on_bundle_push(frame.body)
+                except Exception:  # a consumer bug must not stop shipping
+                    self.stats.errors += 1
+                    log.exception("on_bundle_push callback failed")
+            elif frame.kind is Kind.HELLO:
+                pass  # the server's answer to our HELLO: it knows us now
             elif frame.kind is Kind.REFUSED:
                 self.stats.refused += 1
                 log.error("consolidator REFUSED our frame: %s", frame.body["reason"])
@@ -421,6 +436,11 @@ class _ShipLoop:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.owner._connected = True
                 log.info("connected to consolidator %s", self.cfg.endpoint)
+                if self.cfg.on_bundle_push is not None:
+                    try:
+                        self.socket.send(protocol.hello(self.cfg.robot_id), zmq.NOBLOCK)
+                    except zmq.ZMQError:  # the next batch introduces us instead
+                        pass
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.stats.auth_failures += 1
                 self.owner._connected = False
@@ -511,6 +531,7 @@ class ReceiverStats:
     refused_frames: int = 0
     store_errors: int = 0
     auth_refused: int = 0
+    bundle_pushes: int = 0  # BUNDLE_PUSH frames sent (one per robot connection)
 
 
 class ExperienceReceiver:
@@ -524,6 +545,10 @@ class ExperienceReceiver:
         self._allow = None
         self._domain = f"thinkmem-{id(self):x}"
         self._bad_log = _RateLimitedLog(100)
+        # robot connections seen (identity -> robot_id), newest last; pushes go to these
+        self._peers: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._latest_push: bytes | None = None
         self._socket = self._bind()
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("receiver bound to %s (CURVE %s), store %s", self.endpoint,
@@ -541,6 +566,27 @@ class ExperienceReceiver:
         if errors:
             raise TransportError(f"receiver failed to start: {errors[0]}") from errors[0]
         return self
+
+    def push_bundle(self, frame: bytes, timeout_s: float = 10.0) -> int:
+        """Send a BUNDLE_PUSH frame to every robot connection seen; returns how many.
+
+        The socket belongs to the serving thread, so the frame is handed to it and this
+        waits (at most ``timeout_s``) until it went out. Robots that connect later get the
+        latest pushed frame on first contact, so one that was offline still catches up.
+        """
+        if self._thread is None or not self._thread.is_alive():
+            raise TransportError("push_bundle needs a started receiver")
+        done: list[int] = []
+        sent = threading.Event()
+        self._outbox.put((frame, done, sent))
+        if not sent.wait(timeout_s):
+            raise TransportError(f"bundle push not sent within {timeout_s} s")
+        return done[0]
+
+    @property
+    def peers(self) -> dict[bytes, str]:
+        """Robot connections seen so far (ZeroMQ identity -> robot id)."""
+        return dict(self._peers)
 
     def serve_forever(self) -> None:
         """Serve on the calling thread until ``stop()`` (e.g. from a SIGTERM handler)."""
@@ -620,6 +666,7 @@ class ExperienceReceiver:
         socket = self._socket
         poll_ms = int(self.config.poll_s * 1000)
         while not self._stop.is_set():
+            self._send_pushes()
             if not socket.poll(poll_ms, zmq.POLLIN):
                 continue
             for _ in range(64):
@@ -630,6 +677,37 @@ class ExperienceReceiver:
                 self._handle(store, parts)
             if self._allow is not None:
                 self.stats.auth_refused = self._allow.denied
+
+    def _send_pushes(self) -> None:
+        while True:
+            try:
+                frame, done, sent = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            self._latest_push = frame
+            count = sum(self._push_to(identity, frame) for identity in list(self._peers))
+            log.info("pushed a bundle (%d bytes) to %d robot connections", len(frame), count)
+            done.append(count)
+            sent.set()
+
+    def _push_to(self, identity: bytes, frame: bytes) -> bool:
+        try:
+            self._socket.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # peer gone: forget it; it gets the bundle when back
+            log.debug("bundle push to a peer failed: %s", exc)
+            self._peers.pop(identity, None)
+            return False
+        self.stats.bundle_pushes += 1
+        return True
+
+    def _seen(self, identity: bytes, robot_id: str) -> None:
+        new = identity not in self._peers
+        self._peers[identity] = robot_id
+        self._peers.move_to_end(identity)
+        while len(self._peers) > 4096:
+            self._peers.popitem(last=False)
+        if new and self._latest_push is not None:
+            self._push_to(identity, self._latest_push)
 
     def _handle(self, store: ExperienceStore, parts: list[bytes]) -> None:
         self.stats.frames += 1
@@ -649,8 +727,12 @@ class ExperienceReceiver:
                 self._reply(identity, protocol.refused(str(exc)))
             return
         if frame.kind is Kind.EXPERIENCE_BATCH:
+            self._seen(identity, frame.body["robot_id"])
             self._on_batch(store, identity, frame.body)
         elif frame.kind is Kind.HELLO:
+            robot_id = frame.body.get("robot_id")
+            if isinstance(robot_id, str):
+                self._seen(identity, robot_id)
             self._reply(identity, protocol.encode_frame(Kind.HELLO, {"server": self.config.name}))
         else:
             self.stats.refused_frames += 1
