@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOMAIN = str(random.randint(1, 200))
 RATE = 10.0
 FRAMES = 20  # 2 s of stream
-DISCOVERY_S = 3.0  # --delay that lets DDS match the player with our subscriber
+WAIT = ("--wait-for-subscribers", "30", "--delay", "0.3")  # nothing lost to discovery
 
 
 def _env() -> dict[str, str]:
@@ -95,13 +95,13 @@ def _temperature_topic() -> str:
 
 
 def _record_play(ros, bag: Path, *args: str, extra: dict[str, type] | None = None):
-    from sensor_msgs.msg import Temperature
-    from std_msgs.msg import String
+    from thinkmem_ros.bag import bag_info
+    from thinkmem_ros.msg_fields import message_class
 
-    topics = {_temperature_topic(): Temperature, GROUND_TRUTH_TOPIC: String, **(extra or {})}
-    recorder = Recorder(ros, topics)
+    topics = {t: message_class(kind) for t, (kind, _) in bag_info(bag).topics.items()}
+    recorder = Recorder(ros, {**topics, **(extra or {})})
     try:
-        done = _play(str(bag), "--delay", str(DISCOVERY_S), *args)
+        done = _play(str(bag), *WAIT, *args)
         time.sleep(0.3)  # last messages in flight
     finally:
         recorder.close()

@@ -30,6 +30,7 @@ class PlayConfig:
     topics: tuple[str, ...] | None = None  # None = every topic in the bag
     start_offset_s: float = 0.0
     delay_s: float = 0.0
+    wait_for_subscribers_s: float = 0.0  # wait up to this long for every topic to be heard
     qos_depth: int = 100
 
     def __post_init__(self) -> None:
@@ -42,6 +43,9 @@ class PlayConfig:
             raise ValueError(f"start_offset_s must be >= 0, got {self.start_offset_s}")
         if not (math.isfinite(self.delay_s) and self.delay_s >= 0):
             raise ValueError(f"delay_s must be >= 0, got {self.delay_s}")
+        if not (math.isfinite(self.wait_for_subscribers_s) and self.wait_for_subscribers_s >= 0):
+            raise ValueError("wait_for_subscribers_s must be >= 0, got "
+                             f"{self.wait_for_subscribers_s}")
         if self.qos_depth < 1:
             raise ValueError(f"qos_depth must be >= 1, got {self.qos_depth}")
         if self.topics is not None and not self.topics:
@@ -107,16 +111,21 @@ class BagPlayer:
             self._clock_pub = node.create_publisher(Clock, "/clock", qos)
         self.stats = PlayStats(per_topic={topic: 0 for topic in types})
 
-    def wait_for_subscribers(self, topics: Sequence[str], timeout_s: float) -> bool:
+    def wait_for_subscribers(self, topics: Sequence[str] | None, timeout_s: float) -> bool:
         """Block until each of ``topics`` has a matched subscriber; False on timeout or stop.
 
         Messages published before DDS matched a subscriber are lost, so a demo waits here.
+        ``None`` waits for every played topic (and /clock when it is published).
         """
-        missing = [t for t in topics if t not in self._publishers]
+        publishers = dict(self._publishers)
+        if self._clock_pub is not None:
+            publishers["/clock"] = self._clock_pub
+        topics = list(publishers) if topics is None else list(topics)
+        missing = [t for t in topics if t not in publishers]
         if missing:
             raise BagError(f"cannot wait for {missing}: not among the played topics")
         deadline = time.monotonic() + timeout_s
-        while not all(self._publishers[t].get_subscription_count() > 0 for t in topics):
+        while not all(publishers[t].get_subscription_count() > 0 for t in topics):
             if time.monotonic() > deadline or self._stop.wait(0.05):
                 return False
         return True
@@ -163,7 +172,12 @@ class BagPlayer:
         return True
 
     def play(self) -> PlayStats:
-        """Wait ``delay_s``, then play (repeatedly with ``loop``) until done or stopped."""
+        """Wait for subscribers and ``delay_s``, then play (``loop``: again) until done."""
+        wait_s = self._config.wait_for_subscribers_s
+        if wait_s and not self.wait_for_subscribers(None, wait_s) and not self._stop.is_set():
+            idle = sorted(t for t, p in self._publishers.items()
+                          if p.get_subscription_count() == 0)
+            LOG.warning("no subscriber after %.1f s on %s; playing anyway", wait_s, idle)
         if self._config.delay_s and self._stop.wait(self._config.delay_s):
             self.stats.stopped = True
             return self.stats
@@ -177,6 +191,15 @@ class BagPlayer:
             if not self._config.loop:
                 break
         return self.stats
+
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait until reliable subscribers acknowledged everything, so exiting loses nothing."""
+        from rclpy.duration import Duration
+
+        deadline = time.monotonic() + timeout_s
+        pubs = [*self._publishers.values(), *([self._clock_pub] if self._clock_pub else [])]
+        return all(pub.wait_for_all_acked(Duration(seconds=max(0.0, deadline - time.monotonic())))
+                   for pub in pubs)
 
     def destroy(self) -> None:
         """Release the publishers (the node stays the caller's)."""
@@ -198,7 +221,10 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
         node = rclpy.create_node(node_name)
         player = BagPlayer(node, messages, config)
         try:
-            return player.play()
+            stats = player.play()
+            if not player.flush():
+                LOG.warning("some messages were not acknowledged before exit")
+            return stats
         except (KeyboardInterrupt, ExternalShutdownException):
             player.stop()
             player.stats.stopped = True

@@ -93,6 +93,9 @@ class PlayVerb:
                             help="skip this many seconds from the start of the bag")
         parser.add_argument("--delay", type=non_negative_float, default=0.0,
                             help="wait this many seconds before publishing")
+        parser.add_argument("--wait-for-subscribers", type=non_negative_float, default=0.0,
+                            metavar="S", help="first wait up to S seconds until every played "
+                            "topic has a subscriber (nothing lost to discovery)")
 
     def main(self, args: argparse.Namespace) -> int:
         """Play and report how many messages went out."""
@@ -100,7 +103,8 @@ class PlayVerb:
 
         config = PlayConfig(rate=args.rate, loop=args.loop, clock_hz=args.clock,
                             topics=tuple(args.topics) if args.topics else None,
-                            start_offset_s=args.start_offset, delay_s=args.delay)
+                            start_offset_s=args.start_offset, delay_s=args.delay,
+                            wait_for_subscribers_s=args.wait_for_subscribers)
         stats = play_bag(Path(args.bag), config)
         state = "stopped" if stats.stopped else "done"
         print(f"{state}: published {stats.published} messages in {stats.loops} pass(es), "
