@@ -45,10 +45,10 @@ def method_bars(report: dict, path: str | Path, title: str) -> None:
         if name == "F1":
             ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
     ax.set_xticks(range(len(methods)), [LABELS.get(m, m) for m in methods], rotation=15)
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.25)
     ax.set_ylabel("score (mean ± std over seeds)")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", ncol=3, fontsize=8)
     _save(fig, path)
 
 
