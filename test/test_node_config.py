@@ -4,8 +4,14 @@ import pytest
 import yaml
 
 from thinkmem_ros.msg_fields import FieldError, FieldPath, canonical_type, extract_stamp
-from thinkmem_ros.node_config import (DEFAULT_SIGNAL_MAP, PARAMETERS, NodeConfig, SignalSource,
-                                      parse_thresholds, signal_params)
+from thinkmem_ros.node_config import (
+    DEFAULT_SIGNAL_MAP,
+    PARAMETERS,
+    NodeConfig,
+    SignalSource,
+    parse_thresholds,
+    signal_params,
+)
 from thinkmem_ros.vocabulary import SIGNALS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +105,8 @@ def test_field_paths_reach_nested_numbers_and_stamps():
     pose = PoseStamped()
     pose.pose.position.y = 2.5
     pose.header.stamp.sec, pose.header.stamp.nanosec = 3, 500_000_000
-    assert FieldPath.compile("geometry_msgs/msg/PoseStamped", "pose.position.y").extract(pose) == 2.5
+    y = FieldPath.compile("geometry_msgs/msg/PoseStamped", "pose.position.y")
+    assert y.extract(pose) == 2.5
     assert extract_stamp(pose) == 3.5
     assert extract_stamp(Temperature()) is None  # unset stamp means 'no stamp'
     arr = FieldPath.compile("std_msgs/msg/Float32MultiArray", "data.1")

@@ -71,7 +71,8 @@ def test_duplicate_and_out_of_order_stamps_never_move_the_window_back():
     frame = buf.assemble(now=0.5)
     assert frame.signals[-1, 0] == 4.0 and frame.inputs_stamp == 11.0
     counters = buf.snapshot()
-    assert (counters.duplicate["a"], counters.out_of_order["a"], counters.accepted["a"]) == (1, 1, 2)
+    counts = (counters.duplicate["a"], counters.out_of_order["a"], counters.accepted["a"])
+    assert counts == (1, 1, 2)
 
 
 def test_unstamped_samples_follow_arrival_order():

@@ -40,13 +40,14 @@ class FrameResult:
 def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,
                   thresholds: np.ndarray) -> tuple[str, ...]:
     """Labels whose probability reaches its threshold (Ĝ_t = {g : P(g|s_t) >= tau_g})."""
-    return tuple(label for label, hit in zip(labels, probabilities >= thresholds) if hit)
+    hits = probabilities >= thresholds
+    return tuple(label for label, hit in zip(labels, hits, strict=True) if hit)
 
 
 def activation_record(result: FrameResult, robot_id: str) -> dict:
-    """The JSON object of one activation; probabilities rounded to 5 digits to stay small."""
+    """Build the JSON object of one activation; probabilities rounded to 5 digits."""
     probs = [round(float(p), 5) for p in result.probabilities]
-    by_label = dict(zip(result.labels, probs))
+    by_label = dict(zip(result.labels, probs, strict=True))
     return {
         "schema": SCHEMA,
         "robot_id": robot_id,

@@ -110,7 +110,7 @@ class PolicySlot:
             self._pending = policy
 
     def current(self) -> tuple[LoadedPolicy, bool]:
-        """The policy for this frame and whether it was just swapped in."""
+        """Return the policy for this frame and whether it was just swapped in."""
         with self._lock:
             if self._pending is None:
                 return self._current, False
@@ -119,7 +119,7 @@ class PolicySlot:
             return self._current, True
 
     def peek(self) -> LoadedPolicy:
-        """The policy the next frame will use (pending if any), without swapping."""
+        """Return the policy the next frame will use (pending if any), without swapping."""
         with self._lock:
             return self._pending or self._current
 

@@ -12,7 +12,7 @@ import importlib
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 _TYPE_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)/(?:msg/)?([A-Z][A-Za-z0-9]*)$")
@@ -33,7 +33,7 @@ def canonical_type(name: str) -> str:
     return f"{match.group(1)}/msg/{match.group(2)}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def message_class(name: str) -> type:
     """Import the Python class of message type ``name``; ValueError naming it if unknown."""
     canonical = canonical_type(name)
@@ -73,7 +73,7 @@ class FieldPath:
     segments: tuple[str | int, ...]
 
     @classmethod
-    def compile(cls, msg_type: str, path: str) -> "FieldPath":
+    def compile(cls, msg_type: str, path: str) -> FieldPath:
         """Check ``path`` against a default instance of ``msg_type`` and return the getter."""
         msg_cls = message_class(msg_type)
         segments = _segments(path)
@@ -100,7 +100,7 @@ class FieldPath:
         return cls(msg_type=canonical_type(msg_type), path=path, segments=segments)
 
     def extract(self, msg: Any) -> float:
-        """The number at this path; FieldError when the message does not hold one there."""
+        """Return the number at this path; FieldError when the message holds none there."""
         value = msg
         try:
             for seg in self.segments:
@@ -121,5 +121,5 @@ def extract_stamp(msg: Any) -> float | None:
 
 
 def is_finite(value: float) -> bool:
-    """True for ordinary numbers: NaN and +-inf never enter a window."""
+    """Tell ordinary numbers from NaN and +-inf, which never enter a window."""
     return math.isfinite(value)

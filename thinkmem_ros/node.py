@@ -4,10 +4,14 @@ A thin rclpy shell around plain-Python parts (``situation``, ``node_config``,
 ``activation``, ``diagnostics``, ``hotswap``): it subscribes, stamps and hands samples to
 the ``SituationBuffer``, assembles frames on a timer (``frame_trigger: timer``, the fixed
 frame rate the policy was trained at) or as soon as every fresh signal has a new sample
-(``frame_trigger: samples``, lowest latency), runs one inference per frame on a dedicated
-thread so subscription callbacks stay responsive, and publishes the activation, the
-probabilities and 1 Hz diagnostics. Nothing on the frame path touches disk or network:
-bundle loading happens on the hot-swap thread, the stats file is written at shutdown.
+(``frame_trigger: samples``, lowest latency), runs one inference per frame and publishes
+the activation, the probabilities and 1 Hz diagnostics. With the timer, inference runs on
+a dedicated thread so subscription callbacks stay responsive; with the sample trigger it
+runs inline in the callback of the frame's last sample, because a hand-off to another
+Python thread costs a GIL switch (up to milliseconds under load) on the latency path, and
+the callbacks it delays wait at most one inference (about 1 ms). Nothing on the frame path
+touches disk or network: bundle loading happens on the hot-swap thread, the stats file is
+written at shutdown.
 
 Latency, as reported: from the ``perf_counter`` reading taken on entry to the callback of
 the newest sample used by a frame to the return of the activation ``publish()``.
@@ -27,22 +31,34 @@ from pathlib import Path
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
-                                SetParametersResult)
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    SetParametersResult,
+)
 from rclpy.exceptions import ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.parameter import Parameter
-from rclpy.qos import (HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data)
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
 
-from .activation import FrameResult, active_labels, activation_json, probabilities_layout
+from .activation import FrameResult, activation_json, active_labels, probabilities_layout
 from .bundle import BundleError, read_manifest
 from .diagnostics import HealthSnapshot, build_status
 from .hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy, resolve_bundle_path
 from .msg_fields import FieldError, FieldPath, extract_stamp, message_class
-from .node_config import (ACTIVATION_TOPIC, DIAGNOSTICS_TOPIC, NODE_NAME, PARAMETERS,
-                          PROBABILITIES_TOPIC, NodeConfig, ParamSpec, signal_params)
+from .node_config import (
+    ACTIVATION_TOPIC,
+    DIAGNOSTICS_TOPIC,
+    NODE_NAME,
+    PARAMETERS,
+    PROBABILITIES_TOPIC,
+    NodeConfig,
+    ParamSpec,
+    signal_params,
+)
 from .situation import BufferConfig, Frame, SituationBuffer, Verdict
 
 FrameListener = Callable[[FrameResult], None]
@@ -65,7 +81,7 @@ class _Mailbox:
             return skipped
 
     def take(self, timeout: float) -> Frame | None:
-        """The pending frame, waiting at most ``timeout`` seconds."""
+        """Return the pending frame, waiting at most ``timeout`` seconds."""
         with self._cond:
             if self._frame is None and not self.closed:
                 self._cond.wait(timeout)
@@ -86,22 +102,23 @@ class _Stats:
         self.lock = threading.Lock()
         self.inference_us: deque[float] = deque(maxlen=2000)
         self.latency_us: deque[float] = deque(maxlen=2000)
-        self.all_latency_us: list[float] | None = [] if keep_all else None
+        # per published frame, kept only for a stats file: (inputs_stamp, latency_us)
+        self.all_latency_us: list[tuple] | None = [] if keep_all else None
         self.all_inference_us: list[float] | None = [] if keep_all else None
         self.published = 0
         self.frames_skipped = 0
         self.inference_errors = 0
 
-    def record(self, inference_us: float, latency_us: float | None) -> None:
+    def record(self, inference_us: float, latency_us: float | None,
+               inputs_stamp: float | None) -> None:
         with self.lock:
             self.published += 1
             self.inference_us.append(inference_us)
-            if self.all_inference_us is not None:
-                self.all_inference_us.append(inference_us)
             if latency_us is not None:
                 self.latency_us.append(latency_us)
-                if self.all_latency_us is not None and len(self.all_latency_us) < 2_000_000:
-                    self.all_latency_us.append(latency_us)
+            if self.all_latency_us is not None and len(self.all_latency_us) < 2_000_000:
+                self.all_inference_us.append(inference_us)
+                self.all_latency_us.append((inputs_stamp, latency_us))
 
 
 def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
@@ -155,8 +172,9 @@ class ThinkingNode(Node):
         self._last_diag = (self._started, self._totals())
         self._last_frame_at = -1.0
 
-        self._act_pub = self.create_publisher(String, ACTIVATION_TOPIC, 10)
-        self._prob_pub = self.create_publisher(Float32MultiArray, PROBABILITIES_TOPIC, 10)
+        # Deep enough that a subscriber scheduled late (loaded CPU) still gets every frame.
+        self._act_pub = self.create_publisher(String, ACTIVATION_TOPIC, 100)
+        self._prob_pub = self.create_publisher(Float32MultiArray, PROBABILITIES_TOPIC, 100)
         self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
         self._subscribe(policy)
 
@@ -249,7 +267,10 @@ class ThinkingNode(Node):
 
     def _emit(self, now: float) -> None:
         self._last_frame_at = now
-        if self._mailbox.put(self.buffer.assemble(now)):
+        if self.config.frame_trigger == "samples":
+            # Lowest latency: no thread hand-off; callbacks wait at most one inference.
+            self._infer(self.buffer.assemble(now))
+        elif self._mailbox.put(self.buffer.assemble(now)):
             with self._stats.lock:
                 self._stats.frames_skipped += 1
 
@@ -292,7 +313,7 @@ class ThinkingNode(Node):
         latency = (None if frame.last_arrival is None
                    else (time.perf_counter() - frame.last_arrival) * 1e6)
         self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
-        self._stats.record(inference_us, latency)
+        self._stats.record(inference_us, latency, frame.inputs_stamp)
         for listener in list(self.frame_listeners):
             try:
                 listener(result)
@@ -366,7 +387,8 @@ class ThinkingNode(Node):
             elapsed_s=now - last_at, uptime_s=now - self._started, totals=totals,
             previous=previous, inference_us=inference, latency_us=latency,
             signals=self.buffer.signals,
-            stale=tuple(s for s, ok in zip(self.buffer.signals, fresh) if not ok),
+            stale=tuple(s for s, ok in zip(self.buffer.signals, fresh, strict=True)
+                        if not ok),
             type_mismatch=self.type_mismatches(), bundle_version=policy.version,
             bundle_sha256=policy.sha256, bundle_path=str(policy.path),
             bundle_error=self._bundle_error, bundle_swaps=self._slot.swaps)
@@ -386,7 +408,7 @@ class ThinkingNode(Node):
     def write_stats(self, path: str | Path) -> None:
         """Latency/inference samples and counters as JSON (called at shutdown, off the tick)."""
         with self._stats.lock:
-            data = {"latency_us": list(self._stats.all_latency_us or []),
+            data = {"frames": [[stamp, lat] for stamp, lat in self._stats.all_latency_us or []],
                     "inference_us": list(self._stats.all_inference_us or []),
                     "published": self._stats.published}
         data["totals"] = self._totals()

@@ -34,7 +34,7 @@ class SignalSource:
     msg_type: str
     field: str
 
-    def validated(self, name: str) -> "SignalSource":
+    def validated(self, name: str) -> SignalSource:
         """Canonical copy, or ValueError naming ``signals.<name>.<key>``."""
         if not self.topic or " " in self.topic:
             raise ValueError(f"signals.{name}.topic must be a topic name, got {self.topic!r}")
@@ -104,7 +104,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
 
 
 def signal_params(name: str) -> tuple[ParamSpec, ...]:
-    """The three parameters of signal ``name`` with defaults from DEFAULT_SIGNAL_MAP."""
+    """Return the three parameters of signal ``name`` (defaults from DEFAULT_SIGNAL_MAP)."""
     src = DEFAULT_SIGNAL_MAP.get(name, _float32(name))
     prefix = f"signals.{name}"
     return (ParamSpec(f"{prefix}.topic", src.topic, f"topic carrying {name}"),
@@ -178,7 +178,7 @@ class NodeConfig:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
 
     @classmethod
-    def from_parameters(cls, values: Mapping[str, Any], signals: tuple[str, ...]) -> "NodeConfig":
+    def from_parameters(cls, values: Mapping[str, Any], signals: tuple[str, ...]) -> NodeConfig:
         """Copy flat ROS parameter values (``signals.<name>.topic`` ...) into a NodeConfig."""
         plain = {spec.name: values.get(spec.name, spec.default) for spec in PARAMETERS}
         plain["thresholds"] = parse_thresholds(plain["thresholds"])
@@ -190,7 +190,7 @@ class NodeConfig:
         return cls(**plain, signal_map=signal_map)
 
     def effective_rate(self, bundle_rate_hz: float) -> float:
-        """Configured frame rate, or the bundle's when left at 0."""
+        """Return the configured frame rate, or the bundle's when left at 0."""
         return self.frame_rate_hz if self.frame_rate_hz > 0 else float(bundle_rate_hz)
 
 

@@ -94,7 +94,7 @@ class BufferCounters:
     unknown_events: int = 0
     frames: int = 0
 
-    def copy(self) -> "BufferCounters":
+    def copy(self) -> BufferCounters:
         """Independent snapshot for a reader on another thread."""
         return BufferCounters(dict(self.accepted), dict(self.invalid), dict(self.duplicate),
                               dict(self.out_of_order), dict(self.stale_frames),
@@ -197,7 +197,7 @@ class SituationBuffer:
             self._ring_mask[row] = fresh.astype(np.float32)
             self._head = (row + 1) % cfg.window
             order = np.r_[self._head:cfg.window, 0:self._head]
-            stale = tuple(s for s, ok in zip(cfg.signals, fresh) if not ok)
+            stale = tuple(s for s, ok in zip(cfg.signals, fresh, strict=True) if not ok)
             for name in stale:
                 self.counters.stale_frames[name] += 1
             arrivals = self._arrival[fresh & self._updated]
