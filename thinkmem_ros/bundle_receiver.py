@@ -1,0 +1,269 @@
+"""Robot side of the model push: accept a pushed bundle only when it is verified and newer.
+
+The consolidator pushes ``BUNDLE_PUSH`` frames (``protocol.bundle_push``) over the
+shipper's connection. Whatever arrives is untrusted: a push is installed only when
+
+1. the body has exactly the expected fields and types and fits ``max_bytes``;
+2. it is signed (an empty signature is refused as *unsigned*);
+3. the Ed25519 signature over ``bundle.json`` verifies with the configured public key;
+4. the ONNX bytes hash to the sha256 the signed manifest names;
+5. the signed ``model_version`` equals the frame's and is strictly higher than the version
+   running (no rollback, no replay); an exact replay of the running bundle is ignored.
+
+Files are staged in a hidden folder under ``bundles_dir``, verified there, then renamed to
+``bundles_dir/v<version>`` and the ``current`` link is swapped with ``os.replace``, so a
+crash never leaves a half-written bundle under a visible name. Only then is the
+``on_install`` callback (the node's hot-swap) handed the folder. Every refusal is logged
+with its reason and counted (``stats()`` for ``/diagnostics``); the running bundle is
+never touched by a refused push. No torch here: this runs on the robot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
+from .security import SIGNATURE_FILE, SignatureError, load_verify_key, verify_signed_bundle
+
+log = logging.getLogger(__name__)
+
+CURRENT_LINK = "current"
+_VERSION_DIR = re.compile(r"v(\d{6,})")
+_FIELDS = {"version": int, "manifest": bytes, "onnx": bytes, "signature": bytes}
+REJECT_REASONS = ("malformed", "unsigned", "signature", "hash", "version", "install")
+"""Counter names of the refusal kinds (``rejected_<reason>`` in ``stats()``)."""
+
+
+class PushRejected(Exception):
+    """A pushed bundle was refused; ``kind`` is one of ``REJECT_REASONS``."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+@dataclass
+class BundleReceiverConfig:
+    """Where verified bundles go and whose signature they need."""
+
+    bundles_dir: Path | str
+    public_key: Path | str | bytes  # the consolidator's Ed25519 ``.sign.pub`` (or raw/hex)
+    current_version: int = 0  # version the node runs now (its shipped bundle's)
+    current_sha256: str = ""
+    keep: int = 3  # installed versions kept on disk (older ones pruned)
+    max_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        self.bundles_dir = Path(self.bundles_dir)
+        if isinstance(self.current_version, bool) or not isinstance(self.current_version, int) \
+                or self.current_version < 0:
+            raise ValueError(f"BundleReceiverConfig.current_version must be an int >= 0, "
+                             f"got {self.current_version!r}")
+        if self.keep < 1:
+            raise ValueError(f"BundleReceiverConfig.keep must be >= 1, got {self.keep}")
+        if self.max_bytes <= 0:
+            raise ValueError(f"BundleReceiverConfig.max_bytes must be > 0, got {self.max_bytes}")
+        self.verify_key = load_verify_key(self.public_key)  # fail at startup, not at push
+
+
+@dataclass
+class _Counters:
+    pushes: int = 0
+    accepted: int = 0
+    replayed: int = 0
+    callback_errors: int = 0
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+
+
+class BundleReceiver:
+    """Verifies and installs pushed bundles; plug ``handle_push`` into the shipper.
+
+    Usage on the robot::
+
+        receiver = BundleReceiver(BundleReceiverConfig(dir, pub_key, current_version=v),
+                                  on_install=hot_swapper.request)   # gets the folder Path
+        ShipperConfig(..., on_bundle_push=receiver.handle_push)
+        receiver.stats()   # counters and the last refusal reason for /diagnostics
+    """
+
+    def __init__(self, config: BundleReceiverConfig,
+                 on_install: Callable[[Path], object] | None = None) -> None:
+        self.config = config
+        self.on_install = on_install
+        self._lock = threading.Lock()
+        self._counters = _Counters()
+        self.last_reason = ""
+        self.bundles_dir: Path = config.bundles_dir
+        self.bundles_dir.mkdir(parents=True, exist_ok=True)
+        self._clean_staging()
+        self.version = config.current_version
+        self.sha256 = config.current_sha256
+        installed = self.installed()
+        if installed is not None:  # survive restarts: never accept below what we installed
+            manifest = load_bundle(installed).manifest
+            if manifest.model_version > self.version:
+                self.version, self.sha256 = manifest.model_version, manifest.sha256
+
+    # ---- API
+    def installed(self) -> Path | None:
+        """The last bundle this receiver installed (``bundles_dir/current``), or None."""
+        link = self.bundles_dir / CURRENT_LINK
+        if not link.exists():
+            return None
+        try:
+            return load_bundle(link.resolve()).path
+        except BundleError as exc:
+            log.error("installed bundle %s is unreadable: %s", link, exc)
+            return None
+
+    def set_running(self, version: int, sha256: str = "") -> None:
+        """Tell the receiver what the node runs (e.g. after a manual bundle change)."""
+        with self._lock:
+            self.version, self.sha256 = version, sha256
+
+    def handle_push(self, body: dict) -> Path | None:
+        """Verify and install one BUNDLE_PUSH body; returns the installed folder or None."""
+        with self._lock:
+            self._counters.pushes += 1
+            try:
+                path = self._install(body)
+            except PushRejected as exc:
+                self._counters.rejected[exc.kind] += 1
+                self.last_reason = f"{exc.kind}: {exc}"
+                log.warning("REFUSED pushed bundle (%s): %s; keeping v%d", exc.kind, exc,
+                            self.version)
+                return None
+            if path is None:
+                return None
+            self._counters.accepted += 1
+        log.info("installed pushed bundle v%d at %s", self.version, path)
+        if self.on_install is not None:
+            try:
+                self.on_install(path)
+            except Exception:  # the node's swap failing must not break the shipper thread
+                self._counters.callback_errors += 1
+                log.exception("on_install callback failed for %s", path)
+        return path
+
+    def stats(self) -> dict[str, int | str]:
+        """Counters for ``/diagnostics``: pushes, accepted, replayed, rejected_<reason>."""
+        c = self._counters
+        out: dict[str, int | str] = {"pushes": c.pushes, "accepted": c.accepted,
+                                     "replayed": c.replayed,
+                                     "callback_errors": c.callback_errors,
+                                     "running_version": self.version,
+                                     "last_reason": self.last_reason}
+        out.update({f"rejected_{k}": v for k, v in c.rejected.items()})
+        return out
+
+    # ---- steps
+    def _install(self, body: dict) -> Path | None:
+        version, manifest, onnx, signature = _check_body(body, self.config.max_bytes)
+        if not signature:
+            raise PushRejected("unsigned", f"bundle v{version} carries no signature")
+        sha = hashlib.sha256(onnx).hexdigest()
+        if version == self.version and sha == self.sha256:
+            self._counters.replayed += 1
+            self.last_reason = f"replay: v{version} is already running"
+            log.info("ignored a replay of the running bundle v%d", version)
+            return None
+        if version <= self.version:  # cheap check first; re-checked on the signed manifest
+            raise PushRejected("version", f"v{version} is not newer than the running "
+                                          f"v{self.version} (rollback/replay)")
+        staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=self.bundles_dir))
+        try:
+            for name, data in ((MANIFEST, manifest), (ONNX_FILE, onnx),
+                               (SIGNATURE_FILE, signature)):
+                _write_synced(staging / name, data)
+            bundle = _verify(staging, self.config.verify_key)
+            signed = bundle.manifest.model_version
+            if signed != version:
+                raise PushRejected("version", f"frame says v{version} but the signed "
+                                              f"manifest says v{signed}")
+            target = self._publish(staging, version)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        self.version, self.sha256 = version, bundle.manifest.sha256
+        self._prune()
+        return target
+
+    def _publish(self, staging: Path, version: int) -> Path:
+        target = self.bundles_dir / f"v{version:06d}"
+        try:
+            if target.exists():  # left by a crash before the link moved: replace it
+                shutil.rmtree(target)
+            staging.rename(target)
+            _fsync_dir(self.bundles_dir)
+            link_tmp = self.bundles_dir / f".{CURRENT_LINK}.tmp"
+            if link_tmp.is_symlink() or link_tmp.exists():
+                link_tmp.unlink()
+            os.symlink(target.name, link_tmp)
+            os.replace(link_tmp, self.bundles_dir / CURRENT_LINK)
+            _fsync_dir(self.bundles_dir)
+        except OSError as exc:
+            raise PushRejected("install", f"cannot install v{version}: {exc}") from exc
+        return target
+
+    def _prune(self) -> None:
+        versions = sorted((int(m.group(1)), p) for p in self.bundles_dir.iterdir()
+                          if (m := _VERSION_DIR.fullmatch(p.name)) and p.is_dir())
+        for number, path in versions[:-self.config.keep]:
+            if number != self.version:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _clean_staging(self) -> None:
+        for path in self.bundles_dir.glob(".incoming-*"):  # a crash mid-push left these
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_body(body: object, max_bytes: int) -> tuple[int, bytes, bytes, bytes]:
+    if not isinstance(body, dict):
+        raise PushRejected("malformed", f"body is a {type(body).__name__}, not a map")
+    if set(body) != set(_FIELDS):
+        raise PushRejected("malformed", f"fields {sorted(map(str, body))}, expected "
+                                        f"{sorted(_FIELDS)}")
+    for name, kind in _FIELDS.items():
+        if type(body[name]) is not kind:
+            raise PushRejected("malformed", f"{name}: expected {kind.__name__}, got "
+                                            f"{type(body[name]).__name__}")
+    size = sum(len(body[n]) for n in ("manifest", "onnx", "signature"))
+    if size > max_bytes:
+        raise PushRejected("malformed", f"{size} bytes exceed max_bytes {max_bytes}")
+    if body["version"] < 1:
+        raise PushRejected("malformed", f"version {body['version']} < 1")
+    return body["version"], body["manifest"], body["onnx"], body["signature"]
+
+
+def _verify(folder: Path, verify_key) -> object:
+    try:
+        return verify_signed_bundle(folder, verify_key)
+    except SignatureError as exc:
+        raise PushRejected("signature", str(exc)) from exc
+    except BundleError as exc:  # signature fine, but the ONNX bytes are not the signed ones
+        kind = "hash" if "sha256" in str(exc) else "malformed"
+        raise PushRejected(kind, str(exc)) from exc
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,169 @@
+"""Versioned, signed publication of gated bundles, with a history, and the push frame.
+
+Layout under ``PublishConfig.root``::
+
+    history/v000002/{bundle.json, policy.onnx, bundle.sig}   one folder per version
+    current -> history/v000002                                the published bundle
+
+A version is assembled and signed in a hidden staging folder next to ``history/v*``,
+fsynced, verified against the signing key's public half, and only then renamed into
+place; ``current`` is swapped with ``os.replace`` on a fresh symlink. A crash (even
+SIGKILL) therefore leaves either the old or the new version visible, never a half-written
+one; leftover staging folders are removed on the next start. Versions only grow: the
+next one is above both ``current`` and every folder in ``history`` (a version that was
+written but not yet linked is never reused for different bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nacl.signing
+
+from .. import protocol
+from ..bundle import MANIFEST, ONNX_FILE, Bundle, BundleError, load_bundle
+from ..security import SIGNATURE_FILE, load_signing_key, sign_bundle, verify_signed_bundle
+
+log = logging.getLogger(__name__)
+
+HISTORY = "history"
+CURRENT = "current"
+_VERSION_DIR = re.compile(r"v(\d{6,})")
+
+
+class PublishError(RuntimeError):
+    """A bundle cannot be published (wrong version, unreadable, signing failed)."""
+
+
+@dataclass
+class PublishConfig:
+    """Where publications live and which Ed25519 key signs them."""
+
+    root: Path | str
+    signing_key: Path | str | nacl.signing.SigningKey
+    keep_history: int = 20
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if self.keep_history < 1:
+            raise ValueError(f"PublishConfig.keep_history must be >= 1, got "
+                             f"{self.keep_history}")
+        if not isinstance(self.signing_key, nacl.signing.SigningKey):
+            self.signing_key = load_signing_key(self.signing_key)  # fail now, not at publish
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A published version: where it lies, its hash, and how many robots it was pushed to."""
+
+    version: int
+    path: Path
+    sha256: str
+    pushed_to: int | None
+
+
+class Publisher:
+    """Keeps ``root/current`` and ``root/history``; the initial bundle is version zero's base."""
+
+    def __init__(self, config: PublishConfig, initial_bundle: Path | str) -> None:
+        self.config = config
+        self.root: Path = config.root
+        self.history = self.root / HISTORY
+        self.history.mkdir(parents=True, exist_ok=True)
+        for stale in self.history.glob(".staging-*"):  # a crash mid-publication left these
+            shutil.rmtree(stale, ignore_errors=True)
+        self.initial = load_bundle(initial_bundle)
+        self.verify_key = config.signing_key.verify_key
+
+    def current(self) -> Bundle:
+        """The published bundle (verified), or the initial one before any publication."""
+        link = self.root / CURRENT
+        if link.is_symlink() or link.exists():
+            try:
+                return verify_signed_bundle(link.resolve(), self.verify_key)
+            except BundleError as exc:
+                raise PublishError(f"{link}: published bundle does not verify: {exc}") from exc
+        return self.initial
+
+    def versions(self) -> list[int]:
+        """Versions present in the history, ascending."""
+        return sorted(int(m.group(1)) for p in self.history.iterdir()
+                      if (m := _VERSION_DIR.fullmatch(p.name)) and p.is_dir())
+
+    def next_version(self) -> int:
+        """One above everything published or written so far."""
+        return max([self.current().version, *self.versions()]) + 1
+
+    def publish(self, staged: Bundle, push: Callable[[bytes], int] | None = None
+                ) -> Publication:
+        """Sign ``staged`` into ``history/v<version>``, point ``current`` at it, push it."""
+        version = staged.version
+        expected = self.next_version()
+        if version != expected:
+            raise PublishError(f"staged bundle is v{version}, the next version is v{expected}")
+        staged = load_bundle(staged.path)  # re-verify: the staging folder may have changed
+        target = self.history / f"v{version:06d}"
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.history))
+        try:
+            for name in (MANIFEST, ONNX_FILE):
+                shutil.copyfile(staged.path / name, staging / name)
+            sign_bundle(staging, self.config.signing_key)
+            for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE):
+                _fsync(staging / name)
+            verify_signed_bundle(staging, self.verify_key)
+            staging.rename(target)
+        except (OSError, BundleError) as exc:
+            raise PublishError(f"cannot publish v{version}: {exc}") from exc
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        _fsync_dir(self.history)
+        self._link(target)
+        self._prune()
+        log.info("published v%d (sha256 %s) at %s", version, staged.manifest.sha256[:12],
+                 target)
+        pushed = push(push_frame(target)) if push is not None else None
+        return Publication(version, target, staged.manifest.sha256, pushed)
+
+    def _link(self, target: Path) -> None:
+        tmp = self.root / f".{CURRENT}.tmp"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(os.path.relpath(target, self.root), tmp)
+        os.replace(tmp, self.root / CURRENT)
+        _fsync_dir(self.root)
+
+    def _prune(self) -> None:
+        current = self.current().version
+        for version in self.versions()[:-self.config.keep_history]:
+            if version != current:
+                shutil.rmtree(self.history / f"v{version:06d}", ignore_errors=True)
+
+
+def push_frame(folder: Path | str) -> bytes:
+    """The BUNDLE_PUSH frame for a published (signed) bundle folder."""
+    folder = Path(folder)
+    bundle = load_bundle(folder)
+    return protocol.bundle_push(bundle.version, (folder / MANIFEST).read_bytes(),
+                                (folder / ONNX_FILE).read_bytes(),
+                                (folder / SIGNATURE_FILE).read_bytes())
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,378 @@
+"""The consolidator service: receive, store, trigger, discover, retrain, gate, sign, push.
+
+One process wraps the pieces others built: ``ExperienceReceiver`` (ROUTER, commit before
+ACK) feeds ``ExperienceStore`` and, through its ``on_stored`` hook, the
+``ConsolidationTrigger``'s temporary buffer. When the trigger fires (period, buffer size,
+novelty, repeated failure) -- or when ``run_round()`` is called directly -- a round runs:
+
+1. read the store: every experience and each episode's event history;
+2. discovery over the episodes (``discovery.discover``), folded into the persistent
+   knowledge units (``knowledge.consolidate`` + ``KnowledgeStore``, same SQLite file);
+3. material D = D_dir U D_disc for the promoted units, warm-start retraining from the
+   published bundle, export of the candidate to ``<publish_dir>/staging``;
+4. the validation gate; on pass, signed publication as version current+1 and a push to
+   every robot connection the receiver has seen.
+
+Novelty score of a stored experience (for the trigger): 1.0 when its event history holds
+a code this process has not seen before, else 0.0.
+
+Shutdown: SIGTERM/SIGINT set a stop flag; a round in progress stops at its next step
+boundary (never between writing and linking a bundle: publication is atomic), the
+receiver finishes its batch and closes the store; exit status 0. Store commits are
+transactions and bundles are renamed into place, so even SIGKILL leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..experience import Experience
+from ..transport import ExperienceReceiver, ReceiverConfig
+from .discovery import DiscoveryConfig, EventLog, discover
+from .gate import GateConfig, GateReport
+from .knowledge import KnowledgeConfig, KnowledgeStore, consolidate
+from .retrain import NothingToTrain, RetrainConfig
+from .store import ExperienceStore
+from .trigger import ConsolidationTrigger, TriggerConfig
+
+log = logging.getLogger(__name__)
+
+
+class RoundAborted(RuntimeError):
+    """The service was asked to stop while a round was running; nothing was published."""
+
+
+@dataclass
+class ConsolidatorConfig:
+    """Everything the service needs; nested configs are validated by their own classes."""
+
+    db_path: Path | str = "consolidator.db"
+    publish_dir: Path | str = "consolidator_bundles"
+    signing_key: Path | str | None = None  # Ed25519 .sign.key from `thinkmem keys`
+    initial_bundle: Path | str = ""  # '' = the shipped models/default
+    bind: str = "tcp://127.0.0.1:5755"
+    curve: str = "auto"
+    server_secret_file: Path | str | None = None
+    allowed_clients: Path | str | None = None
+    max_frame_bytes: int = 8 * 1024 * 1024
+    check_s: float = 1.0  # how often the loop asks the trigger
+    partitions: int = 4  # temporal partitions of the episodes for discovery's stability test
+    seed: int = 0
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    discovery: DiscoveryConfig = field(default_factory=lambda: DiscoveryConfig(permutations=50))
+    knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+    def __post_init__(self) -> None:
+        self.db_path, self.publish_dir = Path(self.db_path), Path(self.publish_dir)
+        if self.signing_key is None:
+            raise ValueError("ConsolidatorConfig.signing_key is required: robots refuse "
+                             "unsigned bundles (create one with `thinkmem keys`)")
+        if not self.bind or "://" not in self.bind:
+            raise ValueError(f"ConsolidatorConfig.bind must look like tcp://host:port, "
+                             f"got {self.bind!r}")
+        if self.check_s <= 0:
+            raise ValueError(f"ConsolidatorConfig.check_s must be > 0, got {self.check_s}")
+        if self.partitions < 1:
+            raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
+                             f"{self.partitions}")
+        for name, kind in (("trigger", TriggerConfig), ("discovery", DiscoveryConfig),
+                           ("knowledge", KnowledgeConfig), ("retrain", RetrainConfig),
+                           ("gate", GateConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"ConsolidatorConfig.{name} must be a {kind.__name__}, got "
+                                 f"{type(getattr(self, name)).__name__}")
+
+
+@dataclass
+class RoundReport:
+    """What one round did; logged as one line and returned to callers (tests, demo)."""
+
+    reason: str
+    experiences: int = 0
+    episodes: int = 0
+    candidates: int = 0
+    accepted: int = 0
+    promoted: list[str] = field(default_factory=list)
+    material: dict = field(default_factory=dict)
+    gate: GateReport | None = None
+    published_version: int | None = None
+    pushed_to: int | None = None
+    outcome: str = ""
+    seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[int, tuple]]:
+    """Episodes' event histories as a discovery ``EventLog`` (time = position in history).
+
+    Episode ids are stable hashes of (robot, episode), so knowledge units keep meaningful
+    supporting-experience ids across rounds; partitions split episodes by first stamp.
+    """
+    from .direct import episode_key
+
+    histories = store.episode_events()
+    infos = sorted(store.episodes(), key=lambda i: (i.first_stamp, i.robot_id, i.episode_id))
+    n = len(infos)
+    episodes, names = [], {}
+    for rank, info in enumerate(infos):
+        key = episode_key(info.robot_id, info.episode_id)
+        names[key] = (info.robot_id, info.episode_id)
+        events = [(float(t), e) for t, e in
+                  enumerate(histories.get((info.robot_id, info.episode_id), []))]
+        episodes.append(_Episode(key, rank * partitions // max(n, 1), events))
+    return EventLog.from_episodes(episodes), names
+
+
+@dataclass
+class _Episode:
+    episode_id: int
+    partition: int
+    events: list[tuple[float, str]]
+
+
+class ConsolidatorService:
+    """The offboard consolidator; ``run_round()`` for one round, ``serve()`` for the loop."""
+
+    def __init__(self, config: ConsolidatorConfig) -> None:
+        from ..hotswap import resolve_bundle_path
+        from .publish import PublishConfig, Publisher
+
+        self.config = config
+        self.stop_event = threading.Event()
+        self.trigger = ConsolidationTrigger(config.trigger)
+        self._trigger_lock = threading.Lock()
+        self._seen_events: set[str] = set()
+        self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key),
+                                   resolve_bundle_path(config.initial_bundle))
+        self.receiver: ExperienceReceiver | None = None
+        self.rounds: list[RoundReport] = []
+
+    # ---- lifecycle
+    def start(self) -> ConsolidatorService:
+        """Bind the receiver and start ingesting on its thread."""
+        cfg = self.config
+        self.receiver = ExperienceReceiver(ReceiverConfig(
+            bind=cfg.bind, db_path=cfg.db_path, curve=cfg.curve,
+            server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
+            max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored)).start()
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint (with the real port when bound to ``:*``)."""
+        if self.receiver is None:
+            raise RuntimeError("service not started")
+        return self.receiver.endpoint
+
+    def stop(self) -> None:
+        """Ask the loop and any running round to stop; the receiver closes its store."""
+        self.stop_event.set()
+
+    def close(self) -> None:
+        """Stop and release the receiver (idempotent)."""
+        self.stop()
+        if self.receiver is not None:
+            self.receiver.stop()
+            self.receiver = None
+
+    def __enter__(self) -> ConsolidatorService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def serve(self) -> None:
+        """Run rounds whenever the trigger fires, until ``stop()`` (SIGTERM/SIGINT)."""
+        while not self.stop_event.wait(self.config.check_s):
+            with self._trigger_lock:
+                reason = self.trigger.reason()
+            if reason is None:
+                continue
+            try:
+                self.run_round(reason)
+            except RoundAborted:
+                log.info("round aborted: stopping")
+            except Exception:  # keep serving; the next trigger retries
+                log.exception("consolidation round failed")
+
+    # ---- ingestion hook (receiver thread)
+    def _on_stored(self, experiences: list[Experience]) -> None:
+        with self._trigger_lock:
+            for exp in experiences:
+                novel = any(e not in self._seen_events for e in exp.events)
+                self._seen_events.update(exp.events)
+                self.trigger.observe(exp.key, novelty=1.0 if novel else 0.0, reward=exp.reward)
+
+    # ---- one round
+    def run_round(self, reason: str = "manual") -> RoundReport:
+        """Discover, internalise, gate and publish once; returns what happened."""
+        start = time.perf_counter()
+        report = RoundReport(reason=reason)
+        try:
+            self._round(report)
+        finally:
+            report.seconds = round(time.perf_counter() - start, 3)
+            with self._trigger_lock:
+                self.trigger.consolidated()
+            self.rounds.append(report)
+            self._log(report)
+        return report
+
+    def _check_stop(self) -> None:
+        if self.stop_event.is_set():
+            raise RoundAborted("stop requested")
+
+    def _round(self, report: RoundReport) -> None:
+        from .gate import validate
+        from .retrain import assemble, export_candidate, retrain
+
+        cfg = self.config
+        t = time.perf_counter()
+        with ExperienceStore(cfg.db_path) as store:
+            experiences = [e for _, e in store.iter_experiences()]
+            log_, _ = event_log(store, cfg.partitions)
+        report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
+        report.timings["read_s"] = round(time.perf_counter() - t, 3)
+        self._check_stop()
+        t = time.perf_counter()
+        with KnowledgeStore(cfg.db_path) as kstore:
+            units = kstore.units()
+            round_index = max((u.updated_round for u in units.values()), default=0) + 1
+            if log_.n_codes and len(log_.episode_ids) >= 2:
+                result = discover(log_, cfg.discovery, np.random.default_rng([cfg.seed, round_index]))
+                report.candidates = sum(len(c) for c in result.candidates.values())
+                report.accepted = len(result.accepted)
+                consolidate(units, result, round_index, cfg.knowledge)
+                kstore.save(units.values())
+        promoted = [u for u in units.values() if u.active]
+        report.promoted = [u.key for u in promoted]
+        report.timings["discovery_s"] = round(time.perf_counter() - t, 3)
+        self._check_stop()
+        t = time.perf_counter()
+        current = self.publisher.current()
+        try:
+            material = assemble(experiences, promoted, current, cfg.retrain)
+        except NothingToTrain as exc:
+            report.outcome = f"no retraining: {exc}"
+            return
+        report.material = dict(material.counts)
+        trained = retrain(material, current, cfg.retrain)
+        report.timings["retrain_s"] = round(time.perf_counter() - t, 3)
+        self._check_stop()
+        t = time.perf_counter()
+        version = self.publisher.next_version()
+        staging = cfg.publish_dir / "staging" / f"v{version:06d}"
+        candidate = export_candidate(trained, staging, model_version=version, current=current,
+                                     material=material, extras={"round": round_index})
+        report.gate = validate(candidate, current, trained, material.heldout, promoted,
+                               cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]))
+        report.timings["gate_s"] = round(time.perf_counter() - t, 3)
+        if not report.gate.passed:
+            report.outcome = "rejected by the gate"
+            return
+        self._check_stop()
+        t = time.perf_counter()
+        push = self.receiver.push_bundle if self.receiver is not None else None
+        publication = self.publisher.publish(candidate, push=push)
+        report.published_version, report.pushed_to = publication.version, publication.pushed_to
+        report.timings["publish_s"] = round(time.perf_counter() - t, 3)
+        report.outcome = "published"
+
+    @staticmethod
+    def _log(report: RoundReport) -> None:
+        gate = "n/a" if report.gate is None else (
+            "pass" if report.gate.passed else "REJECT: " + "; ".join(report.gate.reasons))
+        log.info("round (trigger %s): %d experiences in %d episodes; %d candidates, %d "
+                 "accepted, promoted %s; material %s; gate %s; %s%s in %.2f s",
+                 report.reason, report.experiences, report.episodes, report.candidates,
+                 report.accepted, report.promoted or "none", report.material or "none", gate,
+                 report.outcome, "" if report.published_version is None else
+                 f" v{report.published_version} to {report.pushed_to} robots", report.seconds)
+
+
+# ------------------------------------------------------------------------------ entry point
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``thinkmem_consolidator`` and ``thinkmem consolidator``."""
+    parser.add_argument("--db", default="consolidator.db", help="SQLite store (experiences, "
+                        "knowledge)")
+    parser.add_argument("--publish-dir", default="consolidator_bundles",
+                        help="published bundles: history/ and the current link")
+    parser.add_argument("--signing-key", required=True, help="Ed25519 .sign.key file")
+    parser.add_argument("--initial-bundle", default="", help="bundle the robots run at first "
+                        "(default: the shipped models/default)")
+    parser.add_argument("--bind", default="tcp://127.0.0.1:5755", help="ZeroMQ endpoint")
+    parser.add_argument("--curve", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--server-key", help="consolidator .key_secret file (CURVE)")
+    parser.add_argument("--allow", help="allowed robot .key file or folder (CURVE)")
+    parser.add_argument("--period-s", type=float, default=300.0, help="trigger: period")
+    parser.add_argument("--buffer-limit", type=int, default=2000,
+                        help="trigger: new experiences that fire a round")
+    parser.add_argument("--check-s", type=float, default=1.0, help="trigger poll interval")
+    parser.add_argument("--epochs", type=int, default=20, help="retraining epochs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--once", action="store_true",
+                        help="run one round on what the store holds and exit")
+
+
+def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
+    """Build the validated config from parsed options."""
+    buffer_limit = args.buffer_limit
+    return ConsolidatorConfig(
+        db_path=args.db, publish_dir=args.publish_dir, signing_key=args.signing_key,
+        initial_bundle=args.initial_bundle, bind=args.bind, curve=args.curve,
+        server_secret_file=args.server_key, allowed_clients=args.allow,
+        check_s=args.check_s, seed=args.seed,
+        trigger=TriggerConfig(period_s=args.period_s, buffer_limit=buffer_limit,
+                              buffer_capacity=max(10000, buffer_limit)),
+        retrain=RetrainConfig(epochs=args.epochs, seed=args.seed))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the service from parsed options; prints ``READY <endpoint>`` once bound."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:  # bad options, unreadable keys or initial bundle: say why, exit 2
+        service = ConsolidatorService(config_from_args(args))
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"thinkmem consolidator: {exc}", file=sys.stderr)
+        return 2
+    if args.once:
+        service.run_round("once")
+        return 0
+    service.start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: service.stop())
+    print(f"READY {service.endpoint}", flush=True)
+    try:
+        service.serve()
+    finally:
+        service.close()
+    log.info("consolidator stopped cleanly after %d rounds", len(service.rounds))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``thinkmem_consolidator`` console script."""
+    parser = argparse.ArgumentParser(prog="thinkmem_consolidator",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
