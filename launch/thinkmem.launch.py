@@ -10,13 +10,14 @@ node's frame timer follows the bag); the consolidator runs ``thinkmem_consolidat
 Both are found in ``<prefix>/lib/thinkmem_ros/`` like the node itself.
 """
 
-from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, ExecuteProcess
 from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
 from launch_ros.actions import Node
 from launch_ros.descriptions import ParameterValue
 from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
+
+from launch import LaunchDescription
 
 PACKAGE = "thinkmem_ros"
 

@@ -7,8 +7,12 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.activation import (FrameResult, active_labels, activation_json,
-                                     probabilities_layout)
+from thinkmem_ros.activation import (
+    FrameResult,
+    activation_json,
+    active_labels,
+    probabilities_layout,
+)
 from thinkmem_ros.bundle import BundleError
 from thinkmem_ros.diagnostics import COUNTERS, ERROR, OK, WARN, HealthSnapshot, build_status
 from thinkmem_ros.hotswap import HotSwapper, PolicySlot, load_policy

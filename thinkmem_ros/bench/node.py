@@ -10,9 +10,11 @@ a frame's last sample to the publication of its activation. It is measured twice
 
 - inside the node: ``perf_counter`` on entry to the last sample's callback -> return of
   the activation ``publish()`` (the node writes these to its stats file at shutdown);
-- by an external subscriber in this process: return of the publisher's last ``publish()``
-  of the frame -> the activation's arrival in a callback here (this adds DDS transport
-  both ways and this process's executor; both processes read the same CLOCK_MONOTONIC).
+- by an external subscriber in this process: just before the publisher's last
+  ``publish()`` of the frame -> the activation's arrival in a callback here (this adds the
+  publish call, DDS transport both ways and this process's executor and GIL; both
+  processes read the same CLOCK_MONOTONIC). Taking the time *after* ``publish()`` returns
+  would understate it: the node often has the sample before the call returns.
 
 Frames are matched by their header stamp (the frame number), which the node echoes as
 ``inputs_stamp``. A 2 s warm-up is excluded. ``lost``: frames published in the measured
@@ -203,14 +205,20 @@ def _publish(pubs, rate: float, duration_s: float, rng, received, progress,
 
 
 def _send_frame(pubs, k: int, values: np.ndarray) -> float:
+    """Publish frame ``k``; returns the time just before the last sample's ``publish()``."""
     sec = STAMP_BASE + k
-    for (pub, cls, seg), value in zip(pubs, values, strict=True):
+    msgs = []
+    for (_, cls, seg), value in zip(pubs, values, strict=True):
         msg = cls()
         if hasattr(msg, "header"):
             msg.header.stamp.sec = sec
         _set(msg, seg, float(value))
+        msgs.append(msg)
+    for (pub, _, _), msg in zip(pubs[:-1], msgs[:-1], strict=True):
         pub.publish(msg)
-    return time.perf_counter()
+    before_last = time.perf_counter()
+    pubs[-1][0].publish(msgs[-1])
+    return before_last
 
 
 def _summarise(sent: dict, received: dict, stats: dict, cpu: float, rc: int) -> dict:
