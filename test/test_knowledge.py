@@ -1,0 +1,117 @@
+import json
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from thinkmem_ros.consolidator.discovery import (DiscoveryConfig, DiscoveryResult, EventLog,
+                                                 Relation, discover)
+from thinkmem_ros.consolidator.knowledge import (KnowledgeConfig, KnowledgeStore,
+                                                 KnowledgeStoreError, KnowledgeUnit,
+                                                 consolidate)
+from thinkmem_ros.world.event_episodes import EventWorldConfig, generate_event_history
+
+CFG = KnowledgeConfig(rho=0.5, promote_at=0.5, demote_below=0.3, retire_below=0.1)
+
+
+def _unit(**kw):
+    base = dict(pattern=("E001", "E002", "E003"), relation="sequence3",
+                constraints={"min_gap": 0.0, "max_gap": None}, thinking="consider:E003")
+    return KnowledgeUnit(**{**base, **kw})
+
+
+def _result(relations):
+    return DiscoveryResult(accepted=relations, scored=relations, candidates={},
+                           null_max={}, config=DiscoveryConfig(), n_events=0, n_episodes=0)
+
+
+def _rel(pattern=("E001", "E002", "E003"), support=8, antecedent=10, episodes=(1, 2)):
+    return Relation(pattern=pattern, support=support, antecedent_support=antecedent,
+                    reverse=1, partition_support=(4, 4), p_value=0.01, accepted=True,
+                    reasons=(), episodes=episodes, gaps=((20.0, 50.0), (21.0, 59.0)))
+
+
+def test_confidence_update_follows_rho_rule():
+    unit = _unit(confidence=0.6)
+    unit.update(1.0, 1, CFG)
+    assert unit.confidence == pytest.approx(0.5 * 0.6 + 0.5 * 1.0)
+    unit.update(0.0, 2, CFG)
+    assert unit.confidence == pytest.approx(0.4)
+
+
+def test_promotion_demotion_retirement_and_reactivation():
+    units = consolidate({}, _result([_rel()]), 0, CFG)
+    unit = units["E001>E002>E003"]
+    assert unit.confidence == pytest.approx(0.8) and unit.status == "promoted"
+    assert unit.thinking == "consider:E003" and unit.experiences == (1, 2)
+    consolidate(units, _result([]), 1, CFG)  # 0.4: still promoted (>= demote_below)
+    assert unit.status == "promoted"
+    consolidate(units, _result([]), 2, CFG)  # 0.2 < 0.3 -> demoted
+    assert unit.status == "demoted" and not unit.active
+    consolidate(units, _result([]), 3, CFG)  # 0.1 -> not yet below retire_below
+    consolidate(units, _result([]), 4, CFG)  # 0.05 -> retired
+    assert unit.status == "retired"
+    consolidate(units, _result([_rel(episodes=(7,))]), 5, CFG)
+    assert unit.status == "candidate"  # reactivated, needs confidence to be promoted again
+    consolidate(units, _result([_rel(episodes=(8,))]), 6, CFG)
+    assert unit.status == "promoted" and set(unit.experiences) == {1, 2, 7, 8}
+    assert [h[0] for h in unit.history] == list(range(7))
+
+
+def test_weak_relation_stays_candidate():
+    units = consolidate({}, _result([_rel(support=4, antecedent=10)]), 0, CFG)
+    assert units["E001>E002>E003"].status == "candidate"
+
+
+def test_bad_values_rejected():
+    with pytest.raises(ValueError, match="rho"):
+        KnowledgeConfig(rho=1.0)
+    with pytest.raises(ValueError, match="status"):
+        _unit(status="bogus")
+    with pytest.raises(ValueError, match="support"):
+        _unit().update(1.5, 0, CFG)
+
+
+def test_store_round_trip_shares_file_and_lists(tmp_path):
+    db = tmp_path / "consolidator.sqlite"
+    with sqlite3.connect(db) as conn:  # someone else's table in the same file survives
+        conn.execute("CREATE TABLE experiences (id INTEGER)")
+    hist = generate_event_history(EventWorldConfig(repetitions=8), np.random.default_rng(0))
+    res = discover(EventLog.from_episodes(hist.episodes, hist.codes),
+                   DiscoveryConfig(permutations=30), np.random.default_rng(1))
+    units = consolidate({}, res, 0, KnowledgeConfig())
+    with KnowledgeStore(db) as store:
+        assert store.save(units.values()) == len(units)
+    with KnowledgeStore(db) as store:
+        loaded = store.units()
+        promoted = store.load(status="promoted")
+    assert set(loaded) == set(units)
+    assert {u.pattern for u in promoted} == set(hist.rules)
+    for key, unit in units.items():
+        assert loaded[key].confidence == pytest.approx(unit.confidence)
+        assert loaded[key].experiences == unit.experiences
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert {"experiences", "knowledge_units", "knowledge_schema_version"} <= tables
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    out = subprocess.run([sys.executable, "-m", "thinkmem_ros.cli", "knowledge", "list",
+                          "--db", str(db), "--json"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert {tuple(u["pattern"]) for u in listed if u["status"] == "promoted"} == set(hist.rules)
+    missing = subprocess.run([sys.executable, "-m", "thinkmem_ros.cli", "knowledge", "list",
+                              "--db", str(tmp_path / "nope.sqlite")], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 2
+
+
+def test_newer_schema_refused(tmp_path):
+    db = tmp_path / "k.sqlite"
+    KnowledgeStore(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO knowledge_schema_version VALUES (99, 0)")
+    with pytest.raises(KnowledgeStoreError, match="newer"):
+        KnowledgeStore(db)

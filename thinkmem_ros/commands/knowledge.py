@@ -1,0 +1,52 @@
+"""``thinkmem knowledge list``: show the knowledge units a consolidator database holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "list knowledge units the consolidator has discovered"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``list --db PATH [--status S] [--json]``."""
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+    listing = sub.add_parser("list", help="list knowledge units, highest confidence first")
+    listing.add_argument("--db", required=True, help="consolidator SQLite database")
+    listing.add_argument("--status", default=None,
+                         choices=["candidate", "promoted", "demoted", "retired"],
+                         help="only units with this status")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _row(unit) -> dict:
+    return {"pattern": list(unit.pattern), "relation": unit.relation,
+            "thinking": unit.thinking, "confidence": round(unit.confidence, 4),
+            "status": unit.status, "constraints": unit.constraints,
+            "supporting_experiences": list(unit.experiences), "rounds": unit.rounds,
+            "statement": unit.statement}
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the units; exit 2 when the database file does not exist."""
+    from ..consolidator.knowledge import KnowledgeStore
+
+    if not Path(args.db).exists():  # sqlite would silently create an empty file
+        print(f"thinkmem knowledge: no database at {args.db}", file=sys.stderr)
+        return 2
+    with KnowledgeStore(args.db) as store:
+        units = store.load(status=args.status)
+    if args.json:
+        print(json.dumps([_row(u) for u in units], indent=2))
+        return 0
+    if not units:
+        print("no knowledge units")
+        return 0
+    print(f"{'pattern':<28} {'thinking':<16} {'conf':>5} {'status':<10} {'support':>7}")
+    for u in units:
+        print(f"{' ... '.join(u.pattern):<28} {u.thinking:<16} {u.confidence:5.2f} "
+              f"{u.status:<10} {len(u.experiences):>7}")
+    return 0
