@@ -1,0 +1,105 @@
+"""Signed publication and the push over the experience connection, on real ZeroMQ."""
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import copy_bundle
+from thinkmem_ros.bundle import load_bundle
+from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError
+from thinkmem_ros.experience import Experience
+from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
+from thinkmem_ros.transport import ExperienceReceiver, ExperienceShipper, ReceiverConfig, \
+    ShipperConfig
+
+
+def wait(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def keys(tmp_path):
+    pub, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    return pub, key
+
+
+@pytest.fixture
+def publisher(tmp_path, keys, source_bundle):
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
+    return Publisher(PublishConfig(tmp_path / "pub", keys[1], keep_history=2), initial)
+
+
+def staged(publisher, source_bundle, tmp_path):
+    version = publisher.next_version()
+    return load_bundle(copy_bundle(source_bundle, tmp_path / f"staged{version}",
+                                   model_version=version))
+
+
+def test_publish_signs_versions_links_and_prunes(publisher, source_bundle, tmp_path, keys):
+    assert publisher.current().version == 1 and publisher.next_version() == 2
+    for expected in (2, 3, 4):
+        pub = publisher.publish(staged(publisher, source_bundle, tmp_path))
+        assert pub.version == expected and pub.pushed_to is None
+        assert verify_signed_bundle(pub.path, keys[0]).version == expected
+        assert publisher.current().version == expected
+    assert publisher.versions() == [3, 4]  # keep_history=2
+    with pytest.raises(PublishError, match="next version is v5"):
+        publisher.publish(load_bundle(copy_bundle(source_bundle, tmp_path / "old",
+                                                  model_version=3)))
+
+
+def test_restart_cleans_staging_and_never_reuses_a_version(publisher, source_bundle, tmp_path,
+                                                           keys):
+    publisher.publish(staged(publisher, source_bundle, tmp_path))
+    (publisher.history / ".staging-crashed").mkdir()  # as left by a SIGKILL mid-publication
+    (publisher.root / "current").unlink()  # killed after the rename, before the link moved
+    again = Publisher(PublishConfig(tmp_path / "pub", keys[1]), tmp_path / "initial")
+    assert not list(again.history.glob(".staging-*"))
+    assert again.current().version == 1 and again.next_version() == 3
+
+
+def exp(i):
+    return Experience(robot_id="r1", episode_id="e", stamp=float(i),
+                      window=np.zeros((4, 3), np.float32), labels=["trend"],
+                      probabilities=[0.5], bundle_version=1)
+
+
+def test_push_reaches_connected_and_late_robots(publisher, source_bundle, tmp_path, keys):
+    rx = ExperienceReceiver(ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "s.db",
+                                           max_frame_bytes=1 << 20, poll_s=0.02)).start()
+    robots = []
+    try:
+        def robot(name):
+            installed = []
+            bundles = BundleReceiver(BundleReceiverConfig(tmp_path / name, keys[0],
+                                                          current_version=1),
+                                     on_install=installed.append)
+            shipper = ExperienceShipper(ShipperConfig(
+                endpoint=rx.endpoint, robot_id=name, spool_path=tmp_path / f"{name}.db",
+                on_bundle_push=bundles.handle_push)).start()
+            robots.append(shipper)
+            return bundles, installed, shipper
+
+        early, early_installed, shipper = robot("early")
+        assert shipper.ship(exp(0)) and shipper.flush(10.0)
+        assert wait(lambda: len(rx.peers) == 1)
+        pub = publisher.publish(staged(publisher, source_bundle, tmp_path), push=rx.push_bundle)
+        assert pub.pushed_to == 1
+        assert wait(lambda: early_installed), early.stats()
+        assert load_bundle(early_installed[0]).manifest.sha256 == pub.sha256
+        assert shipper.stats()["bundle_pushes"] == 1
+        # a robot that connects after the push says HELLO and still gets the latest bundle
+        late, late_installed, _ = robot("late")
+        assert wait(lambda: late_installed), late.stats()
+        assert late.stats()["running_version"] == 2 and rx.stats.bundle_pushes == 2
+    finally:
+        for shipper in robots:
+            shipper.close()
+        rx.stop()
