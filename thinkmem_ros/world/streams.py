@@ -333,8 +333,11 @@ def _operational(times: np.ndarray, clean: np.ndarray, rng: np.random.Generator,
         t += 2.0 + stand + rng.uniform(15.0, 60.0)
     clean[:, CH["motion"]] = speed
     t = rng.uniform(10.0, 60.0)
-    while t < duration:
-        delta = rng.uniform(2.0, 6.0) * rng.choice([-1.0, 1.0])
+    offset = 0.0
+    while t < duration:  # small payload changes, pulled back towards the nominal load
+        sign = -np.sign(offset) if abs(offset) > 5.0 else rng.choice([-1.0, 1.0])
+        delta = rng.uniform(2.0, 6.0) * sign
+        offset += delta
         cover = slice(int(np.searchsorted(times, t)), None)
         kt, kv = _knots((0.0, 0.0), (0.5, delta))
         clean[cover, CH["load"]] += np.interp(times[cover] - t, kt, kv)
