@@ -1,0 +1,117 @@
+"""A full consolidation round in-process, and the gate refusing a damaged candidate."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import consolidator_world as world
+from thinkmem_ros.bundle import load_bundle
+from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.consolidator.gate import GateConfig, validate
+from thinkmem_ros.consolidator.knowledge import KnowledgeStore
+from thinkmem_ros.consolidator.retrain import RetrainConfig, assemble, export_candidate, retrain
+from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.trigger import TriggerConfig
+from thinkmem_ros.policy.runtime import PolicyRuntime
+from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
+from thinkmem_ros.transport import ExperienceShipper, ShipperConfig
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    pub, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    bundle = world.running_bundle(tmp_path / "running")
+    return {"pub": pub, "key": key, "bundle": bundle}
+
+
+def wait(pred, timeout=15.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_path, setup,
+                                                                          caplog):
+    config = ConsolidatorConfig(db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub",
+                                signing_key=setup["key"], initial_bundle=setup["bundle"],
+                                bind="tcp://127.0.0.1:*",
+                                trigger=TriggerConfig(buffer_limit=200))
+    installed = []
+    robot = BundleReceiver(BundleReceiverConfig(tmp_path / "robot", setup["pub"],
+                                                current_version=1), on_install=installed.append)
+    records = world.experiences("r1", 40, 5, seed=1)
+    with ConsolidatorService(config) as service:
+        shipper = ExperienceShipper(ShipperConfig(
+            endpoint=service.endpoint, robot_id="r1", spool_path=tmp_path / "spool.db",
+            on_bundle_push=robot.handle_push)).start()
+        try:
+            for record in records:
+                assert shipper.ship(record)
+            assert shipper.flush(20.0), shipper.stats()
+            assert service.trigger.reason() == "buffer"  # 200 new experiences arrived
+            with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
+                report = service.run_round("test")
+            assert wait(lambda: installed), (report.to_dict(), robot.stats())
+        finally:
+            shipper.close()
+    assert report.experiences == 200 and report.episodes == 40
+    assert report.accepted >= 1 and "EA>EB>EC" in report.promoted
+    assert report.gate is not None and report.gate.passed, report.gate
+    assert report.published_version == 2 and report.pushed_to == 1
+    assert "gate pass" in caplog.text and "trigger test" in caplog.text
+    with KnowledgeStore(tmp_path / "c.db") as kstore:
+        unit = {u.key: u for u in kstore.load()}["EA>EB>EC"]
+    assert unit.status == "promoted" and unit.thinking == "consider:EC"
+    # the robot installed exactly the published, signed v2 which now knows consider:EC
+    assert installed == [tmp_path / "robot" / "v000002"]
+    bundle = verify_signed_bundle(installed[0], setup["pub"])
+    assert bundle.version == 2 and "consider:EC" in bundle.manifest.labels
+    assert bundle.manifest.extras["parent_version"] == 1
+    runtime = PolicyRuntime(bundle)
+    vocab = {name: i + 1 for i, name in enumerate(bundle.manifest.event_vocabulary)}
+    col = bundle.manifest.labels.index("consider:EC")
+    prefix = np.array([[0, vocab["F1"], vocab["EA"], vocab["F2"], vocab["EB"], vocab["F3"]]])
+    zeros = np.zeros((1, world.K, 7), np.float32)
+    assert runtime.predict(zeros, zeros, prefix).probabilities[0, col] >= runtime.thresholds[col]
+    rule = report.gate.checks["rules"]["EA>EB>EC"]  # held-out prefixes vs B...A, B, filler
+    assert rule["recall"] >= 0.8 and rule["false_rate"] <= 0.2
+    assert report.gate.checks["f1_candidate"] >= report.gate.checks["f1_running"] - 0.02
+    with ExperienceStore(tmp_path / "c.db") as store:
+        assert store.count() == 200
+
+
+def test_gate_rejects_a_damaged_candidate_with_a_reason(tmp_path, setup):
+    running = load_bundle(setup["bundle"])
+    records = world.experiences("r1", 40, 5, seed=2)
+    material = assemble(records, [], running, RetrainConfig(epochs=3))
+    trained = retrain(material, running, RetrainConfig(epochs=3))
+    with torch.no_grad():  # deliberate damage: the head predicts the opposite
+        trained.model.head.weight.mul_(-5.0)
+        trained.model.head.bias.fill_(2.0)
+    candidate = export_candidate(trained, tmp_path / "cand", model_version=2, current=running,
+                                 material=material)
+    report = validate(candidate, running, trained, material.heldout, [], GateConfig(),
+                      np.random.default_rng(0))
+    assert not report.passed
+    assert any("regressed" in r for r in report.reasons), report.reasons
+    assert report.checks["f1_candidate"] < report.checks["f1_running"] - 0.02
+    assert report.checks["parity_max_abs"] <= 1e-4  # damaged, but ONNX still matches torch
+    # a stale candidate (not newer) and one without held-out material are refused too
+    stale = validate(running, running, trained, material.heldout, [], GateConfig(),
+                     np.random.default_rng(0))
+    assert any("not newer" in r for r in stale.reasons)
+    empty = validate(candidate, running, trained, material.heldout.subset(np.arange(0)), [],
+                     GateConfig(), np.random.default_rng(0))
+    assert any("held-out" in r for r in empty.reasons)
