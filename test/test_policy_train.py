@@ -6,8 +6,13 @@ import torch
 
 from thinkmem_ros.data import SituationSet
 from thinkmem_ros.policy.config import PolicyConfig
-from thinkmem_ros.policy.train import (evaluate, signal_statistics, split_by_group,
-                                       train_policy, tune_thresholds)
+from thinkmem_ros.policy.train import (
+    evaluate,
+    signal_statistics,
+    split_by_group,
+    train_policy,
+    tune_thresholds,
+)
 
 K = 8
 TINY = PolicyConfig(window=K, n_signals=7, n_labels=10, d_model=16, n_layers=1, n_heads=2,

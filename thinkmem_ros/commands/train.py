@@ -1,4 +1,4 @@
-"""``thinkmem train``: generate world streams, train a policy and export it as a bundle.
+r"""``thinkmem train``: generate world streams, train a policy and export it as a bundle.
 
 The shipped default bundle ``models/default`` is reproduced by exactly::
 

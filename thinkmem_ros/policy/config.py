@@ -55,8 +55,8 @@ class PolicyConfig:
                 f"PolicyConfig.pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "PolicyConfig":
-        """A preset's architecture with data-dependent sizes (window, n_labels...) overridden."""
+    def from_preset(cls, name: str, **overrides) -> PolicyConfig:
+        """Build a preset's architecture with data-dependent sizes (window, n_labels...) set."""
         if name not in PRESETS:
             raise ValueError(f"unknown policy preset {name!r}; expected one of {sorted(PRESETS)}")
         unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
@@ -65,7 +65,7 @@ class PolicyConfig:
         return replace(PRESETS[name], **overrides)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PolicyConfig":
+    def from_dict(cls, data: dict) -> PolicyConfig:
         """Rebuild from ``to_dict`` output (e.g. a bundle's ``model_config``)."""
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:

@@ -23,7 +23,7 @@ OUTPUTS = ("probabilities", "embedding")
 
 
 def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
-    """The policy as an ONNX graph with a dynamic batch axis on every input and output."""
+    """Serialise the policy as ONNX with a dynamic batch axis on every input and output."""
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
     c = trained.config
@@ -50,7 +50,7 @@ def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
                    frame_rate_hz: float = 10.0, training_fingerprint: str | None = None,
                    thresholds: dict[str, float] | None = None,
                    metrics: dict | None = None, extras: dict | None = None) -> BundleManifest:
-    """The ``bundle.json`` content for ``trained`` (sha256 is filled by ``write_bundle``)."""
+    """Describe ``trained`` as ``bundle.json`` content (sha256 is filled by ``write_bundle``)."""
     if frame_rate_hz <= 0:
         raise ValueError(f"frame_rate_hz must be > 0, got {frame_rate_hz!r}")
     tau = dict(trained.thresholds if thresholds is None else thresholds)

@@ -125,7 +125,7 @@ class PolicyRuntime:
                 node = found[name]
                 tail = list(node.shape[1:])
                 ok = node.type == dtype and len(tail) == len(dims) and all(
-                    want is None or got == want for got, want in zip(tail, dims))
+                    want is None or got == want for got, want in zip(tail, dims, strict=True))
                 if not ok:
                     raise BundleError(
                         f"{path}: graph {kind} {name!r} is {node.type} {node.shape}, the "
@@ -203,7 +203,7 @@ class PolicyRuntime:
         return Prediction(probs, self._active(probs), embedding)
 
     def validate(self, signals, mask=None, events=None) -> dict[str, np.ndarray]:
-        """Checked, batched float32/int64 feed dict; raises InputError with the reason."""
+        """Return a checked, batched float32/int64 feed dict; raise InputError with the reason."""
         k, f = self.window, len(self.manifest.signals)
         signals = np.asarray(signals)
         if signals.ndim == 2:
@@ -266,7 +266,7 @@ def _check_array(name: str, array, shape: tuple, float_only: bool) -> None:
         raise InputError(f"{name} must have a {'float' if float_only else 'numeric'} dtype, "
                          f"got {array.dtype}")
     ok = array.ndim == len(shape) and all(
-        want is None or got == want for got, want in zip(array.shape, shape))
+        want is None or got == want for got, want in zip(array.shape, shape, strict=True))
     if not ok:
         want = ", ".join("B" if s is None else str(s) for s in shape)
         raise InputError(f"{name} must have shape ({want}) (window K, signals F), got "

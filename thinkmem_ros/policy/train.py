@@ -15,7 +15,6 @@ import copy
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
@@ -53,7 +52,7 @@ class TrainedPolicy:
         return np.array([self.thresholds[name] for name in self.label_names], dtype=np.float32)
 
 
-WarmStart = Union[TrainedPolicy, Bundle, str, Path]
+WarmStart = TrainedPolicy | Bundle | str | Path
 
 
 def fingerprint(data: SituationSet) -> str:
@@ -79,7 +78,7 @@ def split_by_group(groups: np.ndarray, val_fraction: float,
         raise ValueError(
             "a validation split needs at least 2 distinct groups (episodes/components); "
             f"got {len(unique)}. Give SituationSet.groups or pass val_fraction=0")
-    counts = {g: c for g, c in zip(*np.unique(groups, return_counts=True))}
+    counts = {g: c for g, c in zip(*np.unique(groups, return_counts=True), strict=True)}
     target = val_fraction * len(groups)
     chosen, total = [], 0
     for g in unique[:-1]:  # leave at least one group for training
@@ -180,9 +179,9 @@ def warm_start(model: ThinkingPolicy, init_from: WarmStart, label_names: tuple[s
     target = model.state_dict()
     report: dict[str, list[str]] = {"copied": [], "rows": [], "fresh": []}
     row_maps = {
-        "head.weight": (old_labels, label_names, 0), "head.bias": (old_labels, label_names, 0),
+        "head.weight": (old_labels, label_names), "head.bias": (old_labels, label_names),
         "event_embed.weight": (("<pad>",) + tuple(old_events),
-                               ("<pad>",) + tuple(event_vocabulary), 0),
+                               ("<pad>",) + tuple(event_vocabulary)),
     }
     with torch.no_grad():
         for key, tensor in target.items():
@@ -191,7 +190,7 @@ def warm_start(model: ThinkingPolicy, init_from: WarmStart, label_names: tuple[s
                 continue
             src = source[key].to(tensor.dtype)
             if key in row_maps:
-                old, new, _ = row_maps[key]
+                old, new = row_maps[key]
                 index = {name: i for i, name in enumerate(old)}
                 for i, name in enumerate(new):
                     if name in index and src.shape[1:] == tensor.shape[1:]:
@@ -259,6 +258,7 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
             history.append(row)
             if bar is not None:
                 bar.update(task, description=_describe(row))
+                bar.console.log(_describe(row))  # a lasting line per epoch, also in logs
             if val_t is not None and stale >= patience:
                 break
     if val_t is not None:
