@@ -166,6 +166,19 @@ def test_ros_demo_runs_end_to_end(ros_demo):
 
 
 @pytest.mark.ros
+def test_ros_path_scores_like_the_offline_path(ros_demo, tmp_path):
+    """Transport, framing in the node and stamp matching lose (almost) nothing vs offline."""
+    from dataclasses import replace
+
+    config, summary = ros_demo
+    offline = run_demo(replace(config, offline=True, out_dir=tmp_path))
+    assert abs(summary["activation"]["activations_scored"]
+               - offline["activation"]["activations_scored"]) <= 3
+    assert summary["activation"]["micro"]["f1"] == pytest.approx(
+        offline["activation"]["micro"]["f1"], abs=0.03)
+
+
+@pytest.mark.ros
 def test_ros_playback_f1_against_ground_truth(ros_demo, source_bundle):
     """Issue 3 §7: a known scenario through the real node reaches micro-F1 >= 0.95."""
     if not _is_shipped(source_bundle):
