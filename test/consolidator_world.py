@@ -88,7 +88,7 @@ def episode_events(index: int, rng: np.random.Generator) -> list[str]:
     filler = [str(x) for x in rng.choice(FILLER, size=6 - len(core))]
     slots = np.sort(rng.choice(6, size=len(core), replace=False))
     history = list(filler)
-    for pos, name in zip(slots.tolist(), core):
+    for pos, name in zip(slots.tolist(), core, strict=True):
         history.insert(pos, name)
     return history
 

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import copy_bundle
+
 from thinkmem_ros.bundle import load_bundle, write_bundle
 from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.consolidator.publish import push_frame

@@ -2,11 +2,11 @@
 
 import logging
 
+import consolidator_world as world
 import numpy as np
 import pytest
 import torch
 
-import consolidator_world as world
 from thinkmem_ros.bundle import load_bundle
 from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.consolidator.gate import GateConfig, validate
@@ -60,7 +60,8 @@ def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_pa
             for record in records:
                 assert shipper.ship(record)
             assert shipper.flush(20.0), shipper.stats()
-            assert service.trigger.reason() == "buffer"  # 200 new experiences arrived
+            # 200 new experiences fire the buffer trigger (on_stored runs just after the ACK)
+            assert wait(lambda: service.trigger.reason() == "buffer")
             with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
                 report = service.run_round("test")
             assert wait(lambda: installed), (report.to_dict(), robot.stats())

@@ -4,15 +4,19 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import copy_bundle
+
 from thinkmem_ros.bundle import load_bundle
 from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError
 from thinkmem_ros.experience import Experience
 from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
-from thinkmem_ros.transport import ExperienceReceiver, ExperienceShipper, ReceiverConfig, \
-    ShipperConfig
+from thinkmem_ros.transport import (
+    ExperienceReceiver,
+    ExperienceShipper,
+    ReceiverConfig,
+    ShipperConfig,
+)
 
 
 def wait(pred, timeout=10.0):

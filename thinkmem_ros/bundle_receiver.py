@@ -115,7 +115,7 @@ class BundleReceiver:
 
     # ---- API
     def installed(self) -> Path | None:
-        """The last bundle this receiver installed (``bundles_dir/current``), or None."""
+        """Return the last bundle this receiver installed (``bundles_dir/current``), or None."""
         link = self.bundles_dir / CURRENT_LINK
         if not link.exists():
             return None

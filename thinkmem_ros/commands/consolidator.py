@@ -1,4 +1,4 @@
-"""``thinkmem consolidator``: the offboard consolidator service (same as ``thinkmem_consolidator``).
+"""``thinkmem consolidator``: the consolidator service (same as ``thinkmem_consolidator``).
 
 Receives experiences over ZeroMQ, stores them, and on the consolidation trigger runs a
 round: discovery, knowledge units, warm-start retraining, the validation gate, signed
@@ -13,7 +13,7 @@ HELP = "run the offboard consolidator service"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The service's options (see ``thinkmem_ros.consolidator.service.add_arguments``)."""
+    """Add the service's options (``thinkmem_ros.consolidator.service.add_arguments``)."""
     from ..consolidator.service import add_arguments as service_arguments
 
     service_arguments(parser)

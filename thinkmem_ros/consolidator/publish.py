@@ -83,7 +83,7 @@ class Publisher:
         self.verify_key = config.signing_key.verify_key
 
     def current(self) -> Bundle:
-        """The published bundle (verified), or the initial one before any publication."""
+        """Return the published bundle (verified), or the initial one before any publication."""
         link = self.root / CURRENT
         if link.is_symlink() or link.exists():
             try:
@@ -148,7 +148,7 @@ class Publisher:
 
 
 def push_frame(folder: Path | str) -> bytes:
-    """The BUNDLE_PUSH frame for a published (signed) bundle folder."""
+    """Build the BUNDLE_PUSH frame for a published (signed) bundle folder."""
     folder = Path(folder)
     bundle = load_bundle(folder)
     return protocol.bundle_push(bundle.version, (folder / MANIFEST).read_bytes(),

@@ -92,7 +92,7 @@ class Material:
 
 
 def grow(base: Sequence[str], extra: Iterable[str]) -> tuple[str, ...]:
-    """``base`` in its order, then every new name of ``extra`` in first-seen order."""
+    """Return ``base`` in its order, then every new name of ``extra`` in first-seen order."""
     out = dict.fromkeys(base)
     for name in extra:
         out.setdefault(name, None)

@@ -225,6 +225,9 @@ class ConsolidatorService:
         report = RoundReport(reason=reason)
         try:
             self._round(report)
+        except RoundAborted:
+            report.outcome = "aborted (stop requested): nothing published"
+            raise
         finally:
             report.seconds = round(time.perf_counter() - start, 3)
             with self._trigger_lock:
@@ -254,7 +257,8 @@ class ConsolidatorService:
             units = kstore.units()
             round_index = max((u.updated_round for u in units.values()), default=0) + 1
             if log_.n_codes and len(log_.episode_ids) >= 2:
-                result = discover(log_, cfg.discovery, np.random.default_rng([cfg.seed, round_index]))
+                rng = np.random.default_rng([cfg.seed, round_index])
+                result = discover(log_, cfg.discovery, rng)
                 report.candidates = sum(len(c) for c in result.candidates.values())
                 report.accepted = len(result.accepted)
                 consolidate(units, result, round_index, cfg.knowledge)
@@ -367,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``thinkmem_consolidator`` console script."""
+    """Run the ``thinkmem_consolidator`` console script."""
     parser = argparse.ArgumentParser(prog="thinkmem_consolidator",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)

@@ -1,0 +1,73 @@
+"""Direct material from Experience.required, schema v1 compatibility and rule labelling."""
+
+import msgpack
+import numpy as np
+
+from thinkmem_ros.consolidator.direct import direct_material, is_heldout, split_heldout
+from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
+from thinkmem_ros.consolidator.retrain import apply_rules, grow, rule_fires
+from thinkmem_ros.experience import Experience, decode_experience, encode_experience
+
+
+def rec(i, required, events=(), shape=(4, 3), episode=None):
+    return Experience(robot_id="r1", episode_id=episode or f"ep{i}", stamp=float(i),
+                      window=np.full(shape, i, np.float32), labels=["trend"],
+                      probabilities=[0.5], bundle_version=1, events=list(events),
+                      required=required, seq=i)
+
+
+def test_required_roundtrips_and_v1_records_still_decode():
+    back = decode_experience(encode_experience(rec(1, ["trend", "consider:E1"])))
+    assert back.required == ["trend", "consider:E1"]
+    old = rec(2, None).to_wire()
+    del old["required"]
+    old["v"] = 1
+    legacy = decode_experience(msgpack.packb(old, use_bin_type=True))
+    assert legacy.required is None and legacy.seq == 2
+    old["required"] = ["trend"]  # a v1 record cannot carry fields v1 did not have
+    try:
+        decode_experience(msgpack.packb(old, use_bin_type=True))
+    except ValueError as exc:
+        assert "unknown fields" in str(exc)
+    else:
+        raise AssertionError("v1 record with 'required' was accepted")
+
+
+def test_direct_material_uses_only_records_that_say_what_was_needed():
+    records = [rec(0, ["trend"], ["A", "X", "B"]), rec(1, None), rec(2, []),
+               rec(3, ["trend"], shape=(5, 3)), rec(4, ["unknown_label"])]
+    material = direct_material(records, label_names=("trend", "hazard"),
+                               signal_names=("a", "b", "c"), window=4,
+                               event_vocabulary=("A", "B"), max_events=3)
+    data = material.data
+    assert len(data) == 2 and data.labels.tolist() == [[1, 0], [0, 0]]
+    assert data.events[0].tolist() == [0, 1, 2]  # unknown X dropped, right-aligned
+    assert material.skipped == {"no_required": 1, "shape": 1, "unknown_label": 1}
+
+
+def test_heldout_split_is_stable_and_by_episode():
+    keys = [("r1", f"ep{i}") for i in range(400)]
+    held = [is_heldout(r, e, 0.25) for r, e in keys]
+    assert held == [is_heldout(r, e, 0.25) for r, e in keys]
+    assert 0.15 < np.mean(held) < 0.35
+    records = [rec(i, ["trend"], episode=f"ep{i // 3}") for i in range(60)]
+    material = direct_material(records, label_names=("trend",), signal_names=("a", "b", "c"),
+                               window=4, event_vocabulary=(), max_events=2)
+    train, test = split_heldout(material, 0.3)
+    assert len(train) + len(test) == 60 and len(test) > 0
+    assert not set(train.groups) & set(test.groups)
+
+
+def test_rules_label_prefixes_before_the_consequence_only():
+    unit = KnowledgeUnit(pattern=("A", "B", "C"), relation="sequence3", constraints={},
+                         thinking="consider:C", confidence=0.9, status="promoted")
+    assert rule_fires(["x", "A", "y", "B"], unit)
+    assert not rule_fires(["B", "A"], unit)
+    assert not rule_fires(["A", "B", "C"], unit)  # C already happened
+    assert grow(("a", "b"), ["b", "c", "a", "d"]) == ("a", "b", "c", "d")
+    records = [rec(0, [], ["A", "B"]), rec(1, [], ["B", "A"])]
+    material = direct_material(records, label_names=("trend", "consider:C"),
+                               signal_names=("a", "b", "c"), window=4,
+                               event_vocabulary=("A", "B", "C"), max_events=4)
+    labelled = apply_rules(material.data, [unit])
+    assert labelled.labels[:, 1].tolist() == [1.0, 0.0]
