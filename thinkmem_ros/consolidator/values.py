@@ -1,0 +1,94 @@
+"""Offboard learning of the value table from stored experiences and their rewards.
+
+Why here: rewards arrive later than the situations they judge and only the consolidator sees
+every robot's history, so values are learned offboard and shipped beside the policy.
+
+Credit rule (documented, used by ``learn_values``): an experience's activated thinking is
+the labels whose probability reached the bundle's threshold tau. Each activated label gets
+the experience's scalar ``reward``; when hindsight ``required`` is known, an activated label
+*not* required gets ``-token_cost`` instead (it was paid for and not needed). The TD
+successor of an experience is the next experience of the same (robot, episode) by stamp;
+the last one of an episode is terminal. Experiences without a reward are skipped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from ..experience import Experience
+from ..policy.runtime import PolicyRuntime
+from ..value import ValueConfig, ValueTable
+
+
+def embed_experiences(runtime: PolicyRuntime, experiences: list[Experience]) -> np.ndarray:
+    """Pooled policy embeddings (n, d) of experiences' windows (events mapped by name)."""
+    if not experiences:
+        return np.zeros((0, int(runtime.manifest.model_config.get("d_model", 0))), np.float32)
+    vocab = {name: i + 1 for i, name in enumerate(runtime.manifest.event_vocabulary)}
+    m = runtime.max_events
+    signals = np.stack([e.window for e in experiences]).astype(np.float32)
+    mask = np.stack([np.ones_like(e.window) if e.mask is None else e.mask
+                     for e in experiences]).astype(np.float32)
+    events = np.zeros((len(experiences), m), dtype=np.int64)
+    for row, exp in enumerate(experiences):
+        ids = [vocab[name] for name in exp.events if name in vocab][-m:]
+        if ids:
+            events[row, m - len(ids):] = ids
+    return runtime.predict(signals, mask, events).embedding
+
+
+def activated(exp: Experience, thresholds: dict[str, float]) -> list[str]:
+    """Labels the node published for ``exp``: probability >= tau (default 0.5)."""
+    return [label for label, p in zip(exp.labels, exp.probabilities)
+            if p >= thresholds.get(label, 0.5)]
+
+
+def label_rewards(exp: Experience, thresholds: dict[str, float],
+                  token_cost: float = 0.1) -> dict[str, float]:
+    """Per-label reward of one experience by the module's credit rule."""
+    if exp.reward is None:
+        return {}
+    required = None if exp.required is None else set(exp.required)
+    return {label: (float(exp.reward) if required is None or label in required
+                    else -token_cost) for label in activated(exp, thresholds)}
+
+
+def learn_values(experiences: list[Experience], runtime: PolicyRuntime,
+                 config: ValueConfig | None = None, *, token_cost: float = 0.1,
+                 table: ValueTable | None = None, batch: int = 512) -> ValueTable:
+    """Learn (or continue learning) a value table from experiences with rewards."""
+    rated = [e for e in experiences if e.reward is not None]
+    labels = list(runtime.labels)
+    dim = int(runtime.manifest.model_config.get("d_model") or 0)
+    if table is None:
+        if not dim and rated:
+            dim = embed_experiences(runtime, rated[:1]).shape[1]
+        table = ValueTable(labels, max(dim, 1), config)
+    by_episode: dict[tuple[str, str], list[Experience]] = defaultdict(list)
+    for exp in rated:
+        by_episode[(exp.robot_id, exp.episode_id)].append(exp)
+    thresholds = dict(runtime.manifest.thresholds)
+    for key in sorted(by_episode):
+        episode = sorted(by_episode[key], key=lambda e: (e.stamp, e.seq or 0))
+        emb = np.concatenate([embed_experiences(runtime, episode[i:i + batch])
+                              for i in range(0, len(episode), batch)])
+        clusters = [table.assign(e) for e in emb]
+        for i, exp in enumerate(episode):
+            nxt = clusters[i + 1] if i + 1 < len(episode) else None
+            for label, r in label_rewards(exp, thresholds, token_cost).items():
+                if label in table.labels:
+                    table.update(clusters[i], label, r, nxt)
+    return table
+
+
+def learn_from_store(store, runtime: PolicyRuntime, bundle_folder: Path | str | None = None,
+                     config: ValueConfig | None = None, **kwargs) -> ValueTable:
+    """Learn from every rated experience in an ``ExperienceStore``; save into a bundle folder."""
+    experiences = [exp for _, exp in store.iter_experiences() if exp.reward is not None]
+    table = learn_values(experiences, runtime, config, **kwargs)
+    if bundle_folder is not None:
+        table.save(bundle_folder)
+    return table

@@ -1,0 +1,420 @@
+"""Values of thinking per situation cluster (SAMem-style), usable on the robot with numpy.
+
+Why: the policy says which thinking a situation *resembles*; feedback says which of that
+thinking was *worth* its LLM tokens. This module keeps Q(situation cluster, thinking) learned
+by temporal-difference updates, with visit counts and an uncertainty beside every value, so
+the node can rank activations and drop thinking that has reliably earned nothing.
+
+Clusters
+    Situations are clustered online by cosine similarity of the policy's pooled embedding:
+    an embedding joins the nearest centroid when cos >= ``theta`` (0.85), whose centroid
+    becomes the running mean of its members (re-normalised); otherwise it opens a cluster.
+
+Values
+    ``Q(s,g) <- (1-alpha) Q(s,g) + alpha (r + gamma max_g' Q(s',g'))`` (s' = None: terminal);
+    the first visit sets Q to its target, so values do not start biased towards 0.
+    Visit counts N(s), N(s,g); ``ucb(s,g) = Q + c sqrt(ln N(s) / N(s,g))``. The uncertainty
+    of a value is the standard error of its TD targets, sqrt((var + prior_var) / N(s,g)).
+    Because thinking does not move the world, the bootstrap part of Q is the same for every
+    thinking of a cluster; the *worth* of g in s (what g itself earns) is
+    ``Q(s,g) - gamma * Vbar(s)`` where Vbar(s) is the running mean of the bootstrap
+    max Q(s',.) that s's updates used (with gamma = 0 the worth is Q itself).
+
+Suppression rule (deployment, ``ValueTable.rerank``), for each label the policy activated:
+    1. a label in ``vocabulary.SAFETY_LABELS`` (hazard) is never suppressed;
+    2. a situation with no cluster within ``theta`` is novel: nothing is suppressed;
+    3. an archived entry (see forgetting) is suppressed: it left the table because its
+       evidence was low and inconsistent with its cluster; new supporting evidence
+       reactivates it offboard;
+    4. an entry with N(s,g) >= ``min_visits`` whose optimistic worth
+       ``worth + z * uncertainty`` is below ``suppress_below`` (0: earns less than nothing
+       after its token cost) is suppressed;
+    5. everything else is kept. Kept labels are ranked safety first, then by worth
+       (labels without a value rank after valued ones, by the policy's probability).
+
+Forgetting (archive, not deletion)
+    When a cluster holds more than ``max_entries`` (5) valued entries, the lowest-valued entry
+    that fails the consistency check moves to the archive with its counts. The check is
+    statistical: an entry is inconsistent with its cluster when its mean TD target is below
+    the mean target of the cluster's other entries by more than ``consistency_z`` standard
+    errors (a one-sided z test on its own evidence). An archived entry keeps counting; a new
+    TD target at least the mean target of the cluster's active entries (supporting evidence:
+    it now agrees with its cluster) reactivates it with its counts,
+    and it cannot be archived again before ``min_visits`` further visits.
+
+Artefact
+    ``values.npz`` (centroids (C,d) f4, q/uncertainty/visits (C,L), cluster visits (C,),
+    vbar (C,), archived (A,2) int32 pairs) + ``values.json`` (labels, config, sha256 of the
+    npz). Empty rows (clusters with no valued entry) and columns (labels never valued) are
+    dropped before saving; loading needs numpy alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .vocabulary import SAFETY_LABELS
+
+VALUES_NPZ = "values.npz"
+VALUES_JSON = "values.json"
+ARTEFACT_VERSION = 1
+
+
+class ValueArtefactError(ValueError):
+    """A values artefact is missing, malformed or does not match its recorded hash."""
+
+
+@dataclass
+class ValueConfig:
+    """Hyper-parameters of clustering, TD learning, exploration, suppression and forgetting."""
+
+    theta: float = 0.85
+    alpha: float = 0.2
+    gamma: float = 0.3
+    ucb_c: float = 1.0
+    prior_var: float = 0.25
+    eps0: float = 0.95
+    beta: float = 6.0
+    horizon: int = 10_000
+    min_visits: int = 3
+    z: float = 1.0
+    suppress_below: float = 0.0
+    max_entries: int = 5
+    consistency_z: float = 2.0
+    forgetting: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "theta": -1.0 < self.theta <= 1.0, "alpha": 0.0 < self.alpha <= 1.0,
+            "gamma": 0.0 <= self.gamma < 1.0, "ucb_c": self.ucb_c >= 0.0,
+            "prior_var": self.prior_var >= 0.0, "eps0": 0.0 <= self.eps0 <= 1.0,
+            "beta": self.beta >= 0.0, "horizon": int(self.horizon) >= 1,
+            "min_visits": int(self.min_visits) >= 1, "z": self.z >= 0.0,
+            "max_entries": int(self.max_entries) >= 1,
+            "consistency_z": self.consistency_z >= 0.0,
+            "suppress_below": math.isfinite(self.suppress_below),
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ValueConfig.{name} is out of range: {getattr(self, name)!r}")
+
+    def epsilon(self, t: int) -> float:
+        """Decayed exploration rate eps_t = eps0 * exp(-beta * t / T)."""
+        return float(self.eps0 * math.exp(-self.beta * max(t, 0) / self.horizon))
+
+
+@dataclass
+class Ranked:
+    """A reranked activation: kept labels in rank order and what was suppressed, with why."""
+
+    kept: list[str]
+    suppressed: dict[str, str] = field(default_factory=dict)  # label -> rule that removed it
+    cluster: int = -1  # -1 = novel situation
+    worth: dict[str, float] = field(default_factory=dict)
+    uncertainty: dict[str, float] = field(default_factory=dict)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if not np.isfinite(x).all():
+        raise ValueError("embedding contains NaN or inf")
+    norm = np.linalg.norm(x)
+    return x / norm if norm > 0 else x
+
+
+class ValueTable:
+    """Clusters, Q values, counts and archive; learning and deployment in one object."""
+
+    def __init__(self, labels: list[str] | tuple[str, ...], dim: int,
+                 config: ValueConfig | None = None) -> None:
+        if not labels:
+            raise ValueError("labels: a value table needs at least one thinking label")
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.labels = list(labels)
+        self.dim = int(dim)
+        self.config = config or ValueConfig()
+        self._col = {name: i for i, name in enumerate(self.labels)}
+        L = len(self.labels)
+        self.centroids = np.zeros((0, dim))  # (C, d) unit rows
+        self._sums = np.zeros((0, dim))  # (C, d) member sums (centroid = normalised sum)
+        self.q = np.zeros((0, L))
+        self.n_sg = np.zeros((0, L), dtype=np.int64)
+        self.n_s = np.zeros(0, dtype=np.int64)
+        self._t_sum = np.zeros((0, L))  # sums of TD targets (for mean/variance)
+        self._t_sq = np.zeros((0, L))
+        self._boot_sum = np.zeros(0)  # sum of gamma-free bootstrap values used in s
+        self._boot_n = np.zeros(0, dtype=np.int64)
+        self.archived = np.zeros((0, L), dtype=bool)
+        self._grace = np.zeros((0, L), dtype=np.int64)  # visit count before re-archiving
+        self.archive_log: list[dict] = []
+        self.steps = 0
+
+    # ------------------------------------------------------------------ clusters
+    @property
+    def n_clusters(self) -> int:
+        """Number of situation clusters."""
+        return self.centroids.shape[0]
+
+    def nearest(self, embedding: np.ndarray) -> tuple[int, float]:
+        """Nearest cluster and its cosine; (-1, -inf) when there are none."""
+        if self.n_clusters == 0:
+            return -1, -math.inf
+        sims = self.centroids @ _unit(embedding)
+        best = int(np.argmax(sims))
+        return best, float(sims[best])
+
+    def lookup(self, embedding: np.ndarray) -> int:
+        """Cluster within theta of ``embedding`` or -1 (novel); never changes the table."""
+        best, sim = self.nearest(embedding)
+        return best if sim >= self.config.theta else -1
+
+    def assign(self, embedding: np.ndarray) -> int:
+        """Merge ``embedding`` into its cluster or open a new one; returns the cluster id."""
+        e = _unit(embedding)
+        if e.shape[0] != self.dim:
+            raise ValueError(f"embedding has {e.shape[0]} values, the table expects {self.dim}")
+        best, sim = self.nearest(e)
+        if best >= 0 and sim >= self.config.theta:
+            self._sums[best] += e
+            self.centroids[best] = _unit(self._sums[best])
+            return best
+        L = len(self.labels)
+        self.centroids = np.vstack([self.centroids, e[None]])
+        self._sums = np.vstack([self._sums, e[None]])
+        self.q = np.vstack([self.q, np.zeros((1, L))])
+        self.n_sg = np.vstack([self.n_sg, np.zeros((1, L), dtype=np.int64)])
+        self.n_s = np.append(self.n_s, 0)
+        self._t_sum = np.vstack([self._t_sum, np.zeros((1, L))])
+        self._t_sq = np.vstack([self._t_sq, np.zeros((1, L))])
+        self._boot_sum = np.append(self._boot_sum, 0.0)
+        self._boot_n = np.append(self._boot_n, 0)
+        self.archived = np.vstack([self.archived, np.zeros((1, L), dtype=bool)])
+        self._grace = np.vstack([self._grace, np.zeros((1, L), dtype=np.int64)])
+        return self.n_clusters - 1
+
+    # ------------------------------------------------------------------ values
+    def column(self, label: str) -> int:
+        """Column of ``label``; ValueError naming the label otherwise."""
+        try:
+            return self._col[label]
+        except KeyError:
+            raise ValueError(f"unknown thinking label {label!r}; table labels are "
+                             f"{self.labels}") from None
+
+    def state_value(self, s: int) -> float:
+        """max_g Q(s, g) over active (non-archived, visited) entries; 0 for none."""
+        valued = (self.n_sg[s] > 0) & ~self.archived[s]
+        return float(self.q[s][valued].max()) if valued.any() else 0.0
+
+    def update(self, s: int, label: str, reward: float, next_s: int | None = None) -> float:
+        """One TD update of Q(s, label) from ``reward``; returns the new value."""
+        if not math.isfinite(reward):
+            raise ValueError(f"reward must be finite, got {reward!r}")
+        g = self.column(label)
+        cfg = self.config
+        boot = 0.0 if next_s is None or next_s < 0 else self.state_value(next_s)
+        target = reward + cfg.gamma * boot
+        if self.archived[s, g]:
+            active = self.valued(s)
+            bar = (self._t_sum[s, active] / self.n_sg[s, active]).mean() if active.size else 0.0
+            if target >= bar:  # supporting evidence: bring it back with its counts
+                self.archived[s, g] = False
+                self._grace[s, g] = self.n_sg[s, g] + 1 + cfg.min_visits
+                self.archive_log.append({"event": "reactivate", "cluster": s, "label": label,
+                                         "step": self.steps})
+        first = self.n_sg[s, g] == 0
+        self.q[s, g] = target if first else (1 - cfg.alpha) * self.q[s, g] + cfg.alpha * target
+        self.n_sg[s, g] += 1
+        self.n_s[s] += 1
+        self._t_sum[s, g] += target
+        self._t_sq[s, g] += target * target
+        self._boot_sum[s] += boot
+        self._boot_n[s] += 1
+        self.steps += 1
+        if cfg.forgetting:
+            self.forget(s)
+        return float(self.q[s, g])
+
+    def _worth(self, s: int, g: int) -> float:
+        vbar = self._boot_sum[s] / self._boot_n[s] if self._boot_n[s] else 0.0
+        return float(self.q[s, g] - self.config.gamma * vbar)
+
+    def uncertainty(self, s: int, g: int) -> float:
+        """Standard error of the TD targets of (s, g); inf when never visited."""
+        n = self.n_sg[s, g]
+        if n == 0:
+            return math.inf
+        mean = self._t_sum[s, g] / n
+        var = max(self._t_sq[s, g] / n - mean * mean, 0.0) * (n / max(n - 1, 1))
+        return math.sqrt((var + self.config.prior_var) / n)
+
+    def ucb(self, s: int, label: str) -> float:
+        """Upper-confidence score Q + c sqrt(ln N(s) / N(s,g)); inf when never visited."""
+        g = self.column(label)
+        n = self.n_sg[s, g]
+        if n == 0:
+            return math.inf
+        return float(self.q[s, g] + self.config.ucb_c * math.sqrt(
+            math.log(max(self.n_s[s], 1)) / n))
+
+    # ------------------------------------------------------------------ forgetting
+    def valued(self, s: int) -> np.ndarray:
+        """Columns of the cluster's valued (visited, not archived) entries."""
+        return np.flatnonzero((self.n_sg[s] > 0) & ~self.archived[s])
+
+    def _inconsistent(self, s: int, g: int, others: np.ndarray) -> bool:
+        n = self.n_sg[s, g]
+        mean = self._t_sum[s, g] / n
+        other_means = self._t_sum[s, others] / self.n_sg[s, others]
+        return mean + self.config.consistency_z * self.uncertainty(s, g) < other_means.mean()
+
+    def forget(self, s: int) -> list[str]:
+        """Archive entries of cluster ``s`` while it holds > max_entries valued ones."""
+        moved: list[str] = []
+        while True:
+            cols = self.valued(s)
+            if cols.size <= self.config.max_entries:
+                return moved
+            failing = [g for g in cols if self.n_sg[s, g] >= self._grace[s, g]
+                       and self._inconsistent(s, g, cols[cols != g])]
+            if not failing:
+                return moved
+            g = min(failing, key=lambda c: self.q[s, c])
+            self.archived[s, g] = True
+            moved.append(self.labels[g])
+            self.archive_log.append({"event": "archive", "cluster": s,
+                                     "label": self.labels[g], "q": float(self.q[s, g]),
+                                     "visits": int(self.n_sg[s, g]), "step": self.steps})
+
+    @property
+    def entries(self) -> int:
+        """Valued entries held in the table (visited and not archived)."""
+        return int(((self.n_sg > 0) & ~self.archived).sum())
+
+    # ------------------------------------------------------------------ deployment
+    def should_suppress(self, s: int, label: str) -> str | None:
+        """The rule (module docstring) that suppresses ``label`` in cluster s, or None."""
+        if label in SAFETY_LABELS:
+            return None
+        if s < 0 or label not in self._col:
+            return None
+        g = self._col[label]
+        if self.archived[s, g]:
+            return "archived"
+        if self.n_sg[s, g] < self.config.min_visits:
+            return None
+        optimistic = self._worth(s, g) + self.config.z * self.uncertainty(s, g)
+        return "low_value" if optimistic < self.config.suppress_below else None
+
+    def rerank(self, embedding: np.ndarray, active: list[str],
+               probabilities: dict[str, float] | None = None) -> Ranked:
+        """Apply the suppression rule and rank what the policy activated (no learning)."""
+        s = self.lookup(embedding)
+        probabilities = probabilities or {}
+        out = Ranked(kept=[], cluster=s)
+        for label in active:
+            rule = self.should_suppress(s, label)
+            if s >= 0 and label in self._col and self.n_sg[s, self._col[label]] > 0:
+                out.worth[label] = self._worth(s, self._col[label])
+                out.uncertainty[label] = self.uncertainty(s, self._col[label])
+            if rule is None:
+                out.kept.append(label)
+            else:
+                out.suppressed[label] = rule
+
+        def key(label: str) -> tuple:
+            valued = label in out.worth
+            return (label not in SAFETY_LABELS, not valued,
+                    -out.worth.get(label, 0.0), -probabilities.get(label, 0.0))
+
+        out.kept.sort(key=key)
+        return out
+
+    def explore(self, embedding: np.ndarray, active: list[str], t: int,
+                rng: np.random.Generator) -> tuple[list[str], bool]:
+        """Learning-time choice: with prob eps_t keep every activation, else ``rerank``."""
+        if rng.random() < self.config.epsilon(t):
+            return list(active), True
+        return self.rerank(embedding, active).kept, False
+
+    # ------------------------------------------------------------------ artefact
+    def compact(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and columns kept when shipping: clusters/labels with a valued or archived entry."""
+        used = (self.n_sg > 0)
+        rows = np.flatnonzero(used.any(axis=1))
+        cols = np.flatnonzero(used.any(axis=0))
+        return rows, cols
+
+    def save(self, folder: Path | str) -> Path:
+        """Write ``values.npz`` + ``values.json`` into ``folder`` (a bundle folder)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        rows, cols = self.compact()
+        sub = np.ix_(rows, cols)
+        unc = np.array([[self.uncertainty(s, g) for g in cols] for s in rows]).reshape(
+            rows.size, cols.size)
+        archived = np.argwhere(self.archived[sub]).astype(np.int32).reshape(-1, 2)
+        boot_n = np.maximum(self._boot_n[rows], 1)
+        npz = folder / VALUES_NPZ
+        tmp = folder / (VALUES_NPZ + ".tmp.npz")
+        np.savez_compressed(
+            tmp, centroids=self.centroids[rows].astype(np.float32),
+            q=self.q[sub].astype(np.float32), uncertainty=unc.astype(np.float32),
+            visits=self.n_sg[sub].astype(np.int64), cluster_visits=self.n_s[rows],
+            vbar=(self._boot_sum[rows] / boot_n).astype(np.float32),
+            t_sum=self._t_sum[sub], t_sq=self._t_sq[sub], archived=archived)
+        tmp.replace(npz)
+        meta = {"artefact_version": ARTEFACT_VERSION, "labels": [self.labels[g] for g in cols],
+                "dim": self.dim, "config": asdict(self.config),
+                "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+                "entries": self.entries, "archived": int(archived.shape[0]),
+                "archive_log": self.archive_log[-256:]}
+        (folder / VALUES_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return npz
+
+    @classmethod
+    def load(cls, folder: Path | str) -> "ValueTable":
+        """Read a saved table (numpy only), verifying the npz against its recorded sha256."""
+        folder = Path(folder)
+        try:
+            meta = json.loads((folder / VALUES_JSON).read_text(encoding="utf-8"))
+            raw = (folder / VALUES_NPZ).read_bytes()
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueArtefactError(f"{folder}: cannot read values artefact: {exc}") from exc
+        if meta.get("artefact_version") != ARTEFACT_VERSION:
+            raise ValueArtefactError(
+                f"{folder / VALUES_JSON}: artefact_version {meta.get('artefact_version')!r} "
+                f"is not {ARTEFACT_VERSION}")
+        if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
+            raise ValueArtefactError(f"{folder / VALUES_NPZ}: sha256 does not match "
+                                     f"{VALUES_JSON}; corrupted or tampered with")
+        try:
+            config = ValueConfig(**meta["config"])
+            table = cls(meta["labels"], int(meta["dim"]), config)
+        except (KeyError, TypeError) as exc:
+            raise ValueArtefactError(f"{folder / VALUES_JSON}: {exc}") from exc
+        with np.load(folder / VALUES_NPZ) as data:
+            table.centroids = data["centroids"].astype(np.float64)
+            table._sums = table.centroids.copy()
+            table.q = data["q"].astype(np.float64)
+            table.n_sg = data["visits"].astype(np.int64)
+            table.n_s = data["cluster_visits"].astype(np.int64)
+            table._t_sum = data["t_sum"]
+            table._t_sq = data["t_sq"]
+            table._boot_n = np.maximum(table.n_s, 1)
+            table._boot_sum = data["vbar"].astype(np.float64) * table._boot_n
+            table.archived = np.zeros(table.q.shape, dtype=bool)
+            table._grace = np.zeros(table.q.shape, dtype=np.int64)
+            for s, g in data["archived"]:
+                table.archived[s, g] = True
+        if table.centroids.shape[1:] != (table.dim,) or table.q.shape != (
+                table.centroids.shape[0], len(table.labels)):
+            raise ValueArtefactError(f"{folder / VALUES_NPZ}: array shapes disagree")
+        return table
