@@ -1,0 +1,347 @@
+"""Turn the node's published frames and later feedback into shippable ``Experience`` records.
+
+Why a builder between the node and the shipper: hindsight arrives *after* a frame. An
+LLM, an operator or a ground-truth source says on ``/thinking/feedback`` which thinking
+the situation needed (``required``, the g_i of direct material) and what the activated
+thinking was worth (``reward``). So each frame waits in a small pending buffer for
+``feedback_window_s`` (wall-clock, monotonic) before it becomes an ``Experience`` and is
+handed to the sink (``ExperienceShipper.ship``).
+
+Cost on the tick: ``add_frame`` is an O(1) append under a lock; the record is built
+(arrays copied, names validated) in ``release``, which the node calls from its own
+low-rate thread. Nothing here touches disk or network.
+
+Feedback matching: a feedback's ``stamp`` names the activation it is about (the ``stamp``
+of ``/thinking/activation``, node clock). It attaches to the pending frame with the nearest
+stamp within half a frame period; feedback that arrives before its frame waits (up to
+``feedback_window_s``) for it. Several feedbacks on one frame merge: ``required`` labels are
+united (first-seen order), the latest non-null ``reward`` wins. Feedback for a frame that
+was already released is counted as ``feedback_late``; feedback that never finds its frame
+as ``feedback_unmatched``.
+
+Shipping every n-th frame (``ship_every_n_frames``) thins the stream, but a frame that
+received feedback is always shipped: hindsight is the scarce part.
+
+Episode rule: a new episode starts at the first frame, when an ``episode_start`` event
+arrives on the events topic, when frame stamps jump back (a restarted bag or sim clock)
+or when they leave a gap longer than ``episode_gap_s`` (the node was stopped or paused).
+Episode ids are ``<robot_id>.<boot_id>.<n>`` (``boot_id`` = wall-clock seconds when the
+builder was made), unique across restarts. Each experience carries its episode's event
+history up to its frame, oldest first, capped at the newest ``max_events`` names, which is
+what the consolidator's discovery reads; the ``episode_start`` marker itself is not
+recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .activation import FrameResult
+from .experience import LIMITS, Experience, ExperienceError
+
+log = logging.getLogger(__name__)
+
+EPISODE_START_EVENT = "episode_start"
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
+
+
+class FeedbackError(ValueError):
+    """A feedback message is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """Hindsight on one activation: the thinking it needed and what it was worth."""
+
+    stamp: float
+    required: tuple[str, ...] | None = None
+    reward: float | None = None
+
+
+def parse_feedback(text: str) -> Feedback:
+    """Parse ``{"stamp": s, "required": [labels], "reward": r|null}``; FeedbackError naming it."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise FeedbackError(f"feedback: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise FeedbackError(f"feedback: expected an object, got {type(data).__name__}")
+    unknown = sorted(set(data) - {"stamp", "required", "reward"})
+    if unknown:
+        raise FeedbackError(f"feedback: unknown keys {unknown}")
+    stamp = data.get("stamp")
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not (
+            math.isfinite(stamp) and stamp >= 0):
+        raise FeedbackError(f"feedback.stamp: expected a finite number >= 0, got {stamp!r}")
+    required = data.get("required")
+    if required is not None:
+        if not isinstance(required, list) or len(required) > LIMITS["max_labels"]:
+            raise FeedbackError("feedback.required: expected a list of at most "
+                                f"{LIMITS['max_labels']} labels")
+        for label in required:
+            if not _valid_name(label):
+                raise FeedbackError(f"feedback.required: bad label {label!r}")
+        required = tuple(dict.fromkeys(required))
+    reward = data.get("reward")
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                               or not math.isfinite(reward)):
+        raise FeedbackError(f"feedback.reward: expected a finite number or null, got {reward!r}")
+    if required is None and reward is None:
+        raise FeedbackError("feedback: carries neither 'required' nor 'reward'")
+    return Feedback(float(stamp), required, None if reward is None else float(reward))
+
+
+def _valid_name(name: object) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= LIMITS["max_name"]
+            and _NAME_RE.fullmatch(name) is not None)
+
+
+@dataclass
+class BuilderConfig:
+    """How frames become experiences; validated so a bad parameter fails at start."""
+
+    robot_id: str
+    frame_period_s: float  # feedback matches within half of it
+    feedback_window_s: float = 2.0
+    ship_every_n_frames: int = 1
+    episode_gap_s: float = 5.0
+    max_pending: int = 20000  # frames waiting for feedback; beyond, the oldest is dropped
+    max_events: int = LIMITS["max_events"]
+
+    def __post_init__(self) -> None:
+        for key in ("frame_period_s", "episode_gap_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{key} must be a number > 0, got {value!r}")
+        if not (isinstance(self.feedback_window_s, (int, float))
+                and math.isfinite(self.feedback_window_s) and self.feedback_window_s >= 0):
+            raise ValueError(f"feedback_window_s must be a number >= 0, "
+                             f"got {self.feedback_window_s!r}")
+        for key, low in (("ship_every_n_frames", 1), ("max_pending", 1), ("max_events", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+        if self.max_events > LIMITS["max_events"]:
+            raise ValueError(f"max_events must be <= {LIMITS['max_events']}, "
+                             f"got {self.max_events}")
+
+
+@dataclass
+class _Pending:
+    """A frame waiting for feedback; ``events``/``n_events`` snapshot the episode history."""
+
+    result: FrameResult
+    arrived: float  # monotonic
+    episode_id: str
+    events: list[str]
+    n_events: int
+    ordinal: int  # frame counter, for ship_every_n_frames
+    required: list[str] | None = None
+    reward: float | None = None
+
+
+@dataclass
+class _Counters:
+    frames: int = 0
+    shipped: int = 0
+    skipped: int = 0  # thinned out by ship_every_n_frames
+    sink_refused: int = 0  # the shipper's queue was full
+    build_errors: int = 0
+    dropped_pending: int = 0
+    feedback: int = 0
+    feedback_matched: int = 0
+    feedback_late: int = 0
+    feedback_unmatched: int = 0
+    feedback_invalid: int = 0
+    events: int = 0
+    events_invalid: int = 0
+    episodes: int = 0
+
+
+class ExperienceBuilder:
+    """Pending frames -> Experiences with feedback attached -> ``sink`` (the shipper)."""
+
+    def __init__(self, config: BuilderConfig, sink: Callable[[Experience], bool], *,
+                 boot_id: str | None = None) -> None:
+        self.config = config
+        self._sink = sink
+        self._boot = boot_id or str(int(time.time()))
+        self._lock = threading.Lock()
+        self._pending: deque[_Pending] = deque()
+        self._early: deque[tuple[float, Feedback]] = deque()  # (arrived, feedback) w/o frame
+        self._released_until = -math.inf  # newest stamp already handed on
+        self._counters = _Counters()
+        self._episode_n = 0
+        self._episode_id = ""
+        self._history: list[str] = []
+        self._last_stamp: float | None = None
+        self._rotate_pending = True  # the first frame opens the first episode
+
+    # ---- inputs (any thread, O(1) or O(pending) under the lock)
+    @property
+    def episode_id(self) -> str:
+        """The current episode ('' before the first frame)."""
+        return self._episode_id
+
+    def add_frame(self, result: FrameResult, *, now: float) -> None:
+        """Hold one published frame for feedback (O(1); never builds or ships here)."""
+        with self._lock:
+            c = self._counters
+            c.frames += 1
+            last = self._last_stamp
+            tol = 0.5 * self.config.frame_period_s
+            if (self._rotate_pending or last is None or result.stamp < last - tol
+                    or result.stamp - last > self.config.episode_gap_s):
+                self._new_episode()
+            self._last_stamp = result.stamp
+            if len(self._pending) >= self.config.max_pending:
+                self._pending.popleft()
+                c.dropped_pending += 1
+            entry = _Pending(result, now, self._episode_id, self._history, len(self._history),
+                             c.frames)
+            self._pending.append(entry)
+            if self._early:
+                self._match_early(entry)
+
+    def add_event(self, name: str, stamp: float) -> None:
+        """Record an event of the events topic in the episode history (or rotate the episode)."""
+        with self._lock:
+            if name == EPISODE_START_EVENT:
+                self._rotate_pending = True
+                return
+            if not _valid_name(name):
+                self._counters.events_invalid += 1
+                return
+            self._counters.events += 1
+            history = self._history
+            if len(history) >= 4 * self.config.max_events:
+                # a fresh list: pending frames keep their snapshot of the old one
+                history = self._history = history[-self.config.max_events:]
+            history.append(name)
+
+    def add_feedback(self, feedback: Feedback, *, now: float) -> bool:
+        """Attach feedback to its frame; True when it matched a pending frame now."""
+        with self._lock:
+            self._counters.feedback += 1
+            entry = self._nearest(feedback.stamp)
+            if entry is not None:
+                self._attach(entry, feedback)
+                return True
+            if feedback.stamp <= self._released_until + 0.5 * self.config.frame_period_s:
+                self._counters.feedback_late += 1
+            else:
+                self._early.append((now, feedback))  # its frame may still come
+            return False
+
+    def feedback_invalid(self) -> None:
+        """Count a feedback message the node could not parse."""
+        with self._lock:
+            self._counters.feedback_invalid += 1
+
+    # ---- output (the node's release thread)
+    def release(self, now: float, *, everything: bool = False) -> int:
+        """Build and hand on every frame held ``feedback_window_s``; returns how many shipped."""
+        due: list[_Pending] = []
+        with self._lock:
+            horizon = now - self.config.feedback_window_s
+            while self._pending and (everything or self._pending[0].arrived <= horizon):
+                entry = self._pending.popleft()
+                self._released_until = max(self._released_until, entry.result.stamp)
+                due.append(entry)
+            while self._early and (everything or self._early[0][0] <= horizon):
+                self._early.popleft()
+                self._counters.feedback_unmatched += 1
+        shipped = 0
+        for entry in due:  # outside the lock: building copies arrays and validates
+            shipped += self._ship(entry)
+        return shipped
+
+    def stats(self) -> dict[str, int | str]:
+        """Counters and gauges for ``/diagnostics``."""
+        with self._lock:
+            c = self._counters
+            out: dict[str, int | str] = dict(vars(c))
+            out.update(pending=len(self._pending), feedback_waiting=len(self._early),
+                       episode_id=self._episode_id)
+        return out
+
+    # ---- internals
+    def _new_episode(self) -> None:
+        self._episode_n += 1
+        self._counters.episodes += 1
+        self._episode_id = f"{self.config.robot_id}.{self._boot}.{self._episode_n}"
+        self._history = []
+        self._rotate_pending = False
+
+    def _nearest(self, stamp: float) -> _Pending | None:
+        tol = 0.5 * self.config.frame_period_s
+        best, best_gap = None, math.inf
+        for entry in reversed(self._pending):  # feedback is usually about recent frames
+            gap = abs(entry.result.stamp - stamp)
+            if gap < best_gap:
+                best, best_gap = entry, gap
+            elif entry.result.stamp < stamp - tol:
+                break
+        return best if best_gap <= tol else None
+
+    def _match_early(self, entry: _Pending) -> None:
+        tol = 0.5 * self.config.frame_period_s
+        keep: deque[tuple[float, Feedback]] = deque()
+        for arrived, feedback in self._early:
+            if abs(feedback.stamp - entry.result.stamp) <= tol:
+                self._attach(entry, feedback)
+            else:
+                keep.append((arrived, feedback))
+        self._early = keep
+
+    def _attach(self, entry: _Pending, feedback: Feedback) -> None:
+        self._counters.feedback_matched += 1
+        if feedback.required is not None:
+            merged = dict.fromkeys(entry.required or [])
+            merged.update(dict.fromkeys(feedback.required))
+            entry.required = list(merged)
+        if feedback.reward is not None:
+            entry.reward = feedback.reward
+
+    def _ship(self, entry: _Pending) -> int:
+        has_feedback = entry.required is not None or entry.reward is not None
+        if not has_feedback and (entry.ordinal - 1) % self.config.ship_every_n_frames:
+            with self._lock:
+                self._counters.skipped += 1
+            return 0
+        try:
+            experience = self._build(entry)
+        except ExperienceError as exc:  # a frame that cannot be a valid record: count, go on
+            with self._lock:
+                self._counters.build_errors += 1
+            log.warning("frame %d not shipped: %s", entry.result.seq, exc)
+            return 0
+        accepted = bool(self._sink(experience))
+        with self._lock:
+            if accepted:
+                self._counters.shipped += 1
+            else:
+                self._counters.sink_refused += 1
+        return int(accepted)
+
+    def _build(self, entry: _Pending) -> Experience:
+        r = entry.result
+        mask = np.asarray(r.mask) > 0
+        window = np.where(mask & np.isfinite(r.signals), r.signals, 0.0).astype(np.float32)
+        start = max(0, entry.n_events - self.config.max_events)
+        return Experience(
+            robot_id=self.config.robot_id, episode_id=entry.episode_id, stamp=float(r.stamp),
+            window=window, mask=mask.astype(np.uint8), events=entry.events[start:entry.n_events],
+            labels=list(r.labels), probabilities=np.asarray(r.probabilities, np.float32),
+            bundle_version=int(r.bundle_version), bundle_sha256=r.bundle_sha256,
+            reward=entry.reward, required=entry.required)
