@@ -14,11 +14,15 @@ agree with them (a test checks).
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .msg_fields import FieldPath, canonical_type, message_class
+from .security import CURVE_MODES, SecurityError, curve_enabled
 from .vocabulary import SIGNALS
 
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
@@ -64,6 +68,7 @@ DEFAULT_EVENTS_TOPIC = "/sensors/events"
 ACTIVATION_TOPIC = "thinking/activation"
 PROBABILITIES_TOPIC = "thinking/probabilities"
 DIAGNOSTICS_TOPIC = "/diagnostics"
+DEFAULT_FEEDBACK_TOPIC = "/thinking/feedback"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,31 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("inference_threads", 1, "ONNX Runtime intra-op threads", 1, 64),
     ParamSpec("stats_file", "", "write latency samples and counters here as JSON at "
               "shutdown (benchmarks); '' = off"),
+    # -- experience shipping and verified bundle pushes (issue 4)
+    ParamSpec("consolidator_endpoint", "", "ZeroMQ endpoint of the consolidator, e.g. "
+              "tcp://10.0.0.5:5755; '' = experience shipping off"),
+    ParamSpec("curve", "auto", "CURVE encryption + client auth: auto (on for non-loopback "
+              "endpoints, and on loopback when keys are given) | on | off"),
+    ParamSpec("server_public_key", "", "the consolidator's CURVE public key file (.key)"),
+    ParamSpec("client_secret_key", "", "this robot's CURVE key pair file (.key_secret)"),
+    ParamSpec("spool_path", "", "durable SQLite spool for unacknowledged experiences; '' = "
+              "$XDG_STATE_HOME (~/.local/state)/thinkmem_ros/<robot_id>/spool.db"),
+    ParamSpec("spool_max_mb", 256, "spool size cap; beyond it the oldest rows are shed "
+              "(counted)", 1, 1_000_000),
+    ParamSpec("bundle_signing_public_key", "", "Ed25519 public key (.sign.pub file or hex) "
+              "that pushed bundles must be signed with; '' = every push is refused"),
+    ParamSpec("bundles_dir", "", "where verified pushed bundles are installed; '' = "
+              "$XDG_STATE_HOME (~/.local/state)/thinkmem_ros/<robot_id>/bundles. At start "
+              "a newer signed bundle installed here replaces bundle_path"),
+    ParamSpec("feedback_topic", DEFAULT_FEEDBACK_TOPIC, "std_msgs/String JSON {stamp, "
+              "required: [labels], reward}: the thinking hindsight says a frame needed; "
+              "'' = none"),
+    ParamSpec("feedback_window_s", 2.0, "how long a frame waits for its feedback before "
+              "it is shipped", 0.0, 3600.0),
+    ParamSpec("ship_every_n_frames", 1, "ship every n-th frame (frames with feedback "
+              "always)", 1, 1_000_000),
+    ParamSpec("episode_gap_s", 5.0, "a gap between frames longer than this starts a new "
+              "episode (so does an 'episode_start' event)", 0.001, 1e6),
 )
 
 
@@ -150,6 +180,18 @@ class NodeConfig:
     watch_period_s: float = 1.0
     inference_threads: int = 1
     stats_file: str = ""
+    consolidator_endpoint: str = ""
+    curve: str = "auto"
+    server_public_key: str = ""
+    client_secret_key: str = ""
+    spool_path: str = ""
+    spool_max_mb: int = 256
+    bundle_signing_public_key: str = ""
+    bundles_dir: str = ""
+    feedback_topic: str = DEFAULT_FEEDBACK_TOPIC
+    feedback_window_s: float = 2.0
+    ship_every_n_frames: int = 1
+    episode_gap_s: float = 5.0
     signal_map: dict[str, SignalSource] = field(default_factory=lambda: dict(DEFAULT_SIGNAL_MAP))
 
     def __post_init__(self) -> None:
@@ -176,6 +218,50 @@ class NodeConfig:
             raise ValueError(f"signals share topics {dup}; each signal needs its own topic")
         if self.events_topic and self.events_topic in topics:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
+        self._validate_shipping(topics)
+
+    def _validate_shipping(self, topics: list[str]) -> None:
+        _positive_or_zero("feedback_window_s", self.feedback_window_s, upper=3600.0)
+        _positive("episode_gap_s", self.episode_gap_s)
+        _integer("ship_every_n_frames", self.ship_every_n_frames, 1)
+        _integer("spool_max_mb", self.spool_max_mb, 1)
+        _choice("curve", self.curve, CURVE_MODES)
+        if self.feedback_topic and self.feedback_topic in (*topics, self.events_topic):
+            raise ValueError(f"feedback_topic {self.feedback_topic!r} is also an input topic")
+        endpoint = self.consolidator_endpoint
+        if not endpoint:
+            return
+        if not re.fullmatch(r"[A-Za-z0-9_.:\-]{1,128}", self.robot_id):
+            raise ValueError(f"robot_id {self.robot_id!r} cannot name experiences: use "
+                             "letters, digits and _.:- (at most 128)")
+        scheme, sep, rest = endpoint.partition("://")
+        if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in endpoint:
+            raise ValueError(f"consolidator_endpoint must look like tcp://host:port, "
+                             f"got {endpoint!r}")
+        have_keys = bool(self.server_public_key and self.client_secret_key)
+        if bool(self.server_public_key) != bool(self.client_secret_key):
+            raise ValueError("server_public_key and client_secret_key go together; got "
+                             f"server_public_key={self.server_public_key!r}, "
+                             f"client_secret_key={self.client_secret_key!r}")
+        try:
+            curve_enabled(self.curve, endpoint, have_keys)
+        except SecurityError as exc:
+            raise ValueError(f"server_public_key/client_secret_key: {exc}") from None
+
+    @property
+    def shipping(self) -> bool:
+        """True when experiences are shipped (a consolidator endpoint is configured)."""
+        return bool(self.consolidator_endpoint)
+
+    def spool_file(self) -> Path:
+        """Return the spool path, or the per-robot default under the state directory."""
+        return (Path(self.spool_path).expanduser() if self.spool_path
+                else state_dir(self.robot_id) / "spool.db")
+
+    def bundles_folder(self) -> Path:
+        """Return the pushed-bundle folder, or the per-robot default in the state dir."""
+        return (Path(self.bundles_dir).expanduser() if self.bundles_dir
+                else state_dir(self.robot_id) / "bundles")
 
     @classmethod
     def from_parameters(cls, values: Mapping[str, Any], signals: tuple[str, ...]) -> NodeConfig:
@@ -192,6 +278,12 @@ class NodeConfig:
     def effective_rate(self, bundle_rate_hz: float) -> float:
         """Return the configured frame rate, or the bundle's when left at 0."""
         return self.frame_rate_hz if self.frame_rate_hz > 0 else float(bundle_rate_hz)
+
+
+def state_dir(robot_id: str) -> Path:
+    """Return ``$XDG_STATE_HOME/thinkmem_ros/<robot_id>`` (default ``~/.local/state``)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "thinkmem_ros" / robot_id
 
 
 def _positive(key: str, value: Any) -> None:
