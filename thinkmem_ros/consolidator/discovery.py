@@ -232,21 +232,45 @@ def _pair_slots(log: EventLog, cfg: DiscoveryConfig) -> tuple[np.ndarray, np.nda
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
+DENSE_LIMIT = 50_000_000
+"""Key spaces up to this size are counted with bincount tables (O(n), no hashing)."""
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique by one sort (numpy's hash path is far slower on 10^7 int64 keys)."""
+    values = np.sort(values)
+    if values.size == 0:
+        return values
+    return values[np.concatenate(([True], values[1:] != values[:-1]))]
+
+
 def _episode_support(episode: np.ndarray, keys: np.ndarray, space: int
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct-episode counts per key: (unique keys, counts, unique episode*space+key)."""
     if keys.size == 0:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
-    combined = np.unique(episode * space + keys)
-    uk, counts = np.unique(combined % space, return_counts=True)
-    return uk, counts, combined
+    combined = _sorted_unique(episode * space + keys)
+    key_of = combined % space
+    if space <= DENSE_LIMIT:
+        dense = np.bincount(key_of, minlength=space)
+        uk = np.flatnonzero(dense)
+        return uk, dense[uk], combined
+    key_of = np.sort(key_of)
+    starts = np.flatnonzero(np.concatenate(([True], key_of[1:] != key_of[:-1])))
+    counts = np.diff(np.concatenate((starts, [key_of.size])))
+    return key_of[starts], counts, combined
 
 
-def _lookup(keys: np.ndarray, counts: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """counts[key] for each query key, 0 where absent."""
+def _lookup(keys: np.ndarray, counts: np.ndarray, query: np.ndarray,
+            space: int | None = None) -> np.ndarray:
+    """counts[key] for each query key, 0 where absent (dense table when the space is small)."""
     if keys.size == 0:
         return np.zeros(query.shape, np.int64)
+    if space is not None and space <= DENSE_LIMIT:
+        table = np.zeros(space, np.int64)
+        table[keys] = counts
+        return table[query]
     pos = np.clip(np.searchsorted(keys, query), 0, keys.size - 1)
     return np.where(keys[pos] == query, counts[pos], 0)
 
@@ -290,7 +314,7 @@ def _count(log: EventLog, slots: _Slots, code: np.ndarray, threshold: int, want_
     pk, pc, pcomb = _episode_support(ep[slots.pi], pair_keys, v * v)
     out = {"pair": (pk, pc, pcomb)}
     if want_triples:
-        frequent = _lookup(pk, pc, pair_keys) >= threshold
+        frequent = _lookup(pk, pc, pair_keys, v * v) >= threshold
         i, j, k = slots.triples(code, frequent)
         tkeys = (code[i] * v + code[j]) * v + code[k]
         tk, tc, tcomb = _episode_support(ep[i], tkeys, v ** 3)
