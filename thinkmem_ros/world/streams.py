@@ -20,21 +20,21 @@ label                       active when
 trend                       abs(dT) >= 4  or  abs(dV) >= 2
 cause                       dT >= 4  or  dV >= 2
 hazard                      T1 >= 65  or  V1 >= 7  or  D1 <= 1.5
-future_impact               late T >= 3  or  (D0 - D1 >= 2.5 and D1 <= 5)
-information_seeking         late T >= 3  or  (S1 <= 0.5 and D1 <= 5)
+future_impact               late T >= 4.5  or  (D0 - D1 >= 2.5 and D1 <= 5)
+information_seeking         late T >= 4.5  or  (S1 <= 0.5 and D1 <= 5)
 temp_current_inconsistency  dT >= 4 and dI < 0.1 * dT
 visibility_distance_check   S1 <= 0.5 and D1 <= 5
 vibration_load_comparison   V1 >= 5
 late_change_inspection      (abs(late I) >= 2 and abs(early I) < 1)
-                            or (late T >= 3 and early T <= late T)
+                            or (late T >= 4.5 and early T <= late T)
 recovery_confirmation       dT <= -4 and T0 >= 55
 ==========================  ====================================================
 
 Frames in the first 3.1 s use the first frame of the stream in place of the missing past.
-Scenario dynamics cross these thresholds quickly (ramps of >= 1.8 degC/s against a 4 degC
+Scenario dynamics cross these thresholds quickly (ramps of >= 2.5 degC/s against a 4 degC
 threshold, instantaneous current steps of >= 2.6 A, obstacles closing at >= 1.3 m/s) and
 stay well clear of them otherwise: nominal drift moves T by < 0.4 degC per window, the
-steepest linear heating moves ``late T`` by < 2.1 degC, heat plateaus end >= 67 degC,
+steepest linear heating moves ``late T`` by < 2.8 degC, heat plateaus end >= 67 degC,
 vibration plateaus >= 7.8 mm/s, obstacles stop at <= 1.3 m, fog at <= 0.3 and the nominal
 distance stays >= 5.7 m. Few frames are therefore borderline, and a K=32 window model can
 learn the table from the noisy, partly missing observations.
@@ -104,7 +104,7 @@ def rule_labels(first: np.ndarray, late_start: np.ndarray, last: np.ndarray) -> 
     late_t, early_t = t1 - tq, tq - t0
     heating, cooling = d_t >= 4.0, d_t <= -4.0
     vib_up, vib_down = d_v >= 2.0, d_v <= -2.0
-    onset = late_t >= 3.0
+    onset = late_t >= 4.5
     fog_near = (s1 <= 0.5) & (d1 <= 5.0)
     closing = (d0 - d1 >= 2.5) & (d1 <= 5.0)
     current_step = (np.abs(i1 - iq) >= 2.0) & (np.abs(iq - i0) < 1.0)
@@ -162,11 +162,11 @@ def _knots(*pairs: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
 
 def _heat_profile(rng: np.random.Generator, amplitude: tuple[float, float],
                   hold: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """Linear heating to a plateau and linear cooling back: rates 1.8-2.6 degC/s."""
+    """Linear heating to a plateau and linear cooling back: rates 2.5-3.5 degC/s."""
     amp = rng.uniform(*amplitude)
-    up = amp / rng.uniform(1.8, 2.6)
+    up = amp / rng.uniform(2.5, 3.5)
     top = up + rng.uniform(*hold)
-    down = amp / rng.uniform(1.8, 2.6)
+    down = amp / rng.uniform(2.5, 3.5)
     return _knots((0.0, 0.0), (up, amp), (top, amp), (top + down, 0.0))
 
 
@@ -240,7 +240,7 @@ def episode_rare_onset(rng: np.random.Generator) -> Episode:
     tau = np.sqrt(amp / accel)
     ts = np.linspace(0.0, tau, 40)
     hold = tau + rng.uniform(2.0, 4.0)
-    end = hold + amp / rng.uniform(1.8, 2.6)
+    end = hold + amp / rng.uniform(2.5, 3.5)
     kt = np.concatenate([ts, [hold, end]])
     kv = np.concatenate([accel * ts**2, [amp, 0.0]])
     return Episode(float(end), add={"temperature": (kt, kv)})
