@@ -120,3 +120,124 @@ def _values(snap: HealthSnapshot, rate: float) -> list[tuple[str, str]]:
                ("bundle_error", snap.bundle_error),
                ("bundle_swaps", str(snap.bundle_swaps))]
     return values
+
+
+# ------------------------------------------------------------------ experience shipping
+
+SHIPPING_VALUES = ("queue", "spool_rows", "spool_bytes", "inflight", "sent", "resent", "acked",
+                   "stored", "duplicates", "shed", "dropped", "rejected", "auth_failures",
+                   "handshake_failures", "refused", "disconnects", "errors", "bundle_pushes")
+"""Shipper gauges and counters reported in the "shipping" status, in this order."""
+
+BUILDER_VALUES = ("frames", "pending", "shipped", "skipped", "feedback", "feedback_matched",
+                  "feedback_late", "feedback_unmatched", "feedback_invalid", "episodes",
+                  "build_errors")
+"""Experience-builder counters reported (prefixed ``experiences_``) in the same status."""
+
+
+@dataclass
+class ShippingSnapshot:
+    """Shipper and builder statistics at one diagnostics tick, and at the previous one."""
+
+    endpoint: str
+    curve: bool
+    shipper: dict  # ExperienceShipper.stats() plus 'dropped' (queue full + builder refusals)
+    previous: dict  # the same at the previous report ({} at the first)
+    builder: dict  # ExperienceBuilder.stats()
+    previous_builder: dict = field(default_factory=dict)
+    failure: str = ""  # the shipper could not start or its thread died
+
+
+def shipping_status(snap: ShippingSnapshot) -> StatusReport:
+    """Judge shipping: ERROR on auth failures or a dead shipper, WARN on loss risk."""
+    cur, prev = snap.shipper, snap.previous
+
+    def delta(key: str) -> int:
+        return int(cur.get(key, 0)) - int(prev.get(key, 0))
+
+    errors: list[str] = []
+    warns: list[str] = []
+    connected = bool(cur.get("connected"))
+    rows = int(cur.get("spool_rows", 0))
+    if snap.failure:
+        errors.append(f"shipper not running: {snap.failure}")
+    if delta("auth_failures") or (not connected and cur.get("auth_failures", 0)):
+        errors.append(f"consolidator refused our CURVE key ({cur.get('auth_failures', 0)} "
+                      "auth failures): add this robot's public key to its allowed keys")
+    if delta("errors"):
+        errors.append(f"{delta('errors')} spool/shipper errors")
+    if not connected and rows:
+        growing = rows > int(prev.get("spool_rows", 0))
+        warns.append(f"not connected to {snap.endpoint}; {rows} experiences spooled"
+                     + (" and growing" if growing else ""))
+    for key, what in (("shed", "experiences shed (spool full)"),
+                      ("dropped", "experiences dropped (queue full)"),
+                      ("handshake_failures", "handshake failures (wrong server key?)"),
+                      ("refused", "frames refused by the consolidator"),
+                      ("rejected", "experiences rejected by the consolidator")):
+        if delta(key):
+            warns.append(f"{delta(key)} {what}")
+    for key, what in (("build_errors", "frames could not become experiences"),
+                      ("feedback_invalid", "malformed feedback messages")):
+        count = int(snap.builder.get(key, 0)) - int(snap.previous_builder.get(key, 0))
+        if count:
+            warns.append(f"{count} {what}")
+    level = ERROR if errors else WARN if warns else OK
+    if errors or warns:
+        message = "; ".join(errors + warns)
+    elif connected:
+        message = f"connected, {cur.get('acked', 0)} experiences acknowledged"
+    else:
+        message = f"waiting for {snap.endpoint} (nothing spooled)"
+    values = [("endpoint", snap.endpoint), ("curve", str(snap.curve).lower()),
+              ("connected", str(connected).lower())]
+    values += [(key, str(cur.get(key, 0))) for key in SHIPPING_VALUES]
+    values += [(f"experiences_{key}", str(snap.builder.get(key, 0))) for key in BUILDER_VALUES]
+    values += [("episode_id", str(snap.builder.get("episode_id", "")))]
+    return StatusReport(level, message, values)
+
+
+# ---------------------------------------------------------------------- bundle pushes
+
+PUSH_VALUES = ("pushes", "accepted", "replayed", "rejected_unconfigured", "rejected_malformed",
+               "rejected_unsigned", "rejected_signature", "rejected_hash", "rejected_version",
+               "rejected_install", "callback_errors")
+"""Push counters reported in the "bundle push" status, in this order."""
+
+
+@dataclass
+class PushSnapshot:
+    """What the bundle receiver and the hot-swap say about pushed bundles."""
+
+    configured: bool  # a signing public key is set (otherwise every push is refused)
+    counters: dict  # BundleReceiver.stats() plus rejected_unconfigured
+    last_outcome: str  # '', 'accepted', 'replayed' or 'rejected'
+    last_reason: str
+    installed_version: int  # newest version the receiver verified and installed
+    running_version: int  # version the node infers with
+    swap_error: str = ""  # the hot-swap's last refusal ('' once a good bundle runs)
+
+
+def push_status(snap: PushSnapshot) -> StatusReport:
+    """Judge pushes: WARN while the latest push was refused or an installed one cannot run."""
+    warns: list[str] = []
+    if snap.last_outcome == "rejected":
+        warns.append(f"pushed bundle REJECTED, running v{snap.running_version}: "
+                     f"{snap.last_reason}")
+    if snap.installed_version > snap.running_version and snap.swap_error:
+        warns.append(f"installed v{snap.installed_version} cannot run: {snap.swap_error}")
+    level = WARN if warns else OK
+    if warns:
+        message = "; ".join(warns)
+    elif not snap.configured:
+        message = "pushes refused: no bundle_signing_public_key configured"
+    elif snap.last_outcome == "accepted":
+        message = f"running pushed v{snap.running_version}"
+    else:
+        message = f"running v{snap.running_version}; waiting for pushes"
+    values = [("configured", str(snap.configured).lower()),
+              ("installed_version", str(snap.installed_version)),
+              ("running_version", str(snap.running_version)),
+              ("last_outcome", snap.last_outcome), ("last_reason", snap.last_reason)]
+    values += [(key, str(snap.counters.get(key, 0))) for key in PUSH_VALUES]
+    return StatusReport(level, message, values)
