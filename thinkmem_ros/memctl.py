@@ -27,9 +27,10 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class MemctlHeads:
         return npz
 
     @classmethod
-    def load(cls, folder: Path | str) -> "MemctlHeads":
+    def load(cls, folder: Path | str) -> MemctlHeads:
         """Read the probes (numpy only), verifying the npz against the recorded sha256."""
         folder = Path(folder)
         try:
@@ -148,7 +149,7 @@ def summarise_block(frames: np.ndarray) -> np.ndarray:
 
 
 def embed_summary(stats: np.ndarray) -> np.ndarray:
-    """A unit-length embedding of summary statistics, for later episodic lookup."""
+    """Return a unit-length embedding of summary statistics, for later episodic lookup."""
     flat = np.asarray(stats, dtype=np.float32).reshape(-1)
     if not np.isfinite(flat).all():
         raise MemctlError("summary embedding: statistics contain NaN/inf")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 import zmq
@@ -48,7 +48,7 @@ class EpisodeRef:
     reward: float | None
 
     def as_evidence(self, score: float) -> dict:
-        """The evidence map sent to the robot."""
+        """Return the evidence map sent to the robot."""
         return {"robot_id": self.robot_id, "episode_id": self.episode_id, "seq": self.seq,
                 "stamp": self.stamp, "score": float(score), "labels": list(self.labels),
                 "reward": self.reward}
@@ -81,7 +81,7 @@ class RecallIndex:
 
     def query(self, embedding: np.ndarray, k: int, exclude_robot_episode: tuple[str, str] | None
               = None) -> list[dict]:
-        """The k most similar past experiences as evidence maps, best first."""
+        """Return the k most similar past experiences as evidence maps, best first."""
         q = np.asarray(embedding, dtype=np.float32).reshape(-1)
         if q.shape[0] != self.dim or not np.isfinite(q).all():
             raise ValueError(f"query must be {self.dim} finite values, got shape {q.shape}")
@@ -106,8 +106,8 @@ def index_experiences(experiences: Iterable[Experience], embed: Callable[[list[E
     def flush() -> None:
         if chunk:
             refs = [EpisodeRef(e.robot_id, e.episode_id, int(e.seq or 0), e.stamp,
-                               [lab for lab, p in zip(e.labels, e.probabilities) if p >= 0.5],
-                               e.reward) for e in chunk]
+                               [lab for lab, p in zip(e.labels, e.probabilities, strict=True)
+                                if p >= 0.5], e.reward) for e in chunk]
             index.add(embed(chunk), refs)
             chunk.clear()
 
@@ -136,7 +136,7 @@ class RecallServer:
         self.served = 0
         self.refused = 0
 
-    def start(self) -> "RecallServer":
+    def start(self) -> RecallServer:
         """Start serving; returns self."""
         self._thread.start()
         return self
@@ -183,7 +183,7 @@ class RecallServer:
             self._thread.join(timeout_s)
         self._socket.close(0)
 
-    def __enter__(self) -> "RecallServer":
+    def __enter__(self) -> RecallServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -23,13 +23,12 @@ Values
 Suppression rule (deployment, ``ValueTable.rerank``), for each label the policy activated:
     1. a label in ``vocabulary.SAFETY_LABELS`` (hazard) is never suppressed;
     2. a situation with no cluster within ``theta`` is novel: nothing is suppressed;
-    3. an archived entry (see forgetting) is suppressed: it left the table because its
-       evidence was low and inconsistent with its cluster; new supporting evidence
-       reactivates it offboard;
-    4. an entry with N(s,g) >= ``min_visits`` whose optimistic worth
+    3. an entry with N(s,g) >= ``min_visits`` whose optimistic worth
        ``worth + z * uncertainty`` is below ``suppress_below`` (0: earns less than nothing
-       after its token cost) is suppressed;
-    5. everything else is kept. Kept labels are ranked safety first, then by worth
+       after its token cost) is suppressed (reason ``low_value``, or ``archived`` when the
+       entry sits in the archive: archived entries keep their frozen value and counts and
+       obey the same bar, so forgetting never turns a positive-worth label off);
+    4. everything else is kept. Kept labels are ranked safety first, then by worth
        (labels without a value rank after valued ones, by the policy's probability).
 
 Forgetting (archive, not deletion)
@@ -247,7 +246,7 @@ class ValueTable:
         return float(self.q[s, g] - self.config.gamma * vbar)
 
     def uncertainty(self, s: int, g: int) -> float:
-        """Standard error of the TD targets of (s, g); inf when never visited."""
+        """Return the standard error of the TD targets of (s, g); inf when never visited."""
         n = self.n_sg[s, g]
         if n == 0:
             return math.inf
@@ -300,18 +299,18 @@ class ValueTable:
 
     # ------------------------------------------------------------------ deployment
     def should_suppress(self, s: int, label: str) -> str | None:
-        """The rule (module docstring) that suppresses ``label`` in cluster s, or None."""
+        """Return the rule (module docstring) that suppresses ``label`` in cluster s, or None."""
         if label in SAFETY_LABELS:
             return None
         if s < 0 or label not in self._col:
             return None
         g = self._col[label]
-        if self.archived[s, g]:
-            return "archived"
         if self.n_sg[s, g] < self.config.min_visits:
             return None
         optimistic = self._worth(s, g) + self.config.z * self.uncertainty(s, g)
-        return "low_value" if optimistic < self.config.suppress_below else None
+        if optimistic >= self.config.suppress_below:
+            return None
+        return "archived" if self.archived[s, g] else "low_value"
 
     def rerank(self, embedding: np.ndarray, active: list[str],
                probabilities: dict[str, float] | None = None) -> Ranked:
@@ -380,7 +379,7 @@ class ValueTable:
         return npz
 
     @classmethod
-    def load(cls, folder: Path | str) -> "ValueTable":
+    def load(cls, folder: Path | str) -> ValueTable:
         """Read a saved table (numpy only), verifying the npz against its recorded sha256."""
         folder = Path(folder)
         try:

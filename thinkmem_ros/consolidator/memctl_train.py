@@ -48,7 +48,7 @@ def label_set_keys(labels: np.ndarray) -> np.ndarray:
 def set_frequencies(labels: np.ndarray) -> dict[int, float]:
     """Frequency of each label set among reference windows."""
     keys, counts = np.unique(label_set_keys(labels), return_counts=True)
-    return dict(zip(keys.tolist(), (counts / counts.sum()).tolist()))
+    return dict(zip(keys.tolist(), (counts / counts.sum()).tolist(), strict=True))
 
 
 def recall_targets(frame_labels: np.ndarray, end_frames: np.ndarray, rate_hz: float,

@@ -42,7 +42,7 @@ def embed_experiences(runtime: PolicyRuntime, experiences: list[Experience]) -> 
 
 def activated(exp: Experience, thresholds: dict[str, float]) -> list[str]:
     """Labels the node published for ``exp``: probability >= tau (default 0.5)."""
-    return [label for label, p in zip(exp.labels, exp.probabilities)
+    return [label for label, p in zip(exp.labels, exp.probabilities, strict=True)
             if p >= thresholds.get(label, 0.5)]
 
 
