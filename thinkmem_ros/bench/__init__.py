@@ -13,4 +13,6 @@ BENCHMARKS: dict[str, str] = {
     "latency": "thinkmem_ros.bench.latency",
     "node": "thinkmem_ros.bench.node",
     "transport": "thinkmem_ros.bench.transport",
+    "values": "thinkmem_ros.bench.values",
+    "memctl": "thinkmem_ros.bench.memctl",
 }
