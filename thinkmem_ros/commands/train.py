@@ -2,8 +2,8 @@ r"""``thinkmem train``: generate world streams, train a policy and export it as 
 
 The shipped default bundle ``models/default`` is reproduced by exactly::
 
-    thinkmem train --scenario mixed --duration 1200 --streams 4 --rate 10 --window 32 \\
-        --preset default --epochs 12 --seed 0 --out models/default
+    thinkmem train --scenario mixed --duration 900 --streams 8 --stride 3 --rate 10 \
+        --window 32 --preset default --epochs 16 --batch-size 256 --seed 0 --out models/default
 
 Training streams and the held-out evaluation stream come from independent child
 generators of ``--seed``; the held-out micro-F1 (computed through ONNX Runtime, the path
@@ -20,28 +20,28 @@ import time
 HELP = "train a policy and export it as a model bundle"
 
 REPRODUCE_DEFAULT = (
-    "thinkmem train --scenario mixed --duration 1200 --streams 4 --rate 10 --window 32 "
-    "--preset default --epochs 12 --seed 0 --out models/default")
+    "thinkmem train --scenario mixed --duration 900 --streams 8 --stride 3 --rate 10 "
+    "--window 32 --preset default --epochs 16 --batch-size 256 --seed 0 --out models/default")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``thinkmem train`` (defaults reproduce models/default)."""
     parser.epilog = f"models/default is reproduced by: {REPRODUCE_DEFAULT}"
     parser.add_argument("--scenario", default="mixed", help="world scenario (streams.SCENARIOS)")
-    parser.add_argument("--duration", type=float, default=1200.0,
+    parser.add_argument("--duration", type=float, default=900.0,
                         help="seconds per training stream")
-    parser.add_argument("--streams", type=int, default=4, help="number of training streams")
+    parser.add_argument("--streams", type=int, default=8, help="number of training streams")
     parser.add_argument("--test-duration", type=float, default=600.0,
                         help="seconds of the held-out evaluation stream (0 = none)")
     parser.add_argument("--rate", type=float, default=10.0, help="frame rate in Hz")
     parser.add_argument("--window", type=int, default=32, help="frames per situation (K)")
     parser.add_argument("--max-events", type=int, default=8, help="event slots (M)")
-    parser.add_argument("--stride", type=int, default=1, help="frames between training windows")
+    parser.add_argument("--stride", type=int, default=3, help="frames between training windows")
     parser.add_argument("--group-seconds", type=float, default=60.0,
                         help="stream chunk length that forms one validation group")
     parser.add_argument("--preset", default="default", help="policy preset (default, paper)")
-    parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--patience", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
