@@ -406,3 +406,25 @@ def test_unverifiable_pushes_are_refused_without_a_signing_key(rig_factory, sour
         assert not list((tmp_path / "bundles").glob("v*")), "an unverified bundle was installed"
     finally:
         rx.stop()
+
+
+def test_an_unauthorised_curve_key_is_an_error_in_diagnostics(rig_factory, v1, tmp_path):
+    from thinkmem_ros.security import write_curve_keypair
+
+    server_pub, server_secret = write_curve_keypair(tmp_path / "keys", "server")
+    _, robot_secret = write_curve_keypair(tmp_path / "keys", "robot")
+    allowed_pub, _ = write_curve_keypair(tmp_path / "keys", "someone_else")
+    rx = ExperienceReceiver(ReceiverConfig(
+        bind="tcp://127.0.0.1:*", db_path=tmp_path / "c.db", curve="on",
+        server_secret_file=server_secret, allowed_clients=allowed_pub, poll_s=0.02)).start()
+    try:
+        rig = rig_factory(v1, tmp_path, rx.endpoint, server_public_key=str(server_pub),
+                          client_secret_key=str(robot_secret))
+        level, message, values = wait_for(
+            lambda: (s := rig.status("shipping"))[0] == ERROR and s, 10.0,
+            "an ERROR shipping status for the refused key")
+        assert "CURVE" in message and int(values["auth_failures"]) >= 1
+        assert values["curve"] == "true" and values["connected"] == "false"
+        assert not stored(tmp_path / "c.db")
+    finally:
+        rx.stop()
