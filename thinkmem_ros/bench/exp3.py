@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import METHODS, bench_progress, compare_methods, summarise_scores
+from .common import METHODS, bench_progress, compare_methods, epochs_for, summarise_scores
 from .plots import method_bars
 
-SIZES = {"full": {"n": 2500, "test_fraction": 0.2, "epochs": 30},
-         "quick": {"n": 1200, "test_fraction": 0.25, "epochs": 15},
-         "tiny": {"n": 128, "test_fraction": 0.25, "epochs": 2}}
+SIZES = {"full": {"n": 2500, "test_fraction": 0.2, "epochs": 30, "min_steps": 400},
+         "quick": {"n": 1200, "test_fraction": 0.25, "epochs": 15, "min_steps": 90},
+         "tiny": {"n": 128, "test_fraction": 0.25, "epochs": 2, "min_steps": 2}}
 """Situations, held-out share and training epochs per run size (``tiny``: smoke test)."""
 
 SEED_BASE = 3000
@@ -47,13 +47,15 @@ def run(quick: bool, seeds: int, size: str | None = None) -> dict:
         task = bar.add_task("exp3 seeds", total=seeds)
         for seed in range(seeds):
             train, test = make_split(cfg["n"], cfg["test_fraction"], seed)
+            epochs = epochs_for(len(train), cfg["epochs"], min_steps=cfg["min_steps"])
             for method, row in compare_methods(train, test, METHODS, seed=seed,
-                                               epochs=cfg["epochs"]).items():
+                                               epochs=epochs).items():
                 scores[method].append(row)
             bar.update(task, advance=1,
                        description=f"exp3 seed {seed}: proposed F1 "
                                    f"{scores['proposed'][-1]['f1']:.3f}")
     return {"metric": "micro_f1", **summarise_scores(scores), "per_seed": scores,
+            "epochs_used": epochs,
             "setup": {**cfg, "family": "same_final_state",
                       "paper": {"proposed": 1.0, "current_state_only": 0.711}}}
 
