@@ -159,7 +159,8 @@ def test_ros_demo_runs_end_to_end(ros_demo):
     lat = summary["latency"]
     assert lat["inference_us"]["count"] >= matched
     assert 0 < lat["end_to_end_ms"]["p50"] < 1000
-    assert "frames" in summary["diagnostics"]["last"]
+    counts = summary["diagnostics"]["counts"]
+    assert counts["frames"] >= matched and counts["inference_errors"] == 0
     assert (config.out_dir / "timeline.png").read_bytes()[:8] == PNG_MAGIC
     assert json.loads((config.out_dir / "summary.json").read_text())["matching"]["matched"] \
         == matched

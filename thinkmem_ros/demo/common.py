@@ -87,9 +87,15 @@ def report_step(ctx: DemoContext) -> None:
         if cell.get("count"):
             ctx.console.print(f"  {name}: p50 {cell['p50']:.3f}  p99 {cell['p99']:.3f}  "
                               f"max {cell['max']:.3f}  (n={cell['count']})")
-    for key in ("diagnostics", "playback", "node"):
+    if "diagnostics" in summary:
+        diag = summary["diagnostics"]
+        ctx.console.print(f"  diagnostics levels {diag['levels']}, counters {diag['counts']}")
+    for key in ("playback", "matching"):
         if key in summary:
             ctx.console.print(f"  {key}: {json.dumps(summary[key])}")
+    if "node" in summary:
+        ctx.console.print(f"  node exit code {summary['node'].get('exit_code')}, "
+                          f"log {summary['node']['log']}")
     path = Path(ctx.config.out_dir) / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     summary["summary_json"] = str(path)

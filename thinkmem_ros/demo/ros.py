@@ -27,6 +27,9 @@ from .common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
 from .scoring import build_timeline, label_matrix, match_frames, percentiles
 from .steps import DemoContext, Step
 
+COUNTERS = ("frames", "samples", "stale_frames", "invalid", "duplicate", "out_of_order",
+            "frames_skipped", "inference_errors", "unknown_events")
+"""Cumulative counters of the node's /diagnostics that the summary reports."""
 LATE_FACTOR = 2.0
 """Activations stamped more than this many frame periods after their frame are left out
 (the node ticking on after playback ended, or a frame it never saw)."""
@@ -191,8 +194,10 @@ def stop_node_step(ctx: DemoContext) -> None:
     """Stop the node cleanly (SIGINT) and keep its last diagnostics."""
     stop_node(ctx)
     received = ctx.artefacts["collector"].received
+    last = dict(received.diagnostics)
+    counts = {key: int(last[key]) for key in COUNTERS if str(last.get(key, "")).isdigit()}
     ctx.summary["diagnostics"] = {"levels": dict(received.diagnostic_levels),
-                                  "last": dict(received.diagnostics)}
+                                  "counts": counts, "last": last}
     ctx.console.print(f"  node exit code {ctx.summary['node']['exit_code']}")
 
 
