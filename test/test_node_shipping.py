@@ -344,9 +344,9 @@ def test_signed_push_swaps_and_bad_or_old_pushes_are_refused(rig_factory, source
             return len(recent) == 3 and all(a["bundle_version"] == version for a in recent)
         wait_for(lambda: running(2), 10.0, "activations from the pushed v2")
         level, message, values = wait_for(
-            lambda: (s := rig.status("bundle push"))[2].get("accepted") == "1" and s, 5.0,
-            "an accepted push in /diagnostics")
-        assert level == OK and values["running_version"] == "2", message
+            lambda: (s := rig.status("bundle push"))[2].get("running_version") == "2" and s,
+            5.0, "the accepted push running, in /diagnostics")
+        assert level == OK and values["accepted"] == "1", message
 
         forged = copy_bundle(source_bundle, tmp_path / "forged3", model_version=3)
         sign_bundle(forged, wrong_key)
