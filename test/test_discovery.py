@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
 
-from thinkmem_ros.consolidator.discovery import (DiscoveryConfig, EventLog, discover,
-                                                 relation_f1)
-from thinkmem_ros.world.event_episodes import EventWorldConfig, Episode, generate_event_history
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover, relation_f1
+from thinkmem_ros.world.event_episodes import Episode, EventWorldConfig, generate_event_history
 
 CFG = DiscoveryConfig(permutations=40)
 

@@ -1,8 +1,11 @@
 import numpy as np
 import pytest
 
-from thinkmem_ros.world.event_episodes import (COUNTER_KINDS, EventWorldConfig,
-                                               generate_event_history)
+from thinkmem_ros.world.event_episodes import (
+    COUNTER_KINDS,
+    EventWorldConfig,
+    generate_event_history,
+)
 
 
 def _small(**kw):

@@ -6,11 +6,20 @@ import sys
 import numpy as np
 import pytest
 
-from thinkmem_ros.consolidator.discovery import (DiscoveryConfig, DiscoveryResult, EventLog,
-                                                 Relation, discover)
-from thinkmem_ros.consolidator.knowledge import (KnowledgeConfig, KnowledgeStore,
-                                                 KnowledgeStoreError, KnowledgeUnit,
-                                                 consolidate)
+from thinkmem_ros.consolidator.discovery import (
+    DiscoveryConfig,
+    DiscoveryResult,
+    EventLog,
+    Relation,
+    discover,
+)
+from thinkmem_ros.consolidator.knowledge import (
+    KnowledgeConfig,
+    KnowledgeStore,
+    KnowledgeStoreError,
+    KnowledgeUnit,
+    consolidate,
+)
 from thinkmem_ros.world.event_episodes import EventWorldConfig, generate_event_history
 
 CFG = KnowledgeConfig(rho=0.5, promote_at=0.5, demote_below=0.3, retire_below=0.1)

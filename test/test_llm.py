@@ -4,9 +4,15 @@ from pathlib import Path
 import pytest
 
 from thinkmem_ros.consolidator.discovery import Relation
-from thinkmem_ros.consolidator.llm import (LLMConfig, LLMError, LLMResponseError,
-                                           build_messages, chat, consolidate_with_llm,
-                                           parse_response)
+from thinkmem_ros.consolidator.llm import (
+    LLMConfig,
+    LLMError,
+    LLMResponseError,
+    build_messages,
+    chat,
+    consolidate_with_llm,
+    parse_response,
+)
 
 DATA = Path(__file__).parent / "data" / "llm"
 CFG = LLMConfig(enabled=True, base_url="http://127.0.0.1:9/v1", model="recorded",

@@ -2,9 +2,13 @@ import numpy as np
 import pytest
 
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
-from thinkmem_ros.consolidator.material import (filler_codes, knowledge_material,
-                                                prefix_events, situations_from_events,
-                                                with_labels)
+from thinkmem_ros.consolidator.material import (
+    filler_codes,
+    knowledge_material,
+    prefix_events,
+    situations_from_events,
+    with_labels,
+)
 from thinkmem_ros.vocabulary import DISCOVERED_PREFIX, SIGNALS
 from thinkmem_ros.world.event_episodes import code_names
 

@@ -79,8 +79,12 @@ def _future_accuracy(units: list[KnowledgeUnit], rules, codes, seed: int, quick:
         return 1.0 / max(len(rules), 1)
     import torch
 
-    from ..consolidator.material import (filler_codes, knowledge_material, prefix_events,
-                                         situations_from_events)
+    from ..consolidator.material import (
+        filler_codes,
+        knowledge_material,
+        prefix_events,
+        situations_from_events,
+    )
     from ..policy.train import predict_proba, train_policy
 
     torch.set_num_threads(1)

@@ -33,8 +33,8 @@ Relations are predictive regularities, never claimed causes.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Iterable
 
 import numpy as np
 
@@ -98,7 +98,7 @@ class EventLog:
 
     @classmethod
     def from_episodes(cls, episodes: Iterable, codes: tuple[str, ...] | None = None
-                      ) -> "EventLog":
+                      ) -> EventLog:
         """Build from objects with ``episode_id``, ``partition`` and ``events`` [(t, name)]."""
         episodes = list(episodes)
         if codes is None:
@@ -121,12 +121,12 @@ class EventLog:
                    episode_ids=np.asarray([ep.episode_id for ep in episodes], dtype=np.int64),
                    codes=tuple(codes))
 
-    def with_codes(self, code: np.ndarray) -> "EventLog":
+    def with_codes(self, code: np.ndarray) -> EventLog:
         """The same slots (episodes, times) holding other codes."""
         return EventLog(self.episode, self.time, np.asarray(code, dtype=np.int64),
                         self.partition, self.episode_ids, self.codes)
 
-    def select(self, rows: np.ndarray) -> "EventLog":
+    def select(self, rows: np.ndarray) -> EventLog:
         """Only the episodes whose row index is in ``rows`` (renumbered, order kept)."""
         rows = np.asarray(rows, dtype=np.int64)
         keep = np.isin(self.episode, rows)

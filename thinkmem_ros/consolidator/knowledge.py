@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..vocabulary import DISCOVERED_PREFIX
 from .discovery import DiscoveryConfig, DiscoveryResult, Relation
@@ -195,7 +195,7 @@ class KnowledgeStore:
         """Close the connection."""
         self._conn.close()
 
-    def __enter__(self) -> "KnowledgeStore":
+    def __enter__(self) -> KnowledgeStore:
         return self
 
     def __exit__(self, *exc) -> None:

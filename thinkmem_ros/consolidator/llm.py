@@ -16,8 +16,8 @@ import os
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .discovery import Relation
 

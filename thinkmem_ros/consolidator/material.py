@@ -14,7 +14,7 @@ oldest first, right-aligned) holds the whole input.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
