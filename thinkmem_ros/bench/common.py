@@ -25,7 +25,11 @@ def machine_info(threads: int = 1) -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "threads": threads, "cores": os.cpu_count(),
+    try:  # a loaded shared machine inflates wall-clock tails; say how loaded it was
+        load = [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        load = []
+    return {"cpu": cpu, "threads": threads, "cores": os.cpu_count(), "load_avg_1_5_15": load,
             "python": platform.python_version(), "platform": platform.platform()}
 
 
