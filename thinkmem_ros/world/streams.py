@@ -37,7 +37,10 @@ stay well clear of them otherwise: nominal drift moves T by < 0.4 degC per windo
 steepest linear heating moves ``late T`` by < 2.8 degC, heat plateaus end >= 67 degC,
 vibration plateaus >= 7.8 mm/s, obstacles stop at <= 1.3 m, fog at <= 0.3 and the nominal
 distance stays >= 5.7 m. Few frames are therefore borderline, and a K=32 window model can
-learn the table from the noisy, partly missing observations.
+learn the table from the noisy, partly missing observations. Measured: the rule applied
+to the raw noisy ``mixed`` values (dropouts forward-filled) scores 0.991 micro-F1; the
+``default`` policy preset trained 25 epochs on 30 mixed streams of 200 s at 10 Hz (stride
+3, about 17k windows) scores 0.980 on four held-out 300 s streams.
 
 Events
 ------
