@@ -55,3 +55,12 @@ def test_mean_std_and_lookup_errors():
         signal_index("torque")
     with pytest.raises(ValueError, match="unknown thinking label"):
         label_index("nap")
+
+
+def test_per_row_meta_follows_subset_and_concat():
+    data = _set(n=4)
+    data.meta = {"rare": np.array([True, False, True, False]), "family": "x"}
+    sub = data.subset(np.array([2, 3]))
+    assert sub.meta["rare"].tolist() == [True, False] and sub.meta["family"] == "x"
+    both = SituationSet.concat([data, sub])
+    assert both.meta["rare"].tolist() == [True, False, True, False, True, False]

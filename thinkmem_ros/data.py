@@ -75,7 +75,7 @@ class SituationSet:
             signals=self.signals[index], labels=self.labels[index], mask=self.mask[index],
             events=self.events[index], groups=self.groups[index],
             label_names=self.label_names, signal_names=self.signal_names,
-            event_vocabulary=self.event_vocabulary, meta=dict(self.meta))
+            event_vocabulary=self.event_vocabulary, meta=_slice_meta(self.meta, index, len(self)))
 
     @staticmethod
     def concat(parts: list["SituationSet"]) -> "SituationSet":
@@ -92,7 +92,29 @@ class SituationSet:
             events=np.concatenate(events),
             groups=np.concatenate([p.groups for p in parts]),
             label_names=first.label_names, signal_names=first.signal_names,
-            event_vocabulary=first.event_vocabulary, meta=dict(first.meta))
+            event_vocabulary=first.event_vocabulary, meta=_concat_meta(parts))
+
+
+def _slice_meta(meta: dict, index: np.ndarray, n: int) -> dict:
+    """Per-row meta entries (arrays or lists of length N) follow the rows; the rest is kept."""
+    out = {}
+    for key, value in meta.items():
+        if isinstance(value, (np.ndarray, list)) and len(value) == n:
+            out[key] = np.asarray(value)[index]
+        else:
+            out[key] = value
+    return out
+
+
+def _concat_meta(parts: list["SituationSet"]) -> dict:
+    """Per-row meta present in every part is concatenated; anything else comes from the first."""
+    out = dict(parts[0].meta)
+    for key in parts[0].meta:
+        values = [p.meta.get(key) for p in parts]
+        if all(isinstance(v, (np.ndarray, list)) and len(v) == len(p)
+               for v, p in zip(values, parts)):
+            out[key] = np.concatenate([np.asarray(v) for v in values])
+    return out
 
 
 @dataclass
