@@ -8,15 +8,16 @@ from pathlib import Path
 
 from .bag import non_negative_float, positive_float
 
-HELP = "run the main job end to end (bag -> node -> activations -> report)"
+HELP = ("run the main job end to end (bag -> node -> activations -> one consolidation round "
+        "-> report)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Demo options; defaults give the few-minute run ``make demo`` promises."""
     parser.add_argument("--out", default="demo_output", help="output folder (default demo_output)")
     parser.add_argument("--scenario", default="mixed", help="world scenario (default mixed)")
-    parser.add_argument("--duration", type=positive_float, default=75.0,
-                        help="seconds of stream (played in real time; default 75)")
+    parser.add_argument("--duration", type=positive_float, default=96.0,
+                        help="seconds of the (before) stream, played in real time; default 96")
     parser.add_argument("--rate", type=non_negative_float, default=0.0,
                         help="frame rate in Hz (default: the bundle's)")
     parser.add_argument("--seed", type=int, default=7, help="world generator seed")
@@ -26,6 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trigger", choices=("timer", "samples"), default="timer",
                         help="the node's frame_trigger (default timer)")
     parser.add_argument("--quiet", action="store_true", help="no live display")
+    parser.add_argument("--no-consolidation", action="store_true",
+                        help="skip the consolidation round (one bag, the bundle as shipped)")
+    parser.add_argument("--missions", type=int, default=8,
+                        help="episodes of the before stream, for discovery (default 8)")
+    parser.add_argument("--after-duration", type=positive_float, default=60.0,
+                        help="seconds of the after stream (default 60)")
+    parser.add_argument("--after-missions", type=int, default=5,
+                        help="episodes of the after stream (default 5)")
+    parser.add_argument("--epochs", type=int, default=6,
+                        help="retraining epochs of the round (default 6)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -38,11 +49,22 @@ def main(args: argparse.Namespace) -> int:
         config = DemoConfig(out_dir=Path(args.out), scenario=args.scenario,
                             duration_s=args.duration, rate_hz=args.rate, seed=args.seed,
                             bundle=Path(args.bundle) if args.bundle else None,
-                            offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet)
+                            offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet,
+                            consolidation=not args.no_consolidation, missions=args.missions,
+                            after_duration_s=args.after_duration,
+                            after_missions=args.after_missions, retrain_epochs=args.epochs)
         summary = run_demo(config)
     except (ValueError, BundleError, BagError, RuntimeError, FileNotFoundError) as exc:
         print(f"thinkmem demo: error: {exc}", file=sys.stderr)
         return 1
+    if "before" in summary:
+        before, after = (summary[k]["activation"]["micro"] for k in ("before", "after"))
+        rnd = summary["round"]
+        print(f"micro F1 before {before['f1']:.3f} -> after {after['f1']:.3f}; round "
+              f"{rnd['outcome']}, {len(rnd['promoted'])} unit(s) promoted, bundle "
+              f"v{summary['bundle']['version']} -> v{rnd.get('published_version')}; "
+              f"{summary['total_s']:.1f} s; {summary['summary_json']}")
+        return 0
     micro = summary["activation"]["micro"]
     print(f"micro precision {micro['precision']:.3f} recall {micro['recall']:.3f} "
           f"F1 {micro['f1']:.3f}; {summary['total_s']:.1f} s; {summary['summary_json']}")

@@ -1,8 +1,10 @@
 """The main job: stream -> (bag -> thinking_node ->) activations -> score, plot, summary.
 
-``run_demo(DemoConfig(...))`` runs the ROS job, or with ``offline=True`` the same scoring
-over the policy runtime alone. The job is a list of named steps (``ros_steps()``,
-``offline_steps()``); a new stage is added with ``insert_before(steps, "report", step)``.
+``run_demo(DemoConfig(...))`` runs the ROS job with one consolidation round
+(``round.round_steps()``: before bag -> consolidator discovers, retrains, pushes v2 ->
+after bag), with ``consolidation=False`` the plain ROS job (``ros_steps()``), or with
+``offline=True`` the same scoring over the policy runtime alone (``offline_steps()``).
+A new stage is added with ``insert_before(steps, "report", step)``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ def default_steps(config: DemoConfig) -> list[Step]:
         from .offline import offline_steps
 
         return offline_steps()
+    if config.consolidation:
+        from .round import round_steps
+
+        return round_steps()
     from .ros import ros_steps
 
     return ros_steps()
@@ -49,6 +55,7 @@ def run_demo(config: DemoConfig, steps: list[Step] | None = None, console=None) 
         config = replace(config, offline=True)
     ctx = DemoContext(config=config, console=console)
     ctx.summary["mode"] = "offline" if config.offline else "ros"
+    ctx.summary["consolidation"] = bool(config.consolidation and not config.offline)
     if fallback is not None:
         ctx.summary["fallback_reason"] = fallback
     return run_steps(steps if steps is not None else default_steps(config), ctx)

@@ -19,8 +19,10 @@ class Received:
 
     activations: list[tuple[int, dict]] = field(default_factory=list)  # (receipt wall ns, json)
     truth: dict[int, dict] = field(default_factory=dict)  # frame -> ground-truth json
-    diagnostics: dict[str, str] = field(default_factory=dict)  # last thinkmem status values
+    diagnostics: dict[str, str] = field(default_factory=dict)  # last node status values
     diagnostic_levels: dict[str, int] = field(default_factory=dict)  # level name -> count
+    statuses: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> last values
+    status_levels: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> counts
     bad_json: int = 0
 
 
@@ -61,14 +63,35 @@ class Collector:
             self.received.bad_json += 1
 
     def _on_diag(self, msg) -> None:
+        """Keep the last values of each thinkmem status, by kind.
+
+        The node reports "thinkmem: <node>" (kind "node", also kept as ``diagnostics``) and,
+        when shipping, "thinkmem: <node>: shipping" and "...: bundle push".
+        """
+        received = self.received
         for status in msg.status:
             if not status.name.startswith("thinkmem"):
                 continue
+            parts = status.name.split(": ")
+            kind = parts[2] if len(parts) > 2 else "node"
             level = LEVELS.get(int.from_bytes(bytes(status.level), "little"), "UNKNOWN")
-            counts = self.received.diagnostic_levels
+            counts = received.status_levels.setdefault(kind, {})
             counts[level] = counts.get(level, 0) + 1
-            self.received.diagnostics = {kv.key: kv.value for kv in status.values}
-            self.received.diagnostics["message"] = status.message
+            values = {kv.key: kv.value for kv in status.values}
+            values["message"] = status.message
+            received.statuses[kind] = values
+            if kind == "node":
+                received.diagnostics = values
+                received.diagnostic_levels = counts
+
+    def new_phase(self) -> None:
+        """Start collecting activations and ground truth afresh (a new bag, frames from 0).
+
+        Fresh containers, not cleared ones: callbacks append to whatever is current, and a
+        step may still hold the previous phase's lists.
+        """
+        self.received.activations = []
+        self.received.truth = {}
 
     def wait_for_publisher(self, topic: str, timeout_s: float, alive=lambda: True) -> bool:
         """Poll until ``topic`` has a publisher; False on timeout or once ``alive()`` is false."""

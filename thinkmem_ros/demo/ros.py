@@ -102,8 +102,11 @@ def start_node_step(ctx: DemoContext) -> None:
     command, env = node_command()
     if cfg.node_command is not None:
         command = list(cfg.node_command)
-    command += ["--ros-args", "-p", f"bundle_path:={ctx.summary['bundle']['path']}",
-                "-p", f"frame_trigger:={cfg.frame_trigger}"]
+    params = {"bundle_path": ctx.summary["bundle"]["path"], "frame_trigger": cfg.frame_trigger,
+              **ctx.artefacts.get("node_params", {})}  # e.g. shipping, set by earlier steps
+    command += ["--ros-args"]
+    for key, value in params.items():
+        command += ["-p", f"{key}:={value}"]
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     log_path = cfg.out_dir / "node.log"
     log = log_path.open("w")
@@ -198,6 +201,11 @@ def stop_node_step(ctx: DemoContext) -> None:
     counts = {key: int(last[key]) for key in COUNTERS if str(last.get(key, "")).isdigit()}
     ctx.summary["diagnostics"] = {"levels": dict(received.diagnostic_levels),
                                   "counts": counts, "last": last}
+    for kind in ("shipping", "bundle push"):
+        if kind in received.statuses:
+            values = received.statuses[kind]
+            ctx.summary["diagnostics"][kind.replace(" ", "_")] = {
+                key: int(v) if str(v).isdigit() else v for key, v in values.items()}
     ctx.console.print(f"  node exit code {ctx.summary['node']['exit_code']}")
 
 
@@ -234,6 +242,10 @@ def match_step(ctx: DemoContext) -> None:
         stream.times, stream.values, truth, frames[ok], rows[ok], min_frame=min_frame,
         signal_names=stream.signal_names, label_names=stream.label_names)
     used = ok & (frames >= min_frame)
+    ctx.artefacts["matched"] = {"frames": frames[used],
+                                "active": [active[i] for i in np.flatnonzero(used)],
+                                "bundle_version": [int(acts[i][1].get("bundle_version", -1))
+                                                   for i in np.flatnonzero(used)]}
     ctx.summary["latency"] = {
         "inference_us": percentiles([a["inference_us"] for _, a in acts]),
         "node_latency_us": percentiles([a["latency_us"] for _, a in acts

@@ -24,7 +24,7 @@ class DemoConfig:
 
     out_dir: Path = Path("demo_output")
     scenario: str = SCENARIO_DEFAULT
-    duration_s: float = 75.0
+    duration_s: float = 96.0  # with consolidation: the "before" stream, cut into missions
     rate_hz: float = 0.0  # 0 = the bundle's frame rate
     seed: int = 7
     bundle: Path | None = None  # None = the shipped default bundle
@@ -35,10 +35,20 @@ class DemoConfig:
     settle_s: float = 1.5  # wait after playback for the last activations
     ros_domain_id: int | None = None  # None = keep the environment's, or pick one at random
     quiet: bool = False  # no live display (tests, CI logs)
+    # one consolidation round (ROS mode only): before bag -> round -> v2 -> after bag
+    consolidation: bool = True
+    missions: int = 8  # episodes of the before stream (repeated evidence for discovery)
+    after_duration_s: float = 60.0
+    after_missions: int = 5
+    retrain_epochs: int = 6
+    store_timeout_s: float = 60.0  # played experiences must reach the store within this
+    round_timeout_s: float = 600.0
+    swap_timeout_s: float = 60.0  # the node must run the pushed bundle within this
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
-        for key in ("duration_s", "node_start_timeout_s"):
+        for key in ("duration_s", "node_start_timeout_s", "after_duration_s", "store_timeout_s",
+                    "round_timeout_s", "swap_timeout_s"):
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{key} must be a number > 0, got {value!r}")
@@ -46,6 +56,10 @@ class DemoConfig:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a number >= 0, got {value!r}")
+        for key in ("missions", "after_missions", "retrain_epochs"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
         if self.frame_trigger not in ("timer", "samples"):
             raise ValueError(f"frame_trigger must be 'timer' or 'samples', "
                              f"got {self.frame_trigger!r}")

@@ -1,0 +1,153 @@
+"""The demo's consolidator process: the real ``ConsolidatorService`` plus a line protocol.
+
+Why not the plain ``thinkmem_consolidator`` script: the demo must run *one* round at a
+known moment (after the "before" playback reached the store) and see its report, and the
+round must run inside the serving process, because only that process holds the robot
+connections a bundle push goes out on (``--once`` publishes without pushing). So this
+wraps the same service with the same options and reads commands on stdin, one per line:
+
+=========  ==============================================================================
+command    reply on stdout (one line)
+=========  ==============================================================================
+``count``  ``COUNT {"experiences", "episodes", "with_feedback", "last_stamp"}``
+``round``  ``ROUND {RoundReport + "units": [knowledge units]}`` after the round finished
+``quit``   ``BYE``, then a clean exit (EOF on stdin or SIGTERM does the same)
+=========  ==============================================================================
+
+A failing command answers ``ERROR <reason>`` and the process keeps serving. Start-up
+prints ``READY <endpoint>`` once the receiver is bound; logs go to stderr.
+
+Run: ``python -m thinkmem_ros.demo.consolidator_proc --signing-key K --db D
+--publish-dir P --initial-bundle B --bind tcp://127.0.0.1:*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from dataclasses import replace
+
+from ..consolidator.knowledge import KnowledgeStore
+from ..consolidator.retrain import RetrainConfig
+from ..consolidator.service import ConsolidatorService, add_arguments, config_from_args
+from ..consolidator.store import ExperienceStore
+
+log = logging.getLogger("thinkmem_ros.demo.consolidator")
+
+
+def _counts(service: ConsolidatorService) -> dict:
+    """Count what the store holds now (own short-lived connection: one store per thread)."""
+    with ExperienceStore(service.config.db_path) as store:
+        episodes = store.episodes()
+        return {"experiences": store.count(), "episodes": len(episodes),
+                "with_feedback": len(store.rewards()),
+                "last_stamp": max((e.last_stamp for e in episodes), default=0.0)}
+
+
+def unit_rows(db_path) -> list[dict]:
+    """Every knowledge unit in the store as a JSON-ready row, promoted first."""
+    with KnowledgeStore(db_path) as kstore:
+        units = list(kstore.units().values())
+    units.sort(key=lambda u: (not u.active, -u.confidence, u.key))
+    return [{"pattern": list(u.pattern), "relation": u.relation, "thinking": u.thinking,
+             "confidence": round(u.confidence, 4), "status": u.status,
+             "support_episodes": len(u.experiences), "last_support": round(u.last_support, 4),
+             "constraints": u.constraints} for u in units]
+
+
+def _round(service: ConsolidatorService) -> dict:
+    report = service.run_round("demo").to_dict()
+    report["units"] = unit_rows(service.config.db_path)
+    return report
+
+
+def _jsonable(value: object) -> object:
+    """Numpy scalars as Python numbers, anything else unknown as its text."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else str(value)
+
+
+COMMANDS = {"count": _counts, "round": _round}
+
+
+def serve_commands(service: ConsolidatorService, stdin=sys.stdin, stdout=sys.stdout,
+                   busy: threading.Event | None = None) -> None:
+    """Answer commands from ``stdin`` until ``quit``, EOF or a stop request.
+
+    ``busy`` is set while a command runs, so a signal handler knows whether it may end
+    the process at once (idle, blocked on stdin) or must let a round stop at its next
+    step boundary.
+    """
+    busy = busy or threading.Event()
+    for line in stdin:
+        command = line.strip()
+        if service.stop_event.is_set() or command == "quit":
+            break
+        if not command:
+            continue
+        handler = COMMANDS.get(command)
+        if handler is None:
+            print(f"ERROR unknown command {command!r}; expected one of "
+                  f"{sorted([*COMMANDS, 'quit'])}", file=stdout, flush=True)
+            continue
+        busy.set()
+        try:
+            reply = handler(service)
+        except Exception as exc:  # noqa: BLE001 - report and keep serving the node
+            log.exception("command %s failed", command)
+            print(f"ERROR {command}: {type(exc).__name__}: {exc}".replace("\n", " "),
+                  file=stdout, flush=True)
+            continue
+        finally:
+            busy.clear()
+        print(f"{command.upper()} {json.dumps(reply, default=_jsonable)}", file=stdout, flush=True)
+    print("BYE", file=stdout, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the service, print READY, answer commands, stop cleanly."""
+    parser = argparse.ArgumentParser(prog="thinkmem-demo-consolidator",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parser.add_argument("--patience", type=int, default=2, help="retraining early stop")
+    parser.add_argument("--permutations", type=int, default=50,
+                        help="discovery: order-shuffled histories for the permutation test")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = config_from_args(args)
+        config = replace(config,
+                         retrain=RetrainConfig(epochs=args.epochs, patience=args.patience,
+                                               seed=args.seed),
+                         discovery=replace(config.discovery, permutations=args.permutations))
+        service = ConsolidatorService(config).start()
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"ERROR start: {exc}".replace("\n", " "), flush=True)
+        return 2
+    busy = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        service.stop()  # a running round stops at its next step boundary, nothing published
+        if not busy.is_set():
+            raise SystemExit(0)  # idle: leave the blocking stdin read now
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    print(f"READY {service.endpoint}", flush=True)
+    try:
+        serve_commands(service, busy=busy)
+    except SystemExit:
+        pass
+    finally:
+        service.close()
+    log.info("demo consolidator stopped cleanly after %d rounds", len(service.rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
