@@ -82,3 +82,8 @@ def test_manifest_validation_names_the_problem():
         _manifest(normalisation={"mean": [0.0], "std": [1.0]})
     with pytest.raises(BundleError, match="window"):
         _manifest(window=0)
+
+
+def test_written_bundle_is_world_readable(tmp_path):
+    bundle = write_bundle(tmp_path / "b", b"x", _manifest())
+    assert bundle.path.stat().st_mode & 0o755 == 0o755

@@ -157,6 +157,7 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     if not manifest.created_at:
         manifest.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging.chmod(0o755)  # mkdtemp makes 0700; a bundle must be readable by the node's user
     (staging / ONNX_FILE).write_bytes(onnx_bytes)
     (staging / MANIFEST).write_text(manifest.to_json() + "\n", encoding="utf-8")
     for name in (ONNX_FILE, MANIFEST):
