@@ -5,10 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from thinkmem_ros.consolidator.memctl_train import (compress_targets, fit_memctl_heads,
-                                                    recall_targets, set_frequencies)
-from thinkmem_ros.memctl import (FolderSummaryStore, LocalHistory, MemctlArtefactError,
-                                 MemctlHeads, MemoryController, ProbeHead, Situation)
+from thinkmem_ros.consolidator.memctl_train import (
+    compress_targets,
+    fit_memctl_heads,
+    recall_targets,
+    set_frequencies,
+)
+from thinkmem_ros.memctl import (
+    FolderSummaryStore,
+    LocalHistory,
+    MemctlArtefactError,
+    MemctlHeads,
+    MemoryController,
+    ProbeHead,
+    Situation,
+)
 from thinkmem_ros.recall import RecallClient
 
 D, F, K = 6, 3, 4
@@ -61,6 +72,20 @@ def test_label_rules_from_ground_truth():
     assert r.tolist() == [0, 1, 0, 0, 0]  # transition near 52; 5 % set is not rare
     r = recall_targets(labels, ends, 1.0, freq, rare_frac=0.10, transition_s=1.0)
     assert r.tolist() == [0, 1, 0, 0, 0]  # frame 52 is inside the rare (5 %) set
+
+
+def test_compress_rule_ignores_state_only_thinking():
+    names = ["trend", "hazard", "cause"]
+    labels = np.zeros((100, 3))
+    labels[50:55, 1] = 1  # hazard only: a state condition, no history needed
+    labels[70:72, 2] = 1  # cause: a change whose evidence lies in older frames
+    ends = np.array([52, 60, 73, 80])
+    c = compress_targets(labels, ends, window=4, rate_hz=1.0, horizon_s=10.0, label_names=names)
+    assert c.tolist() == [1, 1, 0, 0]
+    every = compress_targets(labels, ends, window=4, rate_hz=1.0, horizon_s=10.0)
+    assert every.tolist() == [0, 0, 0, 0]
+    # default horizon = one window span (4 frames): frame 80 is past the cause episode
+    assert compress_targets(labels, ends, 4, 1.0, label_names=names).tolist() == [1, 1, 0, 1]
 
 
 def test_compression_releases_blocks_behind_window(tmp_path):

@@ -3,13 +3,17 @@
 Reproduce: ``thinkmem bench memctl --json bench_results/memctl.json --plot
 bench_results/memctl.png`` (``--quick``: shorter streams, fewer epochs).
 
-Per seed: a small policy is trained on ``mixed`` streams (``bench.values.bench_policy``,
-or the shipped ``models/default`` when ``use_default=True`` and it loads); probes are fitted
-on the embeddings of separate *probe-training* streams and scored on *test* streams, with
-labels from the ground-truth rules of ``consolidator.memctl_train`` (COMPRESS: nothing active
-in the window or 10 s behind it; RECALL: rare label set or a label change within 0.5 s).
-Baselines see only length/step count and metadata (``metadata_features``: step count,
-observed fraction, number of events, time since the last event, last event's kind).
+Per seed: the policy is the shipped ``models/default`` bundle (trained on ``mixed`` streams
+at 10 Hz, K=32, like these; fresh streams are drawn here) when it loads and
+``use_default`` is on (the default), else a small policy trained here
+(``bench.values.bench_policy``); the JSON names which. Probes are fitted on the embeddings
+of separate *probe-training* streams and scored on *test* streams, with labels from the
+ground-truth rules of ``consolidator.memctl_train`` (COMPRESS: no temporal thinking active
+in the window or one window span behind it; RECALL: rare label set or a label change
+within 0.5 s). Baselines see only length/step count and metadata
+(``memctl_train.BASELINE_FEATURES``: step count, seconds since start, observed fraction of
+the window and observed frames per signal, number of events in the history; no signal
+values, no event kinds), fitted the same way as the probes.
 Paper: AUROC 0.831 vs 0.751 (compression), 0.765 vs 0.552 (recall). Target: each head beats
 its baseline by >= 0.05 AUROC.
 
@@ -19,7 +23,8 @@ blocks behind the window are summarised and released. ``bytes_kept_ratio`` = mea
 with compression / without. The policy sees only its K-frame window, which compression
 never touches, so activation F1 is equal by construction (reported for both).
 ``compress_violation_rate`` = share of compressions made when the ground truth said a
-pending pattern still needed the older frames.
+pending pattern still needed the older frames; the deployed COMPRESS threshold is
+calibrated on the probe-training rows for precision ``COMPRESS_PRECISION`` (0.9).
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from ..consolidator.memctl_train import (
+    BASELINE_FEATURES,
     compress_targets,
+    fit_memctl_heads,
     fit_probe,
     metadata_features,
     recall_targets,
     set_frequencies,
 )
-from ..memctl import LocalHistory, MemctlHeads, SummaryRecord
+from ..memctl import LocalHistory, SummaryRecord
 from ..metrics import micro_scores
 from .common import bench_progress, mean_std
 from .values import RATE_HZ, SEED_BASE, WINDOW, bench_policy
@@ -48,12 +55,14 @@ SIZES = {
     "tiny": {"train_s": 60.0, "probe_s": 80.0, "test_s": 80.0, "epochs": 1, "n": 2},
 }
 STRIDE = 5
+COMPRESS_PRECISION = 0.9
+"""The deployed COMPRESS threshold is calibrated on the probe-training rows for this precision."""
 BLOCK = 16
 RETAIN_S = 60.0
 KEYS = ("compress_auroc", "compress_baseline_auroc", "recall_auroc", "recall_baseline_auroc",
         "compress_auprc", "compress_baseline_auprc", "recall_auprc", "recall_baseline_auprc",
         "bytes_kept_ratio", "compress_violation_rate", "activation_f1_with",
-        "activation_f1_without", "compress_rate", "recall_rate")
+        "activation_f1_without", "compress_rate", "recall_rate", "compress_threshold")
 
 
 class _ListStore:
@@ -82,7 +91,8 @@ def _targets(parts, freq) -> tuple[np.ndarray, np.ndarray]:
     c, r = [], []
     for stream, w, _ in parts:
         ends = np.asarray(w.meta["end_frames"])
-        c.append(compress_targets(stream.labels, ends, WINDOW, stream.rate_hz))
+        c.append(compress_targets(stream.labels, ends, WINDOW, stream.rate_hz,
+                                  label_names=stream.label_names))
         r.append(recall_targets(stream.labels, ends, stream.rate_hz, freq))
     return np.concatenate(c), np.concatenate(r)
 
@@ -112,21 +122,27 @@ def _replay_bytes(stream, windows, p_compress: np.ndarray, threshold: float,
     return float(np.mean(with_b)), float(np.mean(without_b)), bad / max(fired, 1)
 
 
-def run_seed(seed: int, size: dict, use_default: bool = False) -> dict[str, float]:
+def _policy(seed: int, size: dict, folder: Path, use_default: bool):
+    """Return the default bundle's runtime when asked and loadable, else a fresh policy."""
+    if use_default:
+        from ..bundle import BundleError
+        from ..paths import default_bundle
+        from ..policy.runtime import PolicyRuntime
+        try:
+            runtime = PolicyRuntime(default_bundle())
+            if runtime.window == WINDOW and runtime.manifest.frame_rate_hz == RATE_HZ:
+                return runtime, f"models/default v{runtime.manifest.model_version} " \
+                    f"sha256 {runtime.manifest.sha256[:12]}"
+        except (BundleError, OSError):
+            pass
+    return bench_policy(seed, size, folder), "trained here (bench.values.bench_policy)"
+
+
+def run_seed(seed: int, size: dict, use_default: bool = True) -> dict[str, float]:
     """Fit probes and baselines on one seed's streams and score them on its test streams."""
     rng = np.random.default_rng(SEED_BASE + 300 + seed)
     with tempfile.TemporaryDirectory() as tmp:
-        runtime = None
-        if use_default:
-            from ..bundle import BundleError
-            from ..paths import default_bundle
-            from ..policy.runtime import PolicyRuntime
-            try:
-                runtime = PolicyRuntime(default_bundle())
-            except (BundleError, OSError):
-                runtime = None
-        if runtime is None:
-            runtime = bench_policy(seed, size, Path(tmp) / "bundle")
+        runtime, policy_name = _policy(seed, size, Path(tmp) / "bundle", use_default)
         fit_parts = _streams(runtime, size["probe_s"], size["n"], rng)
         test_parts = _streams(runtime, size["test_s"], size["n"], rng)
     freq = set_frequencies(np.concatenate([s.labels[np.asarray(w.meta["end_frames"])]
@@ -137,8 +153,8 @@ def run_seed(seed: int, size: dict, use_default: bool = False) -> dict[str, floa
     emb = np.concatenate([p.embedding for _, _, p in test_parts])
     meta_fit = np.concatenate([metadata_features(s, w) for s, w, _ in fit_parts])
     meta = np.concatenate([metadata_features(s, w) for s, w, _ in test_parts])
-    heads = MemctlHeads(fit_probe(emb_fit, yc_fit, seed=seed), fit_probe(emb_fit, yr_fit,
-                                                                         seed=seed))
+    heads = fit_memctl_heads(emb_fit, yc_fit, yr_fit, seed=seed,
+                             compress_precision=COMPRESS_PRECISION)
     out: dict[str, float] = {"compress_rate": float(yc.mean()), "recall_rate": float(yr.mean())}
     for name, y, head, yf in (("compress", yc, heads.compress, yc_fit),
                               ("recall", yr, heads.recall, yr_fit)):
@@ -165,20 +181,23 @@ def run_seed(seed: int, size: dict, use_default: bool = False) -> dict[str, floa
             act[row, [col[x] for x in names]] = 1
         active.append(act)
     f1 = micro_scores(np.concatenate(truth), np.concatenate(active))["f1"]
-    out.update(bytes_kept_ratio=float(np.sum(kept) / np.sum(full)),
+    out.update(compress_threshold=heads.compress.threshold,
+               bytes_kept_ratio=float(np.sum(kept) / np.sum(full)),
                compress_violation_rate=float(np.mean(viol)),
                activation_f1_with=f1, activation_f1_without=f1)
-    return out
+    return out, policy_name
 
 
-def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = False) -> dict:
+def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = True) -> dict:
     """Probe and baseline AUROC/AUPRC and bytes kept, over ``seeds`` seeds."""
     cfg = SIZES[size or ("quick" if quick else "full")]
-    rows = []
+    rows, policies = [], []
     with bench_progress() as bar:
         task = bar.add_task("memctl", total=seeds)
         for seed in range(seeds):
-            rows.append(run_seed(seed, cfg, use_default))
+            row, policy_name = run_seed(seed, cfg, use_default)
+            rows.append(row)
+            policies.append(policy_name)
             bar.update(task, advance=1, description=(
                 f"memctl seed {seed}: compress {rows[-1]['compress_auroc']:.3f} vs "
                 f"{rows[-1]['compress_baseline_auroc']:.3f}, recall "
@@ -189,6 +208,13 @@ def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = Fa
     return {"experiment": "memctl", "metric": "auroc", "results": results,
             "summary": {"compress_margin": margin_c, "recall_margin": margin_r,
                         "target_met": bool(margin_c >= 0.05 and margin_r >= 0.05)},
+            "policy": sorted(set(policies)),
+            "baseline_features": list(BASELINE_FEATURES),
+            "probe_input": "pooled policy embedding (d values), logistic probe",
+            "label_rules": {"compress": "no temporal (non-state) thinking label active in the "
+                            "window or one window span behind it",
+                            "recall": "ground-truth label set rarer than 2 % of the probe-"
+                            "training windows, or a label-set change within 0.5 s"},
             "paper": {"compress_auroc": 0.831, "compress_baseline_auroc": 0.751,
                       "recall_auroc": 0.765, "recall_baseline_auroc": 0.552}}
 

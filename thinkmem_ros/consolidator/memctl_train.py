@@ -4,10 +4,17 @@ Why: the probes must learn from situations whose answer is known. The synthetic 
 per-frame thinking ground truth, from which these documented rules derive the labels of a
 window ending at frame t (K frames, stream rate r):
 
-COMPRESS(t) = 1  iff no thinking label is active in any frame of [t - K - H + 1, t], the
-    window plus ``horizon_s`` (H = horizon_s * r frames, default 10 s) behind it. Then no
-    pattern is pending: nothing that is happening now or has just ended began in the older
-    frames, so the raw frames behind the window can be summarised and released.
+COMPRESS(t) = 1  iff no *temporal* thinking label is active in any frame of
+    [t - K - H + 1, t], the window plus ``horizon_s`` behind it (H = horizon_s * r frames;
+    default one window span, K / r). Temporal labels are every label except
+    ``STATE_LABELS`` (hazard, vibration_load_comparison, visibility_distance_check), which
+    the world's rule table reads from the current values alone. A temporal label active in
+    that span means a change whose evidence lies in the older frames is still unfolding (a
+    pending long-range pattern); otherwise at most a state condition holds, whose evidence
+    is the window itself, and the raw frames behind the window can be summarised and
+    released. (Counting every label made COMPRESS almost only "the first seconds of a
+    stream" in ``mixed``, where some thinking is active 78 % of the time: measured, a step
+    counter alone scored AUROC 0.976 on it.)
 RECALL(t) = 1    iff the ground-truth label set at t is rare (frequency below ``rare_frac``,
     default 2 %, in the reference windows the frequencies are counted on) or the label set
     changes within ``transition_s`` (default 0.5 s) either side of t. Rare situations are
@@ -28,11 +35,30 @@ from sklearn.preprocessing import StandardScaler
 from ..data import SignalStream, SituationSet
 from ..memctl import MemctlHeads, ProbeHead
 
+STATE_LABELS: frozenset[str] = frozenset(
+    {"hazard", "vibration_load_comparison", "visibility_distance_check"})
+"""Labels the world's rule table derives from the current values alone (no history)."""
+
+
+def temporal_columns(label_names: list[str] | tuple[str, ...]) -> np.ndarray:
+    """Boolean mask of the labels that depend on history (all but ``STATE_LABELS``)."""
+    return np.array([name not in STATE_LABELS for name in label_names], dtype=bool)
+
 
 def compress_targets(frame_labels: np.ndarray, end_frames: np.ndarray, window: int,
-                     rate_hz: float, horizon_s: float = 10.0) -> np.ndarray:
-    """COMPRESS labels (n,) for windows ending at ``end_frames`` (module docstring rule)."""
-    any_active = frame_labels.max(axis=1) > 0  # (T,)
+                     rate_hz: float, horizon_s: float | None = None,
+                     label_names: list[str] | tuple[str, ...] | None = None) -> np.ndarray:
+    """COMPRESS labels (n,) for windows ending at ``end_frames`` (module docstring rule).
+
+    ``label_names`` selects the temporal columns; without it every column counts.
+    ``horizon_s`` None = one window span (window / rate_hz).
+    """
+    if horizon_s is None:
+        horizon_s = window / rate_hz
+    labels = np.asarray(frame_labels)
+    if label_names is not None:
+        labels = labels[:, temporal_columns(label_names)]
+    any_active = labels.max(axis=1) > 0 if labels.shape[1] else np.zeros(len(labels), bool)
     csum = np.concatenate([[0], np.cumsum(any_active)])
     span = window + int(round(horizon_s * rate_hz))
     start = np.maximum(end_frames - span + 1, 0)
@@ -66,22 +92,23 @@ def recall_targets(frame_labels: np.ndarray, end_frames: np.ndarray, rate_hz: fl
     return (rare | near).astype(np.int64)
 
 
-def metadata_features(stream: SignalStream, windows: SituationSet) -> np.ndarray:
-    """Length/step-count and metadata features for the baselines (no signal content).
+BASELINE_FEATURES = ("log1p_step_count", "steps_since_start_s", "observed_fraction",
+                     "observed_frames_per_signal", "events_in_history")
+"""What the length/metadata baseline sees, the issue's "window length/step count and
+metadata" (PaMER's length/turn-count and metadata baselines): how long the session has run,
+how much of the window is actually observed (its effective length, per signal), and how
+many discrete events (turns) the history holds. It sees no signal values and no event
+*kinds*: the world's threshold events (temperature_high, obstacle_near...) are content, and
+the time since / kind of the last event would hand the baseline the labels' own thresholds."""
 
-    Columns: log1p(step count since start), observed fraction of the window, number of
-    events in the history, log1p(seconds since the last event), one-hot of the last event.
-    """
-    ends = np.asarray(windows.meta["end_frames"])
-    times = ends / stream.rate_hz
-    ev_t = np.array([t for t, _ in stream.events], dtype=np.float64)
-    seen = np.searchsorted(ev_t, times, side="right")
-    since = np.where(seen > 0, times - ev_t[np.maximum(seen - 1, 0)], times)
-    last = windows.events[:, -1]
-    onehot = np.zeros((len(ends), len(windows.event_vocabulary) + 1))
-    onehot[np.arange(len(ends)), last] = 1.0
-    return np.column_stack([np.log1p(ends), windows.mask.mean(axis=(1, 2)),
-                            (windows.events > 0).sum(axis=1), np.log1p(since), onehot])
+
+def metadata_features(stream: SignalStream, windows: SituationSet) -> np.ndarray:
+    """Length/step-count and metadata features for the baselines (``BASELINE_FEATURES``)."""
+    ends = np.asarray(windows.meta["end_frames"], dtype=np.float64)
+    observed = windows.mask.sum(axis=1)  # (n, F) observed frames per signal
+    return np.column_stack([np.log1p(ends), ends / stream.rate_hz,
+                            windows.mask.mean(axis=(1, 2)), observed,
+                            (windows.events > 0).sum(axis=1)])
 
 
 def fit_probe(x: np.ndarray, y: np.ndarray, *, seed: int = 0, c: float = 1.0,
@@ -99,10 +126,38 @@ def fit_probe(x: np.ndarray, y: np.ndarray, *, seed: int = 0, c: float = 1.0,
     return ProbeHead(w, b, threshold)
 
 
+def precision_threshold(p: np.ndarray, y: np.ndarray, min_precision: float) -> float:
+    """Lowest threshold whose precision on (p, y) reaches ``min_precision`` (1.0 if none).
+
+    Why: a wrong COMPRESS releases frames a pending pattern still needs, so the deployed
+    threshold is set for precision, not at 0.5 (balanced class weights put 0.5 at equal
+    error rates, which at an 8 % base rate means most compressions are wrong).
+    """
+    if not 0.0 < min_precision <= 1.0:
+        raise ValueError(f"min_precision must be in (0, 1], got {min_precision}")
+    p, y = np.asarray(p, dtype=np.float64), np.asarray(y).astype(bool)
+    order = np.argsort(-p, kind="stable")
+    hits = np.cumsum(y[order])
+    precision = hits / np.arange(1, p.size + 1)
+    ok = np.flatnonzero(precision >= min_precision)
+    if not ok.size:
+        return 1.0
+    return float(p[order][ok[-1]])
+
+
 def fit_memctl_heads(embeddings: np.ndarray, compress: np.ndarray, recall: np.ndarray, *,
-                     seed: int = 0, c: float = 1.0, info: dict | None = None) -> MemctlHeads:
-    """Fit both probes on (n, d) embeddings and their COMPRESS / RECALL labels."""
-    return MemctlHeads(fit_probe(embeddings, compress, seed=seed, c=c),
-                       fit_probe(embeddings, recall, seed=seed, c=c),
+                     seed: int = 0, c: float = 1.0, compress_precision: float | None = 0.9,
+                     info: dict | None = None) -> MemctlHeads:
+    """Fit both probes on (n, d) embeddings and their COMPRESS / RECALL labels.
+
+    The COMPRESS threshold is calibrated on the training rows for ``compress_precision``
+    (None keeps 0.5); RECALL keeps 0.5 (a needless recall costs one request, no data).
+    """
+    head_c = fit_probe(embeddings, compress, seed=seed, c=c)
+    if compress_precision is not None:
+        head_c.threshold = precision_threshold(head_c.probability(embeddings), compress,
+                                               compress_precision)
+    return MemctlHeads(head_c, fit_probe(embeddings, recall, seed=seed, c=c),
                        info={"n": int(len(embeddings)), "compress_rate": float(np.mean(compress)),
-                             "recall_rate": float(np.mean(recall)), **(info or {})})
+                             "recall_rate": float(np.mean(recall)),
+                             "compress_precision_target": compress_precision, **(info or {})})
