@@ -23,6 +23,7 @@ def random_situations(n: int, rng: np.random.Generator) -> SituationSet:
     mask = (rng.random((n, K, 7)) > 0.2).astype(np.float32)
     mask[::7, :, :] = 0.0  # whole situations unobserved
     mask[1::5, -1, :] = 0.0  # newest frame missing
+    mask[2::9, :, 3] = 0.0  # one channel unobserved for the whole window
     signals *= mask
     events = rng.integers(0, len(VOCAB) + 1, size=(n, M))
     events[::3] = 0  # every event slot padding
@@ -118,3 +119,4 @@ def test_warm_start_from_bundle_keeps_known_label_rows(trained_bundle):
     torch.testing.assert_close(new["signal_mean"], old["signal_mean"])
     report = warm.history[0]["warm_start"]
     assert "head.weight" in report["rows"] and "frame_in.weight" in report["copied"]
+    assert "shape_in.weight" in report["copied"] and "zeroed" not in report

@@ -13,11 +13,35 @@ from torch import nn
 from .config import PolicyConfig
 
 
+SHAPE_EPS = 0.05
+"""Floor of the window std in globally normalised units (~5% of the training spread).
+
+Below it a channel counts as flat: its shape is scaled down instead of blowing sensor noise
+up to unit variance, and sqrt never sees 0 (whose gradient is infinite)."""
+
+
+def window_shape(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-channel (x - window mean) / window std over observed frames only, (B, K, F).
+
+    Masked entries are excluded from the statistics and are 0 in the output; a fully
+    masked channel gives 0 everywhere (count clamped to 1, std floored), never NaN.
+    """
+    count = mask.sum(1, keepdim=True).clamp_min(1.0)  # (B, 1, F)
+    mean = (x * mask).sum(1, keepdim=True) / count  # (B, 1, F)
+    centred = (x - mean) * mask  # (B, K, F)
+    var = (centred * centred).sum(1, keepdim=True) / count  # (B, 1, F)
+    return centred / torch.sqrt(var + SHAPE_EPS * SHAPE_EPS)  # (B, K, F)
+
+
 class ThinkingPolicy(nn.Module):
     """Situation (signals, mask, events) -> per-thinking probabilities and a pooled embedding.
 
-    Each frame becomes one token ``Linear([normalised * mask, mask])`` plus a learned
-    position, so a missing value is distinguishable from a zero reading. Each event id
+    Each frame becomes one token ``Linear([normalised * mask, mask]) + Linear(shape)`` plus
+    a learned position, so a missing value is distinguishable from a zero reading.
+    ``shape`` is the window-relative evolution of each channel (``window_shape``): a
+    situation is an evolution, and the same rise at another operating level or scale
+    (an unseen component) must read the same. The globally normalised value stays beside
+    it, so absolute levels (hazard thresholds) are still visible. Each event id
     becomes a token of its own (embedding + event position + a type embedding that tells
     events from frames). Padding events (id 0) are masked out of attention and pooling;
     frame tokens are never masked, so attention always has keys and no row turns to NaN
@@ -31,6 +55,9 @@ class ThinkingPolicy(nn.Module):
         self.register_buffer("signal_mean", torch.zeros(c.n_signals))
         self.register_buffer("signal_std", torch.ones(c.n_signals))
         self.frame_in = nn.Linear(2 * c.n_signals, c.d_model)
+        # A separate layer, not a wider frame_in, so warm starts from bundles trained before
+        # it existed copy frame_in unchanged (warm_start zeroes shape_in for them).
+        self.shape_in = nn.Linear(c.n_signals, c.d_model)
         self.frame_pos = nn.Parameter(torch.zeros(c.window, c.d_model))
         self.event_embed = nn.Embedding(c.n_event_vocab + 1, c.d_model, padding_idx=0)
         self.event_pos = nn.Parameter(torch.zeros(c.max_events, c.d_model))
@@ -70,6 +97,7 @@ class ThinkingPolicy(nn.Module):
         c = self.config
         x = (signals - self.signal_mean) / self.signal_std * mask  # (B, K, F)
         frames = self.frame_in(torch.cat([x, mask], dim=-1))  # (B, K, d)
+        frames = frames + self.shape_in(window_shape(x, mask))  # (B, K, d)
         frames = frames + self.frame_pos + self.type_embed[0]  # (B, K, d)
         ev = self.event_embed(events) + self.event_pos + self.type_embed[1]  # (B, M, d)
         tokens = torch.cat([frames, ev], dim=1)  # (B, K+M, d)

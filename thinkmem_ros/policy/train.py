@@ -201,6 +201,12 @@ def warm_start(model: ThinkingPolicy, init_from: WarmStart, label_names: tuple[s
                 report["copied"].append(key)
             else:
                 report["fresh"].append(key)
+        if not any(key.startswith("shape_in.") for key in source):
+            # A bundle from before the window-shape input: start that input at zero so the
+            # warm-started model computes exactly what the old one did, then learns it.
+            for key in ("shape_in.weight", "shape_in.bias"):
+                target[key].zero_()
+                report["zeroed"] = report.get("zeroed", []) + [key]
     model.load_state_dict(target)
     return report
 
@@ -209,18 +215,24 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
                  epochs: int = 30, batch_size: int = 128, lr: float = 2e-3,
                  weight_decay: float = 0.01, val_fraction: float = 0.15, patience: int = 5,
                  progress: bool = True, init_from: WarmStart | None = None,
-                 tune_tau: bool = True, balance: bool = True) -> TrainedPolicy:
+                 tune_tau: bool = True, balance: bool = True,
+                 min_steps: int = 0) -> TrainedPolicy:
     """Train a policy on ``data`` and return it with thresholds and validation metrics.
 
     Early stopping watches validation loss and restores the best epoch's weights; with
     ``val_fraction=0`` it trains for ``epochs`` and keeps tau = 0.5. ``balance`` weighs each
     label's positives by sqrt(negatives / positives) (1..10): rare thinking such as a
     late change seen in 2% of frames is otherwise never predicted at all.
+
+    ``min_steps`` is a floor on optimiser steps: ``epochs`` grows until it is reached, and
+    early stopping waits for it. A few hundred rows give a handful of steps per epoch, and
+    a fixed epoch count would end training before the model learned anything (order over
+    unseen identities took > 1,000 steps where 105 left it at chance).
     """
     _check_data(data)
-    if epochs < 1 or batch_size < 1 or patience < 1:
-        raise ValueError(f"epochs, batch_size and patience must be >= 1, got "
-                         f"{epochs}, {batch_size}, {patience}")
+    if epochs < 1 or batch_size < 1 or patience < 1 or min_steps < 0:
+        raise ValueError(f"epochs, batch_size and patience must be >= 1 and min_steps >= 0, "
+                         f"got {epochs}, {batch_size}, {patience}, {min_steps}")
     config, preset = _resolve_config(data, config)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
@@ -237,6 +249,7 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
     val_t = _tensors(data, val_rows) if len(val_rows) else None
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps_per_epoch = max(1, -(-len(train_rows) // batch_size))
+    epochs = max(epochs, -(-min_steps // steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimiser, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=0.1)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=_pos_weight(train_t[3]) if balance else None)
@@ -261,7 +274,8 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
             if bar is not None:
                 bar.update(task, description=_describe(row))
                 bar.console.log(_describe(row))  # a lasting line per epoch, also in logs
-            if val_t is not None and stale >= patience:
+            if val_t is not None and stale >= patience \
+                    and epoch * steps_per_epoch >= min_steps:
                 break
     if val_t is not None:
         model.load_state_dict(best["state"])
