@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 HELP = "train a policy and export it as a model bundle"
 
@@ -58,9 +60,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..bundle import write_bundle
     from ..data import SituationSet
-    from ..metrics import micro_scores
     from ..policy.export import build_manifest, export_bundle
-    from ..policy.runtime import PolicyRuntime
     from ..policy.train import train_policy
     from ..world.streams import generate_stream, stream_windows
 
@@ -92,28 +92,43 @@ def main(args: argparse.Namespace) -> int:
                          "epochs_run": sum("epoch" in h for h in trained.history),
                          "torch_threads": args.threads}}
     extras = {"command": command, "scenario": args.scenario, "seed": args.seed}
-    bundle = export_bundle(trained, args.out, model_version=args.model_version,
-                           frame_rate_hz=args.rate, metrics=metrics, extras=extras)
-    if args.test_duration > 0:
-        stream = generate_stream(args.scenario, args.test_duration, args.rate, children[-1])
-        test = stream_windows(stream, args.window, max_events=args.max_events)
-        runtime = PolicyRuntime(bundle)
-        probs = np.concatenate([runtime.predict(test.signals[i:i + 1024], test.mask[i:i + 1024],
-                                                test.events[i:i + 1024]).probabilities
-                                for i in range(0, len(test), 1024)])
-        predicted = probs >= runtime.thresholds
-        scores = micro_scores(test.labels, predicted)
-        per_label = {name: micro_scores(test.labels[:, j], predicted[:, j])["f1"]
-                     for j, name in enumerate(test.label_names)}
-        metrics["held_out"] = {
-            "scenario": args.scenario, "duration_s": args.test_duration,
-            "situations": len(test), **{f"micro_{k}": v for k, v in scores.items()},
-            "per_label_f1": per_label}
-        # Same ONNX bytes, richer manifest: the sha256 and the graph stay as exported.
-        manifest = build_manifest(trained, model_version=args.model_version,
-                                  frame_rate_hz=args.rate, metrics=metrics, extras=extras)
-        bundle = write_bundle(args.out, bundle.onnx_path.read_bytes(), manifest)
-        print(f"held-out micro-F1 {scores['f1']:.4f} (precision {scores['precision']:.4f}, "
-              f"recall {scores['recall']:.4f}) on {len(test)} situations", file=sys.stderr)
+    # Export and score in a scratch folder, then write --out once, complete with its
+    # held-out metrics: a live models/default is never replaced by an unscored bundle.
+    with tempfile.TemporaryDirectory(prefix="thinkmem-train-") as scratch:
+        staged = export_bundle(trained, Path(scratch) / "bundle",
+                               model_version=args.model_version, frame_rate_hz=args.rate,
+                               metrics=metrics, extras=extras)
+        if args.test_duration > 0:
+            metrics["held_out"] = held_out_metrics(staged, args, children[-1])
+        onnx = staged.onnx_path.read_bytes()
+    # Same ONNX bytes, richer manifest: the sha256 and the graph stay as exported.
+    manifest = build_manifest(trained, model_version=args.model_version,
+                              frame_rate_hz=args.rate, metrics=metrics, extras=extras)
+    bundle = write_bundle(args.out, onnx, manifest)
     print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train {wall:.0f} s)")
     return 0
+
+
+def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
+    """Micro and per-label F1 of the exported ONNX bundle on a fresh held-out stream."""
+    import numpy as np
+
+    from ..metrics import micro_scores
+    from ..policy.runtime import PolicyRuntime
+    from ..world.streams import generate_stream, stream_windows
+
+    stream = generate_stream(args.scenario, args.test_duration, args.rate, rng)
+    test = stream_windows(stream, args.window, max_events=args.max_events)
+    runtime = PolicyRuntime(bundle)
+    probs = np.concatenate([runtime.predict(test.signals[i:i + 1024], test.mask[i:i + 1024],
+                                            test.events[i:i + 1024]).probabilities
+                            for i in range(0, len(test), 1024)])
+    predicted = probs >= runtime.thresholds
+    scores = micro_scores(test.labels, predicted)
+    per_label = {name: micro_scores(test.labels[:, j], predicted[:, j])["f1"]
+                 for j, name in enumerate(test.label_names)}
+    print(f"held-out micro-F1 {scores['f1']:.4f} (precision {scores['precision']:.4f}, "
+          f"recall {scores['recall']:.4f}) on {len(test)} situations", file=sys.stderr)
+    return {"scenario": args.scenario, "duration_s": args.test_duration,
+            "situations": len(test), **{f"micro_{k}": v for k, v in scores.items()},
+            "per_label_f1": per_label}
