@@ -146,3 +146,25 @@ def test_learn_values_from_experiences(source_bundle):
     assert table.n_clusters == 1
     assert table.q[0, 1] > 0.5 and table.q[0, 0] < 0  # not required -> token cost
     assert table.n_sg[0, 0] == 12
+
+
+def test_activation_keyed_clusters_split_by_what_the_policy_activated(tmp_path):
+    rng = np.random.default_rng(6)
+    table = ValueTable(LABELS, 8, ValueConfig(gamma=0.0, activation_weight=1.0))
+    for _ in range(10):  # same embedding region: trend alone earns, trend beside cause wastes
+        alone = table.assign(_emb(0, rng), ["trend"])
+        table.update(alone, "trend", 1.0 + 0.05 * rng.normal())
+        both = table.assign(_emb(0, rng), ["trend", "cause"])
+        table.update(both, "trend", -0.3 + 0.05 * rng.normal())
+        table.update(both, "cause", 1.0 + 0.05 * rng.normal())
+    assert alone != both and table.n_clusters == 2
+    e = _emb(0, rng)
+    assert table.rerank(e, ["trend"]).kept == ["trend"]
+    assert table.rerank(e, ["trend", "cause"]).suppressed == {"trend": "low_value"}
+    table.save(tmp_path)  # compaction drops unvalued columns; keys keep the full label list
+    loaded = ValueTable.load(tmp_path)
+    assert len(loaded.labels) == 2 and loaded.key_labels == LABELS
+    assert loaded.rerank(e, ["trend", "cause"]).suppressed == {"trend": "low_value"}
+    assert loaded.rerank(e, ["trend"]).kept == ["trend"]
+    plain = ValueTable(LABELS, 8)  # w = 0: the activation does not enter the key
+    assert plain.assign(_emb(0, rng), ["trend"]) == plain.assign(_emb(0, rng), ["cause"])

@@ -3,9 +3,12 @@
 Reproduce: ``thinkmem bench values --json bench_results/values.json --plot
 bench_results/values.png`` (``--quick``: shorter streams, fewer epochs).
 
-Setup per seed: a small policy is trained on ``mixed`` streams (10 Hz, K=32); a separate
-*learning* stream feeds the value table online; a third *test* stream is scored with the
-table frozen (greedy, no learning). Situations are taken every 0.5 s.
+Setup per seed: the policy is the shipped ``models/default`` bundle (trained on ``mixed``
+streams at 10 Hz, K=32; the streams here are fresh draws) when it loads, else a small
+policy trained here (``bench_policy``); the JSON names which. A *learning* stream feeds the
+value table online; a separate *test* stream is scored with the table frozen (greedy, no
+learning). Situations are taken every 0.5 s. Situation keys join the policy embedding with
+its activated labels (``ValueConfig.activation_weight`` = 1, see ``value.py``).
 
 Reward model per (situation kind, label), fixed before any measurement. The kind of a
 situation is its ground-truth label set G; an activated label g earns
@@ -112,8 +115,11 @@ def stream_situations(runtime, duration_s: float, rng: np.random.Generator):
     return stream, windows, pred
 
 
+ACTIVATION_WEIGHT = 1.0
+
+
 def _config(method: str, horizon: int) -> ValueConfig:
-    base = {"horizon": max(horizon, 1)}
+    base = {"horizon": max(horizon, 1), "activation_weight": ACTIVATION_WEIGHT}
     if method == "no_q":
         base.update(alpha=1.0, gamma=0.0)
     elif method == "no_epsilon":
@@ -133,7 +139,7 @@ def learn_table(method: str, labels: list[str], pred, truth: np.ndarray,
     clusters = [-1] * n
     pending: list[tuple[int, str, float]] = []
     for t in range(n):
-        clusters[t] = table.assign(pred.embedding[t])
+        clusters[t] = table.assign(pred.embedding[t], pred.active[t])
         for s_prev, label, r in pending:  # TD with the successor now known
             table.update(s_prev, label, r, clusters[t])
         kept, _ = table.explore(pred.embedding[t], pred.active[t], t, rng)
@@ -157,11 +163,14 @@ def score(kept: list[list[str]], truth: np.ndarray, labels: list[str]) -> dict[s
             "activation_f1": micro_scores(useful, predicted)["f1"]}
 
 
-def run_seed(seed: int, size: dict, progress=None) -> dict[str, dict[str, float]]:
+def run_seed(seed: int, size: dict, progress=None,
+             use_default: bool = True) -> tuple[dict[str, dict[str, float]], str]:
     """All methods on one seed's policy, learning stream and test stream."""
+    from .memctl import _policy
+
     rng = np.random.default_rng(SEED_BASE + 100 + seed)
     with tempfile.TemporaryDirectory() as tmp:
-        runtime = bench_policy(seed, size, Path(tmp) / "bundle")
+        runtime, policy_name = _policy(seed, size, Path(tmp) / "bundle", use_default)
         labels = runtime.labels
         _, learn_w, learn_p = stream_situations(runtime, size["learn_s"], rng)
         _, test_w, test_p = stream_situations(runtime, size["test_s"], rng)
@@ -176,17 +185,20 @@ def run_seed(seed: int, size: dict, progress=None) -> dict[str, dict[str, float]
                        "archived": int(table.archived.sum()), "clusters": table.n_clusters}
         if progress:
             progress()
-    return out
+    return out, policy_name
 
 
-def run(quick: bool, seeds: int, size: str | None = None) -> dict:
+def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = True) -> dict:
     """Every method over ``seeds`` seeds; rows hold mean/std of each metric."""
     cfg = SIZES[size or ("quick" if quick else "full")]
     rows: dict[str, list[dict]] = {m: [] for m in METHODS}
+    policies = set()
     with bench_progress() as bar:
         task = bar.add_task("values", total=seeds * (len(METHODS) - 1))
         for seed in range(seeds):
-            res = run_seed(seed, cfg, lambda: bar.update(task, advance=1))
+            res, policy_name = run_seed(seed, cfg, lambda: bar.update(task, advance=1),
+                                        use_default)
+            policies.add(policy_name)
             for method, row in res.items():
                 rows[method].append(row)
             bar.update(task, description=f"values seed {seed}: wasted "
@@ -209,7 +221,9 @@ def run(quick: bool, seeds: int, size: str | None = None) -> dict:
             "reward_model": {"essential": REWARD_ESSENTIAL, "redundant": REWARD_REDUNDANT,
                              "spurious": REWARD_SPURIOUS, "noise_std": REWARD_NOISE,
                              "redundant_when": [list(p) for p in REDUNDANT]},
-            "labels": list(THINKING)}
+            "labels": list(THINKING), "policy": sorted(policies),
+            "value_config": {"theta": ValueConfig.theta, "activation_weight": ACTIVATION_WEIGHT,
+                             "min_visits": ValueConfig.min_visits, "z": ValueConfig.z}}
 
 
 def plot(report: dict, path) -> None:

@@ -9,6 +9,10 @@ the experience's scalar ``reward``; when hindsight ``required`` is known, an act
 *not* required gets ``-token_cost`` instead (it was paid for and not needed). The TD
 successor of an experience is the next experience of the same (robot, episode) by stamp;
 the last one of an episode is terminal. Experiences without a reward are skipped.
+
+Situation keys join the embedding with the activated labels (``ValueConfig.activation_weight``
+= 1 unless a config is given; see ``value.py``), so the node must key with the labels the
+policy activated, which it does (``ValueGate``).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def learn_values(experiences: list[Experience], runtime: PolicyRuntime,
     if table is None:
         if not dim and rated:
             dim = embed_experiences(runtime, rated[:1]).shape[1]
-        table = ValueTable(labels, max(dim, 1), config)
+        table = ValueTable(labels, max(dim, 1), config or ValueConfig(activation_weight=1.0))
     by_episode: dict[tuple[str, str], list[Experience]] = defaultdict(list)
     for exp in rated:
         by_episode[(exp.robot_id, exp.episode_id)].append(exp)
@@ -75,7 +79,8 @@ def learn_values(experiences: list[Experience], runtime: PolicyRuntime,
         episode = sorted(by_episode[key], key=lambda e: (e.stamp, e.seq or 0))
         emb = np.concatenate([embed_experiences(runtime, episode[i:i + batch])
                               for i in range(0, len(episode), batch)])
-        clusters = [table.assign(e) for e in emb]
+        clusters = [table.assign(e, activated(exp, thresholds))
+                    for e, exp in zip(emb, episode, strict=True)]
         for i, exp in enumerate(episode):
             nxt = clusters[i + 1] if i + 1 < len(episode) else None
             for label, r in label_rewards(exp, thresholds, token_cost).items():
