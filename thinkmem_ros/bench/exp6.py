@@ -89,9 +89,8 @@ def _future_accuracy(units: list[KnowledgeUnit], rules, codes, seed: int, quick:
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)
-    data = knowledge_material(units, codes, rng, positives_per_unit=64, negatives_per_kind=16)
-    trained = train_policy(data, "default", seed=seed, epochs=20 if quick else 30,
-                           progress=False)
+    data = knowledge_material(units, codes, rng, positives_per_unit=128, negatives_per_kind=32)
+    trained = train_policy(data, "default", seed=seed, epochs=30, progress=False)
     filler = filler_codes(codes, units)
     histories, targets = [], []
     for a, b, c in rules:
