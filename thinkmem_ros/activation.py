@@ -2,7 +2,11 @@
 
 ``/thinking/activation`` carries one compact JSON object per frame: the LLM side and the
 demo read the active labels, the bag engineer scores every frame, and benchmarks read the
-timings. ``/thinking/probabilities`` is a Float32MultiArray whose layout names each
+timings. When the bundle carries a value table or memory-control probes, ``active`` is
+what the gates kept, in rank order, and the record adds ``policy_active`` (what the policy
+activated), ``ranked``, ``suppressed`` {label: reason}, ``values``, ``uncertainties``,
+``value_mode`` and ``memctl`` {p_compress, p_recall, compress, recall, error} (see
+``thinking_gates``). ``/thinking/probabilities`` is a Float32MultiArray whose layout names each
 dimension after its thinking label, so a consumer never guesses the output order.
 """
 
@@ -35,6 +39,7 @@ class FrameResult:
     bundle_sha256: str
     stale: tuple[str, ...]
     inputs_stamp: float | None
+    gate: dict | None = None  # ThinkingGates decisions (GateOutcome.record()), if any
 
 
 def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,
@@ -48,19 +53,24 @@ def activation_record(result: FrameResult, robot_id: str) -> dict:
     """Build the JSON object of one activation; probabilities rounded to 5 digits."""
     probs = [round(float(p), 5) for p in result.probabilities]
     by_label = dict(zip(result.labels, probs, strict=True))
-    return {
+    active = result.active if result.gate is None else result.gate["ranked"]
+    record = {
         "schema": SCHEMA,
         "robot_id": robot_id,
         "seq": result.seq,
         "stamp": result.stamp,
         "inputs_stamp": result.inputs_stamp,
         "bundle_version": result.bundle_version,
-        "active": [{"label": label, "probability": by_label[label]} for label in result.active],
+        "active": [{"label": label, "probability": by_label[label]} for label in active],
         "probabilities": by_label,
         "stale": list(result.stale),
         "inference_us": round(result.inference_us, 1),
         "latency_us": None if result.latency_us is None else round(result.latency_us, 1),
     }
+    if result.gate is not None:  # value rerank / memory control ran: what the policy said too
+        record["policy_active"] = list(result.active)
+        record.update(result.gate)
+    return record
 
 
 def activation_json(result: FrameResult, robot_id: str) -> str:

@@ -241,3 +241,50 @@ def push_status(snap: PushSnapshot) -> StatusReport:
               ("last_outcome", snap.last_outcome), ("last_reason", snap.last_reason)]
     values += [(key, str(snap.counters.get(key, 0))) for key in PUSH_VALUES]
     return StatusReport(level, message, values)
+
+
+# ------------------------------------------------------------- values and memory control
+
+GATE_VALUES = ("value_suppressed", "value_explored", "memctl_compress", "memctl_recall",
+               "memctl_head_errors", "memctl_missing_id", "recall_evidence", "recall_errors")
+"""Gate counters (``ThinkingGates.stats``) reported in the "memory" status, in this order."""
+
+
+@dataclass
+class GateSnapshot:
+    """Value/memory-control state at one diagnostics tick, and counters at the previous."""
+
+    has_values: bool
+    has_memctl: bool
+    value_mode: str
+    recall_endpoint: str
+    counters: dict
+    previous: dict = field(default_factory=dict)
+    artefact_errors: list[str] = field(default_factory=list)
+
+
+def gate_status(snap: GateSnapshot) -> StatusReport:
+    """Judge values and memory control: WARN on recall failures, head errors, bad artefacts."""
+    def delta(key: str) -> int:
+        return int(snap.counters.get(key, 0)) - int(snap.previous.get(key, 0))
+
+    warns: list[str] = [f"artefact refused: {err}" for err in snap.artefact_errors]
+    last_error = str(snap.counters.get("last_recall_error", ""))
+    if delta("recall_errors") or last_error:
+        warns.append(f"recall failing ({snap.counters.get('recall_errors', 0)} failures; "
+                     f"service {snap.recall_endpoint or 'unset'}: {last_error or 'late'}); "
+                     "no evidence published")
+    if delta("memctl_head_errors"):
+        warns.append(f"{delta('memctl_head_errors')} memory-control head errors "
+                     "(compression/recall skipped)")
+    level = WARN if warns else OK
+    parts = [f"values {snap.value_mode if snap.has_values else 'absent'}",
+             f"memctl {'on' if snap.has_memctl else 'absent'}"]
+    message = "; ".join(warns) if warns else ", ".join(parts)
+    values = [("values", str(snap.has_values).lower()), ("value_mode", snap.value_mode),
+              ("memctl", str(snap.has_memctl).lower()),
+              ("recall_endpoint", snap.recall_endpoint)]
+    values += [(key, str(snap.counters.get(key, 0))) for key in GATE_VALUES]
+    values += [("last_recall_error", str(snap.counters.get("last_recall_error", ""))),
+               ("artefact_errors", "; ".join(snap.artefact_errors))]
+    return StatusReport(level, message, values)

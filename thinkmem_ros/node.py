@@ -27,6 +27,16 @@ a signed bundle installed under ``bundles_dir`` that is newer than ``bundle_path
 used instead (a robot restarted after a push keeps the pushed model). Both paths report
 in ``/diagnostics`` as their own statuses ("shipping", "bundle push").
 
+Value-aware thinking and memory control (issue 5; ``thinking_gates``): when the running
+bundle's folder carries ``values.npz`` the activation is reranked and low-value thinking
+suppressed (``value_mode`` deploy, the default; learn = decayed epsilon-greedy; off); hazard
+is never suppressed. When it carries ``memctl.npz`` each frame gets p_compress / p_recall
+from the embedding; RECALL sends a non-blocking request to ``recall_endpoint`` and the
+evidence that comes back (within ``recall_deadline_s``) is published on
+``/thinking/evidence`` with the next activation. The artefacts are loaded on the hot-swap
+thread with their bundle; a gate failure never stops activations. Status "memory" in
+``/diagnostics`` counts suppressions, recalls, evidence and failures.
+
 Latency, as reported: from the ``perf_counter`` reading taken on entry to the callback of
 the newest sample used by a frame to the return of the activation ``publish()``.
 """
@@ -62,11 +72,13 @@ from .activation import FrameResult, activation_json, active_labels, probabiliti
 from .bundle import BundleError, read_manifest
 from .bundle_receiver import BundleReceiver, BundleReceiverConfig
 from .diagnostics import (
+    GateSnapshot,
     HealthSnapshot,
     PushSnapshot,
     ShippingSnapshot,
     StatusReport,
     build_status,
+    gate_status,
     push_status,
     shipping_status,
 )
@@ -76,6 +88,7 @@ from .msg_fields import FieldError, FieldPath, extract_stamp, message_class
 from .node_config import (
     ACTIVATION_TOPIC,
     DIAGNOSTICS_TOPIC,
+    EVIDENCE_TOPIC,
     NODE_NAME,
     PARAMETERS,
     PROBABILITIES_TOPIC,
@@ -83,6 +96,7 @@ from .node_config import (
     ParamSpec,
     signal_params,
 )
+from .recall import BackgroundRecall, RecallClient
 from .security import (
     SecurityError,
     load_curve_keypair,
@@ -91,6 +105,7 @@ from .security import (
     verify_signed_bundle,
 )
 from .situation import BufferConfig, Frame, SituationBuffer, Verdict
+from .thinking_gates import GateArtefacts, GateConfig, ThinkingGates, load_gate_artefacts
 from .transport import ExperienceShipper, ShipperConfig, TransportError
 
 FrameListener = Callable[[FrameResult], None]
@@ -364,6 +379,8 @@ class ThinkingNode(Node):
         shipping hooks in here); a listener must not block and must not raise."""
         self.config = self._read_config()
         self._verify_key = self._load_verify_key()
+        self._artefacts: dict[tuple[str, str], GateArtefacts] = {}
+        self._artefacts_lock = threading.Lock()
         self._policy = self._load_start_policy()
         policy = self._policy
         self.frame_rate_hz = self.config.effective_rate(policy.frame_rate_hz)
@@ -385,13 +402,15 @@ class ThinkingNode(Node):
         self._act_pub = self.create_publisher(String, ACTIVATION_TOPIC, 100)
         self._prob_pub = self.create_publisher(Float32MultiArray, PROBABILITIES_TOPIC, 100)
         self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
+        self._evidence_pub = self.create_publisher(String, EVIDENCE_TOPIC, 50)
+        self._start_gates(policy)
         self._subscribe(policy)
 
         self._mailbox = _Mailbox()
         self._worker = threading.Thread(target=self._work, name="thinkmem-infer", daemon=True)
         self._worker.start()
         loader = functools.partial(
-            load_policy, signals=tuple(self.config.signal_map),
+            self._load_with_artefacts, signals=tuple(self.config.signal_map),
             thresholds=self.config.thresholds, threads=self.config.inference_threads)
         self._swapper = HotSwapper(self._slot, loader, watch=self.config.watch_bundle,
                                    period_s=self.config.watch_period_s,
@@ -433,9 +452,44 @@ class ThinkingNode(Node):
         except SecurityError as exc:
             raise ValueError(f"bundle_signing_public_key: {exc}") from None
 
+    def _load_with_artefacts(self, path, **kwargs) -> LoadedPolicy:
+        """Load a bundle (hot-swap thread) and the value/memctl artefacts beside it."""
+        policy = load_policy(path, **kwargs)
+        extras = getattr(policy.runtime.manifest, "extras", None)
+        artefacts = load_gate_artefacts(policy.path, extras)
+        for err in artefacts.errors:
+            self.get_logger().error(f"bundle {policy.path}: {err}; running without it")
+        with self._artefacts_lock:
+            self._artefacts[(str(policy.path), policy.sha256)] = artefacts
+        return policy
+
+    def _artefacts_for(self, policy: LoadedPolicy) -> GateArtefacts:
+        with self._artefacts_lock:
+            return self._artefacts.get((str(policy.path), policy.sha256), GateArtefacts())
+
+    def _start_gates(self, policy: LoadedPolicy) -> None:
+        cfg = self.config
+        self._recall: BackgroundRecall | None = None
+        if cfg.recall_endpoint:
+            self._recall = BackgroundRecall(functools.partial(
+                RecallClient, cfg.recall_endpoint, cfg.robot_id, cfg.recall_deadline_s,
+                cfg.recall_k))
+        session = f"{cfg.robot_id}-{time.time_ns()}"
+        self._gates = ThinkingGates(GateConfig(cfg.value_mode, cfg.value_horizon),
+                                    cfg.robot_id, session,
+                                    recall=None if self._recall is None else self._recall.submit)
+        self._gates.use(self._artefacts_for(policy))
+        self._gate_previous: dict = {}
+        arts = self._gates.artefacts
+        self.get_logger().info(
+            f"values: {cfg.value_mode if arts.table is not None else 'absent'}; memctl: "
+            f"{'on' if arts.heads is not None else 'absent'}; recall: "
+            f"{cfg.recall_endpoint or 'off'}")
+
     def _load_start_policy(self) -> LoadedPolicy:
         """Load ``bundle_path``, or a newer signed bundle a push installed under bundles_dir."""
-        load = functools.partial(load_policy, signals=tuple(self.config.signal_map),
+        load = functools.partial(self._load_with_artefacts,
+                                 signals=tuple(self.config.signal_map),
                                  thresholds=self.config.thresholds,
                                  threads=self.config.inference_threads)
         installed = newer_installed_bundle(self.config, self._verify_key, self.get_logger())
@@ -565,12 +619,14 @@ class ThinkingNode(Node):
             embedding=np.asarray(pred.embedding[0]), inference_us=inference_us,
             latency_us=None, bundle_version=policy.version, bundle_sha256=policy.sha256,
             stale=frame.stale, inputs_stamp=frame.inputs_stamp)
+        result.gate = self._apply_gates(result)
         if frame.last_arrival is not None:
             result.latency_us = (time.perf_counter() - frame.last_arrival) * 1e6
         self._act_pub.publish(String(data=activation_json(result, self.config.robot_id)))
         latency = (None if frame.last_arrival is None
                    else (time.perf_counter() - frame.last_arrival) * 1e6)
         self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
+        self._publish_evidence(result)
         self._stats.record(inference_us, latency, frame.inputs_stamp)
         for listener in list(self.frame_listeners):
             try:
@@ -578,6 +634,37 @@ class ThinkingNode(Node):
             except Exception as exc:  # noqa: BLE001 - a listener must not stop inference
                 self.get_logger().error(f"frame listener failed: {exc}",
                                         throttle_duration_sec=5.0)
+
+    def _apply_gates(self, result: FrameResult) -> dict | None:
+        """Value rerank + memory control for one frame; None when the bundle has neither."""
+        arts = self._gates.artefacts
+        if arts.table is None and arts.heads is None:
+            return None
+        try:
+            outcome = self._gates.apply(result.seq, result.active, result.embedding,
+                                        dict(zip(result.labels, result.probabilities.tolist(),
+                                                 strict=True)))
+            return outcome.record()
+        except Exception as exc:  # noqa: BLE001 - a gate failure must not stop activations
+            self.get_logger().error(f"value/memory gates failed on frame {result.seq}: {exc}",
+                                    throttle_duration_sec=5.0)
+            return None
+
+    def _publish_evidence(self, result: FrameResult) -> None:
+        """Publish recall results that finished since the previous frame (never blocks)."""
+        if self._recall is None:
+            return
+        for tag, evidence, error in self._recall.take():
+            self._gates.record_recall(evidence, error)
+            if evidence is None:
+                self.get_logger().warning(f"recall for frame {tag} failed: {error}",
+                                          throttle_duration_sec=5.0)
+                continue
+            self._evidence_pub.publish(String(data=json.dumps({
+                "schema": 1, "robot_id": self.config.robot_id, "seq": tag,
+                "published_with_seq": result.seq, "stamp": result.stamp,
+                "bundle_version": result.bundle_version, "items": evidence},
+                separators=(",", ":"))))
 
     @staticmethod
     def _make_layout(policy: LoadedPolicy) -> MultiArrayLayout:
@@ -587,6 +674,7 @@ class ThinkingNode(Node):
 
     def _on_swapped(self, policy: LoadedPolicy) -> None:
         self._layout = self._make_layout(policy)
+        self._gates.use(self._artefacts_for(policy))
         self.buffer.set_event_vocabulary(policy.event_vocabulary)
         self.get_logger().info(f"swapped to bundle v{policy.version} sha256 "
                                f"{policy.sha256[:12]} from {policy.path}")
@@ -664,11 +752,21 @@ class ThinkingNode(Node):
                                                      self._bundle_error)
             reports += [(f"thinkmem: {self.get_name()}: shipping", shipping),
                         (f"thinkmem: {self.get_name()}: bundle push", push)]
+        reports.append((f"thinkmem: {self.get_name()}: memory", self._gate_report()))
         msg.status = [DiagnosticStatus(
             level=bytes([rep.level]), name=name, message=rep.message,
             hardware_id=self.config.robot_id,
             values=[KeyValue(key=k, value=v) for k, v in rep.values]) for name, rep in reports]
         self._diag_pub.publish(msg)
+
+    def _gate_report(self) -> StatusReport:
+        arts = self._gates.artefacts
+        counters = self._gates.stats()
+        report = gate_status(GateSnapshot(
+            arts.table is not None, arts.heads is not None, self.config.value_mode,
+            self.config.recall_endpoint, counters, self._gate_previous, list(arts.errors)))
+        self._gate_previous = counters
+        return report
 
     # -- shutdown ---------------------------------------------------------------------------
     def write_stats(self, path: str | Path) -> None:
@@ -689,6 +787,8 @@ class ThinkingNode(Node):
         if self._shipping is not None:
             self._shipping.close()  # held frames go to the spool, nothing is lost
         self._swapper.stop(timeout=2.0)
+        if self._recall is not None:
+            self._recall.close(timeout_s=2.0)
         if self.config.stats_file:
             try:
                 self.write_stats(self.config.stats_file)

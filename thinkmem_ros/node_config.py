@@ -69,6 +69,8 @@ ACTIVATION_TOPIC = "thinking/activation"
 PROBABILITIES_TOPIC = "thinking/probabilities"
 DIAGNOSTICS_TOPIC = "/diagnostics"
 DEFAULT_FEEDBACK_TOPIC = "/thinking/feedback"
+EVIDENCE_TOPIC = "thinking/evidence"
+VALUE_MODE_CHOICES = ("off", "deploy", "learn")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,18 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "always)", 1, 1_000_000),
     ParamSpec("episode_gap_s", 5.0, "a gap between frames longer than this starts a new "
               "episode (so does an 'episode_start' event)", 0.001, 1e6),
+    # -- value-aware thinking and memory control (issue 5); used when the bundle carries
+    #    values.npz / memctl.npz
+    ParamSpec("value_mode", "deploy", "with a value table in the bundle: off | deploy "
+              "(greedy rerank + suppression; never suppresses hazard) | learn (decayed "
+              "epsilon-greedy exploration, eps0 0.95, beta 6 over value_horizon frames)"),
+    ParamSpec("value_horizon", 10_000, "frames over which learn-mode exploration decays",
+              1, 1_000_000_000),
+    ParamSpec("recall_endpoint", "", "ZeroMQ endpoint of the consolidator's recall service, "
+              "e.g. tcp://10.0.0.5:5756; '' = RECALL decisions are published, not served"),
+    ParamSpec("recall_deadline_s", 0.05, "a recall request that takes longer is dropped "
+              "(counted); never waited for on the tick", 0.001, 10.0),
+    ParamSpec("recall_k", 4, "past episodes per recall", 1, 64),
 )
 
 
@@ -192,6 +206,11 @@ class NodeConfig:
     feedback_window_s: float = 2.0
     ship_every_n_frames: int = 1
     episode_gap_s: float = 5.0
+    value_mode: str = "deploy"
+    value_horizon: int = 10_000
+    recall_endpoint: str = ""
+    recall_deadline_s: float = 0.05
+    recall_k: int = 4
     signal_map: dict[str, SignalSource] = field(default_factory=lambda: dict(DEFAULT_SIGNAL_MAP))
 
     def __post_init__(self) -> None:
@@ -219,6 +238,21 @@ class NodeConfig:
         if self.events_topic and self.events_topic in topics:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
         self._validate_shipping(topics)
+        self._validate_memory()
+
+    def _validate_memory(self) -> None:
+        _choice("value_mode", self.value_mode, VALUE_MODE_CHOICES)
+        _integer("value_horizon", self.value_horizon, 1)
+        _positive("recall_deadline_s", self.recall_deadline_s)
+        _integer("recall_k", self.recall_k, 1)
+        if self.recall_k > 64:
+            raise ValueError(f"recall_k must be <= 64, got {self.recall_k!r}")
+        endpoint = self.recall_endpoint
+        if endpoint:
+            scheme, sep, rest = endpoint.partition("://")
+            if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in endpoint:
+                raise ValueError(f"recall_endpoint must look like tcp://host:port, "
+                                 f"got {endpoint!r}")
 
     def _validate_shipping(self, topics: list[str]) -> None:
         _positive_or_zero("feedback_window_s", self.feedback_window_s, upper=3600.0)

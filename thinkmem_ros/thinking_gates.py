@@ -1,0 +1,300 @@
+"""Value rerank and memory-control gates between the policy and the activation, numpy only.
+
+Why a module of its own: the node is a thin rclpy shell; what it does with a bundle's value
+table (``values.npz``) and memory-control probes (``memctl.npz``) after each inference is
+plain Python, tested here without ROS.
+
+Per frame (``ThinkingGates.apply``, on the inference thread, no I/O, no waits):
+  * values (when the bundle has a table and ``value_mode`` is not ``off``): ``deploy``
+    applies ``ValueTable.rerank`` (greedy: the documented suppression rule, which never
+    suppresses a ``SAFETY_LABELS`` label the policy activated); ``learn`` uses
+    ``ValueTable.explore`` (decayed epsilon-greedy, eps0 0.95, beta 6 over
+    ``value_horizon`` frames: with probability eps_t everything the policy activated is
+    kept). ``active`` becomes the kept labels in rank order; ``suppressed`` says why each
+    dropped label went.
+  * memory control (when the bundle has probes): ``MemoryController.step`` computes
+    p_compress / p_recall from the embedding, with PaMER's fallback rules (a missing id
+    passes through and is recorded; a head failure is recorded and skips both decisions,
+    the activation is published regardless). RECALL submits a request to
+    ``BackgroundRecall`` (never blocks; a newer request replaces a waiting one); finished
+    results are collected on later frames by ``take_evidence`` and published by the node
+    on ``/thinking/evidence``. A recall failure publishes nothing and is counted.
+  * COMPRESS, what it does now: the decision (``compress`` and p_compress) is published in
+    the activation JSON and travels with the frame to the experience builder. The node
+    itself keeps only the K-frame window, so it releases nothing locally yet; the shipper
+    does not summarise on it yet either. ``memctl.LocalHistory`` implements the
+    all-or-nothing summarise-and-release step for a robot that keeps a longer raw buffer.
+
+Artefacts are loaded by ``load_gate_artefacts`` on the hot-swap thread together with the
+bundle; when the bundle's manifest lists ``extras["artefacts"]`` ({file: sha256}, covered by
+the bundle signature) every listed file must match, otherwise the artefact is refused and
+the policy runs without it (the error is kept for the diagnostics).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .memctl import (
+    MEMCTL_JSON,
+    MEMCTL_NPZ,
+    MemctlArtefactError,
+    MemctlHeads,
+    MemoryController,
+    Situation,
+)
+from .value import VALUES_JSON, VALUES_NPZ, ValueArtefactError, ValueTable
+
+VALUE_MODES = ("off", "deploy", "learn")
+ARTEFACTS_KEY = "artefacts"
+
+
+def artefact_hashes(folder: Path | str) -> dict[str, str]:
+    """Return {file: sha256} of the value/memctl artefacts present in ``folder``.
+
+    Put this under ``extras["artefacts"]`` of a bundle's manifest so its signature covers
+    them (``policy.export.export_bundle(..., extras={"artefacts": ...})``).
+    """
+    folder = Path(folder)
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+            for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON)
+            if (folder / name).is_file()}
+
+
+def attach_artefacts(bundle_folder: Path | str, artefact_folder: Path | str) -> dict[str, str]:
+    """Copy the artefacts into a bundle and list their sha256 in its manifest's extras.
+
+    ``write_bundle`` replaces the whole folder, so the new manifest and the artefacts are
+    assembled in a sibling folder and swapped in by rename: the node never sees a manifest
+    that lists files which are not there yet. Returns the {file: sha256} listed.
+    """
+    from .bundle import load_bundle, write_bundle
+
+    bundle_folder, artefact_folder = Path(bundle_folder), Path(artefact_folder)
+    hashes = artefact_hashes(artefact_folder)
+    bundle = load_bundle(bundle_folder)
+    manifest = bundle.manifest
+    manifest.extras = {**manifest.extras, ARTEFACTS_KEY: hashes}
+    staging = bundle_folder.with_name(f".{bundle_folder.name}.artefacts")
+    if staging.exists():
+        shutil.rmtree(staging)
+    write_bundle(staging, bundle.onnx_path.read_bytes(), manifest)
+    for name in hashes:
+        shutil.copyfile(artefact_folder / name, staging / name)
+    retired = bundle_folder.with_name(f".{bundle_folder.name}.retired")
+    if retired.exists():
+        shutil.rmtree(retired)
+    bundle_folder.rename(retired)
+    staging.rename(bundle_folder)
+    shutil.rmtree(retired, ignore_errors=True)
+    return hashes
+
+
+def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> None:
+    """Raise ValueError when the manifest lists artefact hashes and a file disagrees."""
+    if listed is None:
+        return
+    for name in names:
+        want = listed.get(name)
+        if want is None:
+            raise ValueError(f"{folder / name}: not listed in the manifest's "
+                             f"extras.{ARTEFACTS_KEY}; refusing an unsigned artefact")
+        got = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        if got != want:
+            raise ValueError(f"{folder / name}: sha256 {got[:12]} does not match the "
+                             f"manifest's {str(want)[:12]}")
+
+
+@dataclass
+class GateArtefacts:
+    """What one bundle folder carries besides the policy (either may be None)."""
+
+    table: ValueTable | None = None
+    heads: MemctlHeads | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def load_gate_artefacts(folder: Path | str, extras: dict | None = None) -> GateArtefacts:
+    """Load the value table and probes next to a bundle; a bad artefact is skipped, noted."""
+    folder = Path(folder)
+    listed = (extras or {}).get(ARTEFACTS_KEY)
+    if listed is not None and not isinstance(listed, dict):
+        listed = {}
+    out = GateArtefacts()
+    if (folder / VALUES_JSON).exists():
+        try:
+            _check_listed(folder, (VALUES_NPZ, VALUES_JSON), listed)
+            out.table = ValueTable.load(folder)
+        except (ValueArtefactError, ValueError, OSError) as exc:
+            out.errors.append(f"values: {exc}")
+    if (folder / MEMCTL_JSON).exists():
+        try:
+            _check_listed(folder, (MEMCTL_NPZ, MEMCTL_JSON), listed)
+            out.heads = MemctlHeads.load(folder)
+        except (MemctlArtefactError, ValueError, OSError) as exc:
+            out.errors.append(f"memctl: {exc}")
+    return out
+
+
+@dataclass
+class GateConfig:
+    """The node's gate parameters (copied from NodeConfig)."""
+
+    value_mode: str = "deploy"
+    value_horizon: int = 10_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.value_mode not in VALUE_MODES:
+            raise ValueError(f"value_mode must be one of {list(VALUE_MODES)}, "
+                             f"got {self.value_mode!r}")
+        if isinstance(self.value_horizon, bool) or not isinstance(self.value_horizon, int) \
+                or self.value_horizon < 1:
+            raise ValueError(f"value_horizon must be an integer >= 1, got "
+                             f"{self.value_horizon!r}")
+
+
+@dataclass
+class GateOutcome:
+    """One frame's gate decisions, as they go into the activation JSON."""
+
+    active: list[str]  # kept labels, in rank order
+    suppressed: dict[str, str] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    uncertainties: dict[str, float] = field(default_factory=dict)
+    cluster: int | None = None
+    explored: bool = False
+    value_mode: str = "off"
+    p_compress: float | None = None
+    p_recall: float | None = None
+    compress: bool = False
+    recall: bool = False
+    memctl_error: str = ""
+
+    def record(self) -> dict:
+        """JSON-ready fields added to the activation record."""
+        out: dict = {"ranked": list(self.active), "suppressed": dict(self.suppressed),
+                     "values": {k: round(v, 4) for k, v in self.values.items()},
+                     "uncertainties": {k: round(v, 4) for k, v in self.uncertainties.items()},
+                     "value_mode": self.value_mode}
+        if self.cluster is not None:
+            out["cluster"] = self.cluster
+            out["explored"] = self.explored
+        if self.p_compress is not None or self.memctl_error:
+            out["memctl"] = {
+                "p_compress": None if self.p_compress is None else round(self.p_compress, 5),
+                "p_recall": None if self.p_recall is None else round(self.p_recall, 5),
+                "compress": self.compress, "recall": self.recall,
+                "error": self.memctl_error}
+        return out
+
+
+class ThinkingGates:
+    """Applies one bundle's artefacts per frame and counts what happened."""
+
+    def __init__(self, config: GateConfig, robot_id: str, session_id: str,
+                 recall: Callable[[object, np.ndarray], None] | None = None,
+                 rng: np.random.Generator | None = None) -> None:
+        self.config = config
+        self.robot_id = robot_id
+        self.session_id = session_id
+        self._submit = recall  # BackgroundRecall.submit, or None (no recall endpoint)
+        self._rng = rng or np.random.default_rng(config.seed)
+        self._lock = threading.Lock()
+        self.artefacts = GateArtefacts()
+        self._controller: MemoryController | None = None
+        self._t = 0
+        self.last_recall_error = ""  # '' while the latest recall succeeded (or none ran)
+        self.counters = {"value_suppressed": 0, "value_explored": 0, "memctl_compress": 0,
+                         "memctl_recall": 0, "memctl_head_errors": 0,
+                         "memctl_missing_id": 0, "recall_evidence": 0, "recall_errors": 0}
+
+    def use(self, artefacts: GateArtefacts) -> None:
+        """Adopt a (newly swapped-in) bundle's artefacts."""
+        self.artefacts = artefacts
+        self._controller = (MemoryController(artefacts.heads)
+                            if artefacts.heads is not None else None)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[key] += n
+
+    def apply(self, seq: int, active: tuple[str, ...] | list[str], embedding: np.ndarray,
+              probabilities: dict[str, float]) -> GateOutcome:
+        """Decide what to keep and whether to compress/recall for one frame (never raises)."""
+        out = GateOutcome(active=list(active))
+        table = self.artefacts.table
+        if table is not None and self.config.value_mode != "off":
+            out.value_mode = self.config.value_mode
+            self._values(out, table, active, embedding, probabilities)
+        if self._controller is not None:
+            self._memory(out, seq, embedding)
+        return out
+
+    def epsilon(self, table: ValueTable) -> float:
+        """eps_t = eps0 * exp(-beta * t / value_horizon) (eps0, beta from the table's config)."""
+        cfg = table.config
+        return float(cfg.eps0 * np.exp(-cfg.beta * self._t / self.config.value_horizon))
+
+    def _values(self, out: GateOutcome, table: ValueTable, active, embedding,
+                probabilities: dict[str, float]) -> None:
+        try:
+            ranked = table.rerank(embedding, list(active), probabilities)
+        except ValueError as exc:  # a malformed embedding: keep the policy's activation
+            out.value_mode = f"{self.config.value_mode} (skipped: {exc})"
+            return
+        explored = False
+        if self.config.value_mode == "learn":
+            explored = bool(self._rng.random() < self.epsilon(table))
+            self._t += 1
+        out.cluster, out.explored = ranked.cluster, explored
+        out.values, out.uncertainties = ranked.worth, ranked.uncertainty
+        if explored:  # exploration keeps every activation, still ranked
+            out.active = ranked.kept + [g for g in active if g in ranked.suppressed]
+            self._count("value_explored")
+            return
+        out.active, out.suppressed = ranked.kept, ranked.suppressed
+        if ranked.suppressed:
+            self._count("value_suppressed", len(ranked.suppressed))
+
+    def _memory(self, out: GateOutcome, seq: int, embedding: np.ndarray) -> None:
+        situation = Situation(self.robot_id, self.session_id, np.zeros((0, 0)), embedding)
+        result = self._controller.step(situation)
+        for rec in result.records:
+            if rec.rule == "head_error":
+                self._count("memctl_head_errors")
+                out.memctl_error = rec.detail
+            elif rec.rule == "missing_id":
+                self._count("memctl_missing_id")
+                out.memctl_error = rec.detail
+        if result.p_compress is None:
+            return
+        heads = self.artefacts.heads
+        out.p_compress, out.p_recall = result.p_compress, result.p_recall
+        out.compress = result.p_compress >= heads.compress.threshold
+        out.recall = result.p_recall >= heads.recall.threshold
+        if out.compress:
+            self._count("memctl_compress")
+        if out.recall:
+            self._count("memctl_recall")
+            if self._submit is not None:
+                self._submit(seq, embedding)
+
+    def record_recall(self, evidence: list[dict] | None, error: str | None) -> None:
+        """Count one finished recall (evidence published, or a failure)."""
+        ok = error is None and evidence is not None
+        self._count("recall_evidence" if ok else "recall_errors")
+        with self._lock:
+            self.last_recall_error = "" if ok else (error or "no evidence")
+
+    def stats(self) -> dict:
+        """Cumulative counters for /diagnostics, plus the latest recall error ('' = none)."""
+        with self._lock:
+            return {**self.counters, "last_recall_error": self.last_recall_error}
