@@ -265,3 +265,19 @@ def test_recall_server_down_still_publishes_activations(ros_env, gated_bundle):
             assert int(h.memory["recall_evidence"]) == 0
     finally:
         h.close()
+
+
+def test_published_bundle_carries_its_signed_artefacts(source_bundle, tmp_path):
+    from thinkmem_ros.consolidator.publish import Publisher, PublishConfig
+    from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
+
+    pub_key, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
+    publisher = Publisher(PublishConfig(tmp_path / "pub", key), initial)
+    staged = copy_bundle(source_bundle, tmp_path / "staged", model_version=2)
+    _write_artefacts(tmp_path / "arts", list(load_bundle(staged).manifest.labels), _dim(staged))
+    attach_artefacts(staged, tmp_path / "arts")
+    publication = publisher.publish(load_bundle(staged))
+    signed = verify_signed_bundle(publication.path, pub_key)
+    arts = load_gate_artefacts(publication.path, load_bundle(signed.path).manifest.extras)
+    assert arts.table is not None and arts.heads is not None and not arts.errors

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from thinkmem_ros.protocol import Kind, encode_frame
-from thinkmem_ros.recall import (BackgroundRecall, EpisodeRef, RecallClient, RecallError,
-                                 RecallIndex, RecallServer, index_experiences)
+from thinkmem_ros.recall import (
+    BackgroundRecall,
+    EpisodeRef,
+    RecallClient,
+    RecallError,
+    RecallIndex,
+    RecallServer,
+    index_experiences,
+)
 
 D = 8
 

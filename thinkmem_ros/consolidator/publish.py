@@ -112,7 +112,10 @@ class Publisher:
         target = self.history / f"v{version:06d}"
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.history))
         try:
-            for name in (MANIFEST, ONNX_FILE):
+            # value/memctl artefacts listed (with sha256) in extras.artefacts travel along;
+            # the signature over the manifest covers them (thinking_gates.attach_artefacts)
+            listed = staged.manifest.extras.get("artefacts") or {}
+            for name in (MANIFEST, ONNX_FILE, *sorted(listed)):
                 shutil.copyfile(staged.path / name, staging / name)
             sign_bundle(staging, self.config.signing_key)
             for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE):
