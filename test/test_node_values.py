@@ -268,7 +268,7 @@ def test_recall_server_down_still_publishes_activations(ros_env, gated_bundle):
 
 
 def test_published_bundle_carries_its_signed_artefacts(source_bundle, tmp_path):
-    from thinkmem_ros.consolidator.publish import Publisher, PublishConfig
+    from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
     from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
 
     pub_key, key = write_signing_keypair(tmp_path / "keys", "consolidator")
