@@ -5,7 +5,13 @@ import json
 import pytest
 
 from thinkmem_ros.bundle import (
-    BundleError, BundleManifest, load_bundle, read_manifest, sha256_file, write_bundle)
+    BundleError,
+    BundleManifest,
+    load_bundle,
+    read_manifest,
+    sha256_file,
+    write_bundle,
+)
 from thinkmem_ros.vocabulary import SIGNALS, THINKING
 
 

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 FORMAT_VERSION = 1
@@ -70,7 +70,7 @@ class BundleManifest:
         return json.dumps(asdict(self), sort_keys=True, indent=2)
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = MANIFEST) -> "BundleManifest":
+    def from_dict(cls, data: dict, source: str = MANIFEST) -> BundleManifest:
         """Build a manifest, naming the file and the key when something is wrong."""
         if not isinstance(data, dict):
             raise BundleError(f"{source}: expected a JSON object")
@@ -135,7 +135,8 @@ def load_bundle(folder: Path | str) -> Bundle:
     manifest = read_manifest(folder)
     onnx_path = folder / ONNX_FILE
     if not onnx_path.is_file():
-        raise BundleError(f"bundle model not found: {onnx_path} (expected sha256 {manifest.sha256})")
+        raise BundleError(
+            f"bundle model not found: {onnx_path} (expected sha256 {manifest.sha256})")
     actual = sha256_file(onnx_path)
     if actual != manifest.sha256:
         raise BundleError(
@@ -155,7 +156,7 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     folder.parent.mkdir(parents=True, exist_ok=True)
     manifest.sha256 = hashlib.sha256(onnx_bytes).hexdigest()
     if not manifest.created_at:
-        manifest.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        manifest.created_at = datetime.now(UTC).isoformat(timespec="seconds")
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     staging.chmod(0o755)  # mkdtemp makes 0700; a bundle must be readable by the node's user
     (staging / ONNX_FILE).write_bytes(onnx_bytes)

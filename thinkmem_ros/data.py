@@ -69,7 +69,7 @@ class SituationSet:
         """Frames per situation (K)."""
         return int(self.signals.shape[1])
 
-    def subset(self, index: np.ndarray) -> "SituationSet":
+    def subset(self, index: np.ndarray) -> SituationSet:
         """Rows ``index`` as a new set sharing names and vocabulary."""
         return SituationSet(
             signals=self.signals[index], labels=self.labels[index], mask=self.mask[index],
@@ -78,7 +78,7 @@ class SituationSet:
             event_vocabulary=self.event_vocabulary, meta=_slice_meta(self.meta, index, len(self)))
 
     @staticmethod
-    def concat(parts: list["SituationSet"]) -> "SituationSet":
+    def concat(parts: list[SituationSet]) -> SituationSet:
         """Stack sets with equal window and names; events are right-aligned to the widest M."""
         if not parts:
             raise ValueError("concat needs at least one SituationSet")
@@ -106,7 +106,7 @@ def _slice_meta(meta: dict, index: np.ndarray, n: int) -> dict:
     return out
 
 
-def _concat_meta(parts: list["SituationSet"]) -> dict:
+def _concat_meta(parts: list[SituationSet]) -> dict:
     """Per-row meta present in every part is concatenated; anything else comes from the first."""
     out = dict(parts[0].meta)
     for key in parts[0].meta:

@@ -23,7 +23,7 @@ def share_dirs() -> list[Path]:
 
 
 def find_data(relative: str) -> Path:
-    """First existing ``relative`` path under the share dirs, or a FileNotFoundError listing them."""
+    """First existing ``relative`` path under the share dirs; the error lists where it looked."""
     tried = []
     for base in share_dirs():
         candidate = base / relative

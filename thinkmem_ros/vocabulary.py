@@ -65,4 +65,5 @@ def label_index(name: str, labels: tuple[str, ...] = THINKING) -> int:
     try:
         return labels.index(name)
     except ValueError:
-        raise ValueError(f"unknown thinking label {name!r}; expected one of {list(labels)}") from None
+        raise ValueError(
+            f"unknown thinking label {name!r}; expected one of {list(labels)}") from None

@@ -6,8 +6,8 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -101,12 +101,14 @@ def summarise_scores(scores: dict[str, list[dict[str, float]]]) -> dict[str, dic
 
 
 def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: int,
-                    preset: str = "default") -> dict[str, dict[str, float]]:
+                    preset: str = "default",
+                    min_steps: int = 0) -> dict[str, dict[str, float]]:
     """Fit each named method on ``train`` and score it on ``test`` (micro P/R/F1).
 
     ``proposed`` and ``current_state_only`` train the Transformer policy (same preset,
     epochs and seed; thresholds tuned on their validation split); the others are the
-    baselines of ``thinkmem_ros.baselines``.
+    baselines of ``thinkmem_ros.baselines``. ``min_steps`` is the policy's optimiser-step
+    floor (``train_policy``), which also holds off its early stopping.
     """
     from ..baselines import CurrentStateOnly, RFSummary, SequenceRAG, SummaryRAG
     from ..metrics import micro_scores
@@ -116,7 +118,8 @@ def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: i
         if method == "proposed":
             from ..policy.train import predict_proba, train_policy
 
-            trained = train_policy(train, preset, seed=seed, epochs=epochs, progress=False)
+            trained = train_policy(train, preset, seed=seed, epochs=epochs, progress=False,
+                                   min_steps=min_steps)
             predicted = predict_proba(trained, test) >= trained.threshold_array
         elif method == "current_state_only":
             predicted = CurrentStateOnly(preset=preset, seed=seed, epochs=epochs).fit(
