@@ -91,3 +91,23 @@ def test_min_steps_raises_the_epoch_count_and_holds_off_early_stopping():
     assert [row["epoch"] for row in plain.history if "epoch" in row] == [1]
     with pytest.raises(ValueError, match="min_steps"):
         train_policy(data, TINY, min_steps=-1, progress=False)
+
+
+def test_lean_encoder_computes_what_the_stock_torch_encoder_computes():
+    from torch import nn
+
+    from thinkmem_ros.policy.encoder import Encoder
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, 0.0, activation="gelu", batch_first=True,
+                                       norm_first=True)
+    stock = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    lean = Encoder(16, 2, 32, 0.0, 2).eval()
+    # Same parameter names, so bundles trained with the stock layers still warm-start.
+    lean.load_state_dict(stock.state_dict())
+    tokens = torch.randn(4, 9, 16)
+    keep = (torch.rand(4, 9) > 0.3).float()
+    keep[:, 0] = 1.0
+    with torch.enable_grad():  # under no_grad the stock layer takes a fused fast path
+        expected = stock(tokens, src_key_padding_mask=(1.0 - keep) * -1e4)
+    torch.testing.assert_close(lean(tokens, keep), expected.detach(), atol=1e-5, rtol=0)

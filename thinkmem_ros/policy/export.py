@@ -31,12 +31,10 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
     example = (torch.zeros(2, c.window, c.n_signals), torch.ones(2, c.window, c.n_signals),
                torch.zeros(2, c.max_events, dtype=torch.int64))
     buffer = io.BytesIO()
-    # Not under no_grad: there nn.TransformerEncoderLayer takes its fused fast path, whose
-    # op (aten::_transformer_encoder_layer_fwd) has no ONNX export.
     with warnings.catch_warnings():
         # The legacy exporter announces its own deprecation; it is chosen on purpose.
         warnings.simplefilter("ignore", DeprecationWarning)
-        # Shape checks inside nn.MultiheadAttention are constant for a fixed config.
+        # Token counts read from tensor shapes are constants for a fixed config.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             model, example, buffer, dynamo=False, opset_version=opset,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .config import PolicyConfig
+from .encoder import Encoder
 
 
 SHAPE_EPS = 0.05
@@ -63,10 +64,7 @@ class ThinkingPolicy(nn.Module):
         self.event_pos = nn.Parameter(torch.zeros(c.max_events, c.d_model))
         self.type_embed = nn.Parameter(torch.zeros(2, c.d_model))  # 0 = frame, 1 = event
         self.cls = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "cls" else None
-        layer = nn.TransformerEncoderLayer(
-            c.d_model, c.n_heads, c.d_ff, c.dropout, activation="gelu", batch_first=True,
-            norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, c.n_layers, enable_nested_tensor=False)
+        self.encoder = Encoder(c.d_model, c.n_heads, c.d_ff, c.dropout, c.n_layers)
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.n_labels)
         self._init_weights()
@@ -107,9 +105,7 @@ class ThinkingPolicy(nn.Module):
             cls = self.cls.expand(signals.shape[0], -1, -1)  # (B, 1, d)
             tokens = torch.cat([cls, tokens], dim=1)  # (B, 1+K+M, d)
             keep = torch.cat([torch.ones_like(keep[:, :1]), keep], dim=1)  # (B, 1+K+M)
-        # Additive float mask (not bool): exports cleanly and padding keys get ~zero weight.
-        attn_bias = (1.0 - keep) * -1e4  # (B, T)
-        hidden = self.encoder(tokens, src_key_padding_mask=attn_bias)  # (B, T, d)
+        hidden = self.encoder(tokens, keep)  # (B, T, d)
         hidden = self.norm(hidden)  # (B, T, d)
         if c.pooling == "cls":
             embedding = hidden[:, 0]  # (B, d)
