@@ -13,7 +13,6 @@ from torch import nn
 from .config import PolicyConfig
 from .encoder import Encoder
 
-
 SHAPE_EPS = 0.05
 """Floor of the window std in globally normalised units (~5% of the training spread).
 
