@@ -58,3 +58,22 @@ def test_small_histories_get_more_epochs_but_never_fewer_than_the_base():
     assert epochs_for(100, 10, min_steps=400) == 400  # one step per epoch, capped
     assert epochs_for(10000, 10, min_steps=400) == 10
     assert epochs_for(1000, 10, min_steps=400) > 10
+
+
+def test_exp1_family_repeats_situations_met_before_with_quiet_nuisance():
+    from thinkmem_ros.world.families import order_only
+    from thinkmem_ros.world.shapes import CH
+
+    histories, test = exp1.make_pool(300, 40, seed=0)
+    temp = CH["temperature"]
+    others = [c for c in range(7) if c != temp]
+    # nuisance 0: every row holds the same constant values on the six other channels
+    assert np.ptp(histories.signals[:, :, others], axis=(0, 1)).max() == 0.0
+    seen = {row.tobytes() for row in histories.signals[:, :, temp]}
+    assert all(row.tobytes() in seen for row in test.signals[:, :, temp])
+    assert set(np.unique(test.groups)) <= set(np.unique(histories.groups))
+    # the default keeps the nominal variation; values outside [0, 1] are refused
+    noisy = order_only(20, np.random.default_rng(1))
+    assert np.ptp(noisy.signals[:, :, others], axis=(0, 1)).min() > 0.0
+    with pytest.raises(ValueError, match="nuisance"):
+        order_only(5, np.random.default_rng(1), nuisance=1.5)

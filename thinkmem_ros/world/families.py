@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..data import SituationSet
-from ..vocabulary import THINKING
-from .shapes import CH, clip_physical, nominal_windows, sensor_noise
+from ..vocabulary import SIGNALS, THINKING
+from .shapes import CH, NOMINAL, clip_physical, nominal_windows, sensor_noise
 from .streams import generate_stream, stream_windows
 
 
@@ -72,7 +72,7 @@ def identity_profile(identity: int, n_intermediate: int) -> tuple[float, float, 
 
 
 def order_only(n: int, rng: np.random.Generator, identities: Sequence[int] | None = None,
-               window: int = 12) -> SituationSet:
+               window: int = 12, nuisance: float = 1.0) -> SituationSet:
     """Exp 2: classes differ ONLY in the order of the intermediate temperature readings.
 
     Hidden rule. Each component identity fixes a start value, an end value and a multiset
@@ -101,9 +101,17 @@ def order_only(n: int, rng: np.random.Generator, identities: Sequence[int] | Non
     other six channels are nominal operation independent of the class. ``groups`` is the
     identity; ``meta["classes"]`` the class index per row (names in
     ``meta["class_names"]``). Without ``identities`` 16 fresh ones are drawn from ``rng``.
+
+    ``nuisance`` scales how far the six other channels stray from the middle of their
+    nominal range (1 = ``nominal_windows`` as drawn, 0 = every row holds the same constant
+    mid-range values). Exp 1 uses 0: there histories repeat situations met before, and
+    class-independent noise on six channels would otherwise dominate a whole-window
+    distance and hide the repeats from explicit retrieval.
     """
     if window < 4:
         raise ValueError(f"window must be >= 4 for order_only, got {window}")
+    if not 0.0 <= nuisance <= 1.0:
+        raise ValueError(f"nuisance must be in [0, 1], got {nuisance!r}")
     if identities is None:
         identities = rng.choice(2**31 - 1, size=16, replace=False)
     identities = np.asarray(identities, dtype=np.int64)
@@ -114,6 +122,9 @@ def order_only(n: int, rng: np.random.Generator, identities: Sequence[int] | Non
     groups = identities[rng.permutation(np.arange(n) % identities.size)]
     patterns = np.stack([_order_pattern(c[1], k_mid) for c in ORDER_CLASSES])
     signals = nominal_windows(n, window, rng)
+    if nuisance != 1.0:
+        middle = np.array([sum(NOMINAL[s]) / 2.0 for s in SIGNALS])
+        signals = middle + nuisance * (signals - middle)
     profiles = {int(i): identity_profile(int(i), k_mid) for i in np.unique(identities)}
     temps = np.empty((n, window))
     for row, (ident, cls) in enumerate(zip(groups, classes, strict=True)):
