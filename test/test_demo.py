@@ -87,6 +87,7 @@ def test_steps_insert_and_cleanup_on_failure(tmp_path):
 @pytest.mark.parametrize("kwargs, key", [
     ({"duration_s": 0}, "duration_s"), ({"rate_hz": -1}, "rate_hz"),
     ({"frame_trigger": "sometimes"}, "frame_trigger"), ({"ros_domain_id": 999}, "ros_domain_id"),
+    ({"missions": 0}, "missions"), ({"round_timeout_s": 0}, "round_timeout_s"),
 ])
 def test_config_names_bad_values(kwargs, key):
     with pytest.raises(ValueError, match=key):
@@ -141,7 +142,8 @@ def ros_demo(ros_env, source_bundle, tmp_path_factory):
     """One end-to-end run: bag -> thinking_node subprocess -> activations -> summary."""
     duration = 40.0 if _is_shipped(source_bundle) else 8.0
     config = DemoConfig(out_dir=tmp_path_factory.mktemp("demo") / "out", duration_s=duration,
-                        seed=11, bundle=source_bundle, quiet=True, settle_s=1.0)
+                        seed=11, bundle=source_bundle, quiet=True, settle_s=1.0,
+                        consolidation=False)  # the round has its own test (test_demo_round)
     return config, run_demo(config)
 
 

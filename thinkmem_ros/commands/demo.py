@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of the after stream (default 60)")
     parser.add_argument("--after-missions", type=int, default=5,
                         help="episodes of the after stream (default 5)")
-    parser.add_argument("--epochs", type=int, default=6,
-                        help="retraining epochs of the round (default 6)")
+    parser.add_argument("--epochs", type=int, default=15,
+                        help="retraining epochs of the round (default 15)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,10 +60,14 @@ def main(args: argparse.Namespace) -> int:
     if "before" in summary:
         before, after = (summary[k]["activation"]["micro"] for k in ("before", "after"))
         rnd = summary["round"]
+        version = summary["bundle"]["version"]
+        bundles = (f"v{version} -> v{rnd['published_version']}" if rnd.get("swapped")
+                   else f"v{version} kept")
         print(f"micro F1 before {before['f1']:.3f} -> after {after['f1']:.3f}; round "
-              f"{rnd['outcome']}, {len(rnd['promoted'])} unit(s) promoted, bundle "
-              f"v{summary['bundle']['version']} -> v{rnd.get('published_version')}; "
+              f"{rnd['outcome']}, {len(rnd['promoted'])} unit(s) promoted, bundle {bundles}; "
               f"{summary['total_s']:.1f} s; {summary['summary_json']}")
+        if rnd["gate"]["reasons"]:
+            print("gate: " + "; ".join(rnd["gate"]["reasons"]))
         return 0
     micro = summary["activation"]["micro"]
     print(f"micro precision {micro['precision']:.3f} recall {micro['recall']:.3f} "

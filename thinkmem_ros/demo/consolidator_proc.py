@@ -108,12 +108,45 @@ def serve_commands(service: ConsolidatorService, stdin=sys.stdin, stdout=sys.std
     print("BYE", file=stdout, flush=True)
 
 
+def gate_overrides(items: list[str]) -> dict[str, float | int | bool]:
+    """Parse ``KEY=VALUE`` gate overrides; a bad item raises ValueError naming it."""
+    from dataclasses import fields
+
+    from ..consolidator.gate import GateConfig
+
+    known = {f.name: f.type for f in fields(GateConfig)}
+    out: dict[str, float | int | bool] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--gate {item!r}: expected KEY=VALUE with KEY one of "
+                             f"{sorted(known)}")
+        if known[key] in (bool, "bool"):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--gate {item!r}: expected true or false")
+            out[key] = value.lower() in ("true", "1")
+            continue
+        try:
+            out[key] = int(value) if known[key] in (int, "int") else float(value)
+        except ValueError:
+            raise ValueError(f"--gate {item!r}: {value!r} is not a number") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the service, print READY, answer commands, stop cleanly."""
     parser = argparse.ArgumentParser(prog="thinkmem-demo-consolidator",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
-    parser.add_argument("--patience", type=int, default=2, help="retraining early stop")
+    parser.add_argument("--patience", type=int, default=4, help="retraining early stop")
+    parser.add_argument("--lr", type=float, default=3e-3, help="retraining peak learning rate")
+    parser.add_argument("--val-fraction", type=float, default=0.0,
+                        help="retraining validation split (default 0: with a few episodes, "
+                        "early stopping on it restores a near-initial model that never "
+                        "learns the new event rule; the gate's held-out episodes judge)")
+    parser.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one GateConfig field (repeatable), e.g. "
+                        "f1_tolerance=0.05; default: the gate as configured by the service")
     parser.add_argument("--permutations", type=int, default=50,
                         help="discovery: order-shuffled histories for the permutation test")
     args = parser.parse_args(argv)
@@ -121,10 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = config_from_args(args)
+        gate = replace(config.gate, **gate_overrides(args.gate))
         config = replace(config,
                          retrain=RetrainConfig(epochs=args.epochs, patience=args.patience,
+                                               lr=args.lr, val_fraction=args.val_fraction,
                                                seed=args.seed),
-                         discovery=replace(config.discovery, permutations=args.permutations))
+                         discovery=replace(config.discovery, permutations=args.permutations),
+                         gate=gate)
         service = ConsolidatorService(config).start()
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"ERROR start: {exc}".replace("\n", " "), flush=True)

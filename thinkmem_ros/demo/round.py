@@ -128,6 +128,8 @@ def start_consolidator_step(ctx: DemoContext) -> None:
             "--initial-bundle", ctx.summary["bundle"]["path"],
             "--bind", "tcp://127.0.0.1:*", "--curve", "off",
             "--epochs", str(cfg.retrain_epochs), "--seed", str(cfg.seed)]
+    for key, value in cfg.gate.items():  # tests open the gate's quality bars; the demo does not
+        args += ["--gate", f"{key}={value}"]
     proc = ConsolidatorProcess(args, folder / "consolidator.log",
                                start_timeout_s=cfg.node_start_timeout_s)
     ctx.artefacts["consolidator"] = proc
@@ -142,7 +144,8 @@ def start_consolidator_step(ctx: DemoContext) -> None:
         "bundle_signing_public_key": str(ctx.artefacts["signing"]["public"]),
         "bundles_dir": str(state / "bundles"), "spool_path": str(state / "spool.db")}
     _round_summary(ctx)["consolidator"] = {"endpoint": proc.endpoint, "log": str(proc.log_path),
-                                           "pid": proc.process.pid}
+                                           "pid": proc.process.pid,
+                                           "gate_overrides": dict(cfg.gate)}
     ctx.console.print(f"  consolidator pid {proc.process.pid} at {proc.endpoint} "
                       f"(log {proc.log_path})")
 

@@ -40,7 +40,8 @@ class DemoConfig:
     missions: int = 8  # episodes of the before stream (repeated evidence for discovery)
     after_duration_s: float = 60.0
     after_missions: int = 5
-    retrain_epochs: int = 6
+    retrain_epochs: int = 15
+    gate: dict[str, float] = field(default_factory=dict)  # GateConfig overrides; {} = as is
     store_timeout_s: float = 60.0  # played experiences must reach the store within this
     round_timeout_s: float = 600.0
     swap_timeout_s: float = 60.0  # the node must run the pushed bundle within this
