@@ -9,6 +9,7 @@ from thinkmem_ros.experience import (
     Experience,
     ExperienceError,
     decode_experience,
+    decode_experiences,
     encode_experience,
 )
 
@@ -111,3 +112,71 @@ def test_decode_rejects_missing_field_garbage_and_truncation():
         decode_experience(msgpack.packb([1, 2, 3]))
     with pytest.raises(ExperienceError, match="exceeds"):
         decode_experience(b"\x00" * (4 * 1024 * 1024))
+
+
+def _f4(*values):
+    return np.array(values, dtype="<f4").tobytes()
+
+
+# The wire path validates once and builds without re-running the constructor's checks, so
+# every check the constructor makes must also be made on the wire: one case per check.
+@pytest.mark.parametrize("overrides, field", [
+    (dict(robot_id=""), "robot_id"),
+    (dict(robot_id="has space"), "robot_id"),
+    (dict(episode_id="e" * (LIMITS["max_id"] + 1)), "episode_id"),
+    (dict(seq=-1), "seq"),
+    (dict(stamp=-0.5), "stamp"),
+    (dict(stamp=math.inf), "stamp"),
+    (dict(stamp=math.nan), "stamp"),
+    (dict(shape=[0, 3], window=b""), "frames"),
+    (dict(shape=[4, LIMITS["max_features"] + 1]), "features"),
+    (dict(mask=b"\x01" * 11), "mask"),
+    (dict(mask=b"\x01" * 11 + b"\x02"), "mask: values"),
+    (dict(window=_f4(*range(11), np.inf)), "NaN/inf"),
+    (dict(events=["bad name"]), r"events\[0\]"),
+    (dict(events=["E"] * (LIMITS["max_events"] + 1)), "events"),
+    (dict(labels=["a", "a"]), "duplicate"),
+    (dict(labels=["a/b", "c d"]), r"labels\[1\]"),
+    (dict(probabilities=_f4(0.5, 1.5)), "probabilities"),
+    (dict(probabilities=_f4(0.5, np.nan)), "probabilities"),
+    (dict(probabilities=_f4(-0.1, 0.5)), "probabilities"),
+    (dict(bundle_version=-1), "bundle_version"),
+    (dict(bundle_sha256="A" * 64), "bundle_sha256"),
+    (dict(action="x" * (LIMITS["max_text"] + 1)), "action"),
+    (dict(trace="x" * (LIMITS["max_trace"] + 1)), "trace"),
+    (dict(outcome=math.inf), "outcome"),
+    (dict(outcome="x" * (LIMITS["max_text"] + 1)), "outcome"),
+    (dict(reward=math.nan), "reward"),
+    (dict(reward=True), "reward"),
+    (dict(required=["ok", "not ok"]), r"required\[1\]"),
+])
+def test_wire_path_makes_every_constructor_check(overrides, field):
+    with pytest.raises(ExperienceError, match=field):
+        decode_experience(wire(**overrides))
+
+
+def test_wire_built_record_equals_a_constructed_one():
+    exp = make(stamp=7, required=["trend"])
+    back = decode_experience(encode_experience(exp))
+    assert vars(back).keys() == vars(exp).keys()
+    assert back.to_wire() == exp.to_wire()
+    assert type(back.stamp) is float and back.required == ["trend"]
+    assert back.window.shape == (4, 3) and back.mask.shape == (4, 3)
+    assert back.with_seq(5).seq == 5  # the wire-built record is a full Experience
+
+
+def test_batch_decode_names_only_the_bad_records():
+    good = [encode_experience(make(seq=i, trace=f"t{i}")) for i in range(6)]
+    payloads = list(good)
+    payloads[1] = wire(window=_f4(*range(11), np.nan))
+    payloads[3] = wire(mask=b"\x01" * 11 + b"\x05")
+    payloads[4] = wire(probabilities=_f4(0.2, 2.0))
+    payloads[5] = b"\xc1 garbage"
+    out = decode_experiences(payloads)
+    assert [type(x).__name__ for x in out] == [
+        "Experience", "ExperienceError", "Experience", "ExperienceError", "ExperienceError",
+        "ExperienceError"]
+    assert "NaN" in str(out[1]) and "mask" in str(out[3])
+    assert "probabilities" in str(out[4]) and "msgpack" in str(out[5])
+    assert out[0].trace == "t0" and out[2].trace == "t2" and out[2].seq == 2
+    assert decode_experiences([]) == []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,20 +149,55 @@ def encode_experience(experience: Experience, seq: int | None = None) -> bytes:
 
 def decode_experience(payload: bytes) -> Experience:
     """Parse and fully validate one record; raises ``ExperienceError`` with the reason."""
+    result = decode_experiences([payload])[0]
+    if isinstance(result, ExperienceError):
+        raise result
+    return result
+
+
+def decode_experiences(payloads: Sequence[bytes]) -> list[Experience | ExperienceError]:
+    """Parse and fully validate a batch of records; one result per payload, in order.
+
+    The receiver's hot path. Every field gets the same checks as ``Experience``'s
+    constructor, but each check runs once (construction does not validate again) and the
+    numeric ones (finite window, 0/1 mask, probabilities in [0, 1]) run over the whole
+    batch in one numpy call each; only when a batch fails one of them are its records
+    checked one by one, to name the bad ones. A bad record becomes an ``ExperienceError``
+    in its slot and never affects its neighbours.
+    """
+    out: list[Any] = []
+    for payload in payloads:
+        try:
+            out.append(_checked_map(_unpack(payload)))
+        except ExperienceError as exc:
+            out.append(exc)
+    _check_numbers(out)
+    return [_assemble(item) if isinstance(item, dict) else item for item in out]
+
+
+def from_wire(data: Any) -> Experience:
+    """Validate a decoded msgpack map and build the ``Experience`` it describes."""
+    result = [_checked_map(data)]
+    _check_numbers(result)
+    if isinstance(result[0], ExperienceError):
+        raise result[0]
+    return _assemble(result[0])
+
+
+def _unpack(payload: Any) -> Any:
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise ExperienceError(f"payload: expected bytes, got {type(payload).__name__}")
     if len(payload) > MAX_RECORD_BYTES:
         raise ExperienceError(f"payload: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
     try:
-        data = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ExperienceError(f"payload: not a msgpack record ({type(exc).__name__})") from exc
-    return from_wire(data)
 
 
-def from_wire(data: Any) -> Experience:
-    """Validate a decoded msgpack map and build the ``Experience`` it describes."""
-    if not isinstance(data, dict):
+def _checked_map(data: Any) -> dict[str, Any]:
+    """Check everything but the array values of a wire map; returns it (v1 gains required)."""
+    if type(data) is not dict:
         raise ExperienceError(f"record: expected a map, got {type(data).__name__}")
     version = data.get("v")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
@@ -179,7 +215,95 @@ def from_wire(data: Any) -> Experience:
     if len(data) != len(fields):
         unknown = sorted(str(k) for k in set(data) - set(fields))
         raise ExperienceError(f"record: unknown fields {unknown}")
-    return _build(data)
+    if version < 2:
+        data["required"] = None
+    _check_id("robot_id", data["robot_id"])
+    _check_id("episode_id", data["episode_id"])
+    _check_range("seq", data["seq"], 0, _MAX_INT64)
+    stamp = data["stamp"]
+    if not math.isfinite(stamp) or stamp < 0:
+        raise ExperienceError(f"stamp: expected a finite number >= 0, got {stamp!r}")
+    data["stamp"] = float(stamp)
+    _check_shape(data)
+    labels = data["labels"]
+    _check_names("events", data["events"], LIMITS["max_events"])
+    _check_names("labels", labels, LIMITS["max_labels"])
+    if len(set(labels)) != len(labels):
+        raise ExperienceError("labels: duplicate label names")
+    if len(data["probabilities"]) != 4 * len(labels):
+        raise ExperienceError(
+            f"probabilities: {len(data['probabilities'])} bytes, expected {4 * len(labels)} "
+            f"for {len(labels)} labels")
+    _check_range("bundle_version", data["bundle_version"], 0, _MAX_INT64)
+    sha = data["bundle_sha256"]
+    if sha and not _SHA_RE.fullmatch(sha):
+        raise ExperienceError("bundle_sha256: expected '' or 64 lowercase hex characters")
+    _check_optional_text("action", data["action"], LIMITS["max_text"])
+    _check_optional_text("trace", data["trace"], LIMITS["max_trace"])
+    _check_outcome(data["outcome"])
+    if data["required"] is not None:
+        _check_names("required", data["required"], LIMITS["max_labels"])
+    reward = data["reward"]
+    if reward is not None and not math.isfinite(reward):
+        raise ExperienceError(f"reward: expected a finite number or None, got {reward!r}")
+    return data
+
+
+def _check_shape(data: dict[str, Any]) -> None:
+    shape = data["shape"]
+    if len(shape) != 2 or type(shape[0]) is not int or type(shape[1]) is not int:
+        raise ExperienceError(f"shape: expected [frames, features] ints, got {shape!r}")
+    frames, features = shape
+    _check_range("shape[0] (frames)", frames, 1, LIMITS["max_frames"])
+    _check_range("shape[1] (features)", features, 1, LIMITS["max_features"])
+    cells = frames * features
+    if len(data["window"]) != 4 * cells:
+        raise ExperienceError(
+            f"window: {len(data['window'])} bytes, expected {4 * cells} for shape {shape}")
+    if data["mask"] is not None and len(data["mask"]) != cells:
+        raise ExperienceError(
+            f"mask: {len(data['mask'])} bytes, expected {cells} for shape {shape}")
+
+
+_F4 = np.dtype("<f4")
+_U1 = np.dtype(np.uint8)
+_NUMERIC_CHECKS: tuple[tuple[str, np.dtype, Callable[[np.ndarray], bool], str], ...] = (
+    ("window", _F4, lambda a: bool(np.isfinite(a).all()),
+     "window: NaN/inf values; mark dropouts in the mask, value 0"),
+    ("mask", _U1, lambda a: a.max(initial=0) <= 1, "mask: values must be 0 or 1"),
+    ("probabilities", _F4, lambda a: bool(((a >= 0) & (a <= 1)).all()),  # NaN fails both
+     "probabilities: every value must be finite and in [0, 1]"),
+)
+
+
+def _check_numbers(items: list[Any]) -> None:
+    """Check array values of the maps in ``items`` batch-wide; bad maps become errors."""
+    for key, dtype, ok, message in _NUMERIC_CHECKS:
+        slots = [i for i, item in enumerate(items)
+                 if type(item) is dict and item[key] is not None]
+        if not slots or ok(np.frombuffer(b"".join(items[i][key] for i in slots), dtype)):
+            continue
+        for i in slots:  # rare: find the offenders
+            if not ok(np.frombuffer(items[i][key], dtype)):
+                items[i] = ExperienceError(message)
+
+
+def _assemble(data: dict[str, Any]) -> Experience:
+    """Build an ``Experience`` from a fully checked map without validating it again."""
+    frames, features = data["shape"]
+    mask = data["mask"]
+    exp = object.__new__(Experience)
+    exp.__dict__.update(
+        robot_id=data["robot_id"], episode_id=data["episode_id"], stamp=data["stamp"],
+        window=np.frombuffer(data["window"], _F4).reshape(frames, features),
+        labels=data["labels"],
+        probabilities=np.frombuffer(data["probabilities"], _F4),
+        bundle_version=data["bundle_version"],
+        mask=None if mask is None else np.frombuffer(mask, _U1).reshape(frames, features),
+        events=data["events"], bundle_sha256=data["bundle_sha256"], action=data["action"],
+        trace=data["trace"], outcome=data["outcome"], reward=data["reward"], seq=data["seq"],
+        required=data["required"])
+    return exp
 
 
 def _build(data: dict[str, Any]) -> Experience:
@@ -316,7 +440,17 @@ def _check_optional_text(name: str, value: Any, limit: int) -> None:
 
 
 _KNOWN_NAMES: set[str] = set()
+_KNOWN_IDS: set[str] = set()
 _KNOWN_NAMES_MAX = 65536
+
+
+def _check_id(name: str, value: str) -> None:
+    """Check a robot/episode id; ids seen valid before skip the regex (they repeat a lot)."""
+    if value in _KNOWN_IDS:
+        return
+    _check_text(name, value, LIMITS["max_id"], _ID_RE)
+    if len(_KNOWN_IDS) < _KNOWN_NAMES_MAX:
+        _KNOWN_IDS.add(value)
 
 
 def _check_names(name: str, values: Any, limit: int) -> None:
