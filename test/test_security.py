@@ -25,6 +25,7 @@ from thinkmem_ros.transport import (
     ExperienceShipper,
     ReceiverConfig,
     ShipperConfig,
+    TransportError,
 )
 
 
@@ -164,3 +165,48 @@ def test_unauthorised_client_is_refused_and_both_sides_see_it(tmp_path, keydir, 
     assert any("REFUSED our CURVE key" in m for m in messages)  # client side
     with ExperienceStore(tmp_path / "db.sqlite") as store:
         assert store.count() == 0
+
+
+@pytest.mark.parametrize("bad", ["missing", "garbage"])
+def test_unreadable_client_key_fails_start_at_once_naming_the_file(tmp_path, keydir, bad):
+    secret = tmp_path / "robot.key_secret"
+    if bad == "garbage":
+        secret.write_text("not a certificate\n")
+    cfg = ShipperConfig(endpoint="tcp://127.0.0.1:9", robot_id="robot",
+                        spool_path=tmp_path / "sp.db", curve="on",
+                        server_public_key=keydir / "server.key", client_secret_file=secret)
+    shipper = ExperienceShipper(cfg)
+    began = time.monotonic()
+    with pytest.raises(TransportError, match=str(secret)):
+        shipper.start(timeout_s=30.0)
+    assert time.monotonic() - began < 5.0  # not the start timeout
+    assert not shipper.alive()
+    cfg.server_public_key = tmp_path / "nowhere.key"
+    cfg.client_secret_file = keydir / "robot.key_secret"
+    with pytest.raises(TransportError, match="nowhere.key"):
+        ExperienceShipper(cfg).start(timeout_s=30.0)
+
+
+def test_refusals_are_counted_without_any_frame_arriving(tmp_path, keydir):
+    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
+                         curve="on", server_secret_file=keydir / "server.key_secret",
+                         allowed_clients=keydir / "allowed", poll_s=0.05)
+    with ExperienceReceiver(cfg) as receiver:
+        shipper_cfg = ShipperConfig(
+            endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
+            curve="on", server_public_key=keydir / "server.key",
+            client_secret_file=keydir / "intruder.key_secret")
+        with ExperienceShipper(shipper_cfg):  # ships nothing: only the handshake happens
+            assert _wait(lambda: receiver.stats.auth_refused >= 1)
+        assert receiver.stats.frames == 0
+
+
+def test_alive_follows_the_shipper_thread(tmp_path):
+    cfg = ShipperConfig(endpoint="tcp://127.0.0.1:9", robot_id="robot",
+                        spool_path=tmp_path / "sp.db", curve="off")
+    shipper = ExperienceShipper(cfg)
+    assert not shipper.alive()
+    shipper.start()
+    assert shipper.alive()
+    shipper.close()
+    assert not shipper.alive()

@@ -44,9 +44,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol
 from .consolidator.store import ExperienceStore, StoreError
-from .experience import Experience, ExperienceError, decode_experience, encode_experience
+from .experience import Experience, ExperienceError, decode_experiences, encode_experience
 from .protocol import Kind, ProtocolError
 from .security import (
+    SecurityError,
     authorise_clients,
     curve_enabled,
     load_allowed_keys,
@@ -180,8 +181,9 @@ class ExperienceShipper:
         """Open the spool and socket on the background thread; re-sends the spool first."""
         if self._thread is not None:
             return self
-        self._thread = threading.Thread(target=self._run, name="experience-shipper",
-                                        daemon=True)
+        keys = self._load_keys()  # here, so a bad key file fails start() at once, by name
+        self._thread = threading.Thread(target=self._run, args=(keys,),
+                                        name="experience-shipper", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout_s):
             raise TransportError(f"shipper did not start within {timeout_s} s")
@@ -189,6 +191,10 @@ class ExperienceShipper:
             raise TransportError(f"shipper failed to start: {self._startup_error}") \
                 from self._startup_error
         return self
+
+    def alive(self) -> bool:
+        """Tell whether the background thread runs (False before start, after close or a crash)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def ship(self, experience: Experience) -> bool:
         """Queue one experience (O(1), never blocks); False when the memory queue is full."""
@@ -235,11 +241,28 @@ class ExperienceShipper:
         self.close()
 
     # ---- background thread
-    def _run(self) -> None:
+    def _load_keys(self) -> tuple[bytes, bytes, bytes] | None:
+        """``(public, secret, server public)`` CURVE keys, None without CURVE."""
+        cfg = self.config
+        if not cfg.use_curve:
+            return None
+        try:
+            public, secret = load_curve_keypair(cfg.client_secret_file)
+            server = cfg.server_public_key
+            if not isinstance(server, bytes):
+                server = load_curve_public(server)
+        except SecurityError as exc:  # the message names the file
+            raise TransportError(f"shipper cannot start: {exc}") from exc
+        return public, secret, server
+
+    def _run(self, keys: tuple[bytes, bytes, bytes] | None) -> None:
+        spool = None
         try:
             spool = Spool(self.config.spool_path, self.config.spool_max_bytes)
-            socket, monitor = self._open_socket()
-        except (SpoolError, zmq.ZMQError, OSError, ValueError) as exc:
+            socket, monitor = self._open_socket(keys)
+        except Exception as exc:  # any startup failure goes to start(), never a hang
+            if spool is not None:
+                spool.close()
             self._startup_error = exc
             self._started.set()
             return
@@ -257,7 +280,8 @@ class ExperienceShipper:
             socket.close(0)
             spool.close()
 
-    def _open_socket(self) -> tuple[zmq.Socket, zmq.Socket]:
+    def _open_socket(self, keys: tuple[bytes, bytes, bytes] | None
+                     ) -> tuple[zmq.Socket, zmq.Socket]:
         cfg = self.config
         socket = context().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
@@ -266,19 +290,20 @@ class ExperienceShipper:
         socket.setsockopt(zmq.IMMEDIATE, 1)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        if cfg.use_curve:
-            public, secret = load_curve_keypair(cfg.client_secret_file)
-            server = cfg.server_public_key
-            if not isinstance(server, bytes):
-                server = load_curve_public(server)
-            socket.curve_publickey = public
-            socket.curve_secretkey = secret
-            socket.curve_serverkey = server
-        monitor = socket.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_DISCONNECTED)
-        socket.connect(cfg.endpoint)
+        try:
+            if keys is not None:
+                public, secret, server = keys
+                socket.curve_publickey = public
+                socket.curve_secretkey = secret
+                socket.curve_serverkey = server
+            monitor = socket.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_DISCONNECTED)
+            socket.connect(cfg.endpoint)
+        except Exception:
+            socket.close(0)
+            raise
         log.info("shipper %s -> %s (CURVE %s)", cfg.robot_id, cfg.endpoint,
                  "on" if cfg.use_curve else "off")
         return socket, monitor
@@ -667,7 +692,12 @@ class ExperienceReceiver:
         poll_ms = int(self.config.poll_s * 1000)
         while not self._stop.is_set():
             self._send_pushes()
-            if not socket.poll(poll_ms, zmq.POLLIN):
+            ready = socket.poll(poll_ms, zmq.POLLIN)
+            # refusals happen on the ZAP thread, with no frame ever reaching this socket:
+            # copy the count on every turn (at most poll_s late), not only after traffic
+            if self._allow is not None:
+                self.stats.auth_refused = self._allow.denied
+            if not ready:
                 continue
             for _ in range(64):
                 try:
@@ -675,8 +705,6 @@ class ExperienceReceiver:
                 except zmq.Again:
                     break
                 self._handle(store, parts)
-            if self._allow is not None:
-                self.stats.auth_refused = self._allow.denied
 
     def _send_pushes(self) -> None:
         while True:
@@ -741,17 +769,16 @@ class ExperienceReceiver:
     def _on_batch(self, store: ExperienceStore, identity: bytes, body: dict) -> None:
         valid: list[tuple[Experience, bytes]] = []
         rejected: list[tuple[int, str]] = []
-        for index, item in enumerate(body["items"]):
-            try:
-                experience = decode_experience(item)
-            except ExperienceError as exc:
-                rejected.append((index, str(exc)))
+        items = body["items"]
+        for index, experience in enumerate(decode_experiences(items)):
+            if isinstance(experience, ExperienceError):
+                rejected.append((index, str(experience)))
                 continue
             if experience.robot_id != body["robot_id"]:
                 rejected.append((index, f"robot_id {experience.robot_id!r} != batch's "
                                         f"{body['robot_id']!r}"))
                 continue
-            valid.append((experience, item))
+            valid.append((experience, items[index]))
         try:
             stored, duplicates = store.insert_many(valid)
         except StoreError as exc:  # no ACK: the robot keeps the batch and re-sends it
