@@ -312,7 +312,7 @@ class _ShippingLink:
         builder = self.builder.stats()
         if self.shipper is not None:
             stats = dict(self.shipper.stats())
-            if self.shipper._thread is not None and not self.shipper._thread.is_alive() \
+            if not self.shipper.alive() \
                     and not self.failure:
                 self.failure = "shipper thread stopped (see the log)"
         else:
