@@ -62,3 +62,16 @@ def test_refuses_newer_schema(tmp_path):
         conn.execute("INSERT INTO schema_version VALUES (?, 0)", (SCHEMA_VERSION + 1,))
     with pytest.raises(StoreError, match="newer"):
         ExperienceStore(path)
+
+
+def test_new_files_use_large_pages_and_old_page_sizes_still_open(tmp_path):
+    with ExperienceStore(tmp_path / "new.db") as store:
+        assert store._conn.execute("PRAGMA page_size").fetchone()[0] == 16384
+    old = sqlite3.connect(tmp_path / "old.db")  # a store made before the page-size change
+    old.execute("PRAGMA page_size=4096")
+    old.execute("PRAGMA journal_mode=WAL")
+    old.close()
+    with ExperienceStore(tmp_path / "old.db") as store:
+        assert store._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert store.insert_many([exp(1), exp(2)]) == (2, 0)
+        assert [e.seq for _, e in store.iter_experiences()] == [1, 2]

