@@ -20,7 +20,9 @@ characters, ids <= 128, action/outcome text <= 4096, reasoning trace <= 65536 ch
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +144,18 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 _V1_FIELDS = {k: v for k, v in _FIELDS.items() if k != "required"}
 
 
+def _signatures(fields: dict[str, tuple[type, ...]]) -> frozenset[tuple[type, ...]]:
+    """Every allowed tuple of exact field types (a few hundred), for a one-lookup check."""
+    return frozenset(itertools.product(*fields.values()))
+
+
+# per schema version: (getter of the field values in order, the field names, every valid
+# type signature)
+_SCHEMAS: dict[int, tuple[Callable[[dict], tuple], frozenset[str], frozenset[tuple]]] = {
+    version: (operator.itemgetter(*fields), frozenset(fields), _signatures(fields))
+    for version, fields in ((1, _V1_FIELDS), (2, _FIELDS))}
+
+
 def encode_experience(experience: Experience, seq: int | None = None) -> bytes:
     """Serialise one record (schema ``SCHEMA_VERSION``); ``seq`` overrides the record's own."""
     return msgpack.packb(_to_wire(experience, seq), use_bin_type=True)
@@ -204,17 +218,11 @@ def _checked_map(data: Any) -> dict[str, Any]:
         raise ExperienceError(
             f"v: schema version {version!r} is not supported; this side reads "
             f"{list(SUPPORTED_VERSIONS)}")
-    fields = _FIELDS if version >= 2 else _V1_FIELDS
-    for name, types in fields.items():
-        value = data.get(name, _MISSING)
-        if type(value) not in types:  # exact: a bool is not an int here
-            if value is _MISSING:
-                raise ExperienceError(f"record: missing fields {sorted(set(fields) - set(data))}")
-            allowed = "/".join(t.__name__ for t in types)
-            raise ExperienceError(f"{name}: expected {allowed}, got {type(value).__name__}")
-    if len(data) != len(fields):
-        unknown = sorted(str(k) for k in set(data) - set(fields))
-        raise ExperienceError(f"record: unknown fields {unknown}")
+    values, keys, signatures = _SCHEMAS[version]
+    # exact types (a bool is not an int here), checked as one tuple in one set lookup;
+    # the per-field loop runs only to name what is wrong
+    if data.keys() != keys or tuple(map(type, values(data))) not in signatures:
+        _explain_fields(data, _FIELDS if version >= 2 else _V1_FIELDS)
     if version < 2:
         data["required"] = None
     _check_id("robot_id", data["robot_id"])
@@ -247,6 +255,19 @@ def _checked_map(data: Any) -> dict[str, Any]:
     if reward is not None and not math.isfinite(reward):
         raise ExperienceError(f"reward: expected a finite number or None, got {reward!r}")
     return data
+
+
+def _explain_fields(data: dict[str, Any], fields: dict[str, tuple[type, ...]]) -> None:
+    """Raise the error naming the first missing, unknown or mistyped field."""
+    for name, types in fields.items():
+        value = data.get(name, _MISSING)
+        if type(value) not in types:
+            if value is _MISSING:
+                raise ExperienceError(f"record: missing fields {sorted(set(fields) - set(data))}")
+            allowed = "/".join(t.__name__ for t in types)
+            raise ExperienceError(f"{name}: expected {allowed}, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in set(data) - set(fields))
+    raise ExperienceError(f"record: unknown fields {unknown}")
 
 
 def _check_shape(data: dict[str, Any]) -> None:
@@ -459,6 +480,11 @@ def _check_names(name: str, values: Any, limit: int) -> None:
     if len(values) > limit:
         raise ExperienceError(f"{name}: {len(values)} entries exceed {limit}")
     known = _KNOWN_NAMES
+    try:
+        if known.issuperset(values):  # the usual case: every name was seen valid before
+            return
+    except TypeError:  # an unhashable entry: the loop below names it
+        pass
     for index, value in enumerate(values):
         if type(value) is str and value in known:  # labels and events repeat in every record
             continue
