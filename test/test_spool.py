@@ -55,3 +55,22 @@ def test_wal_mode_and_bad_config(tmp_path):
     assert mode == "wal"
     with pytest.raises(ValueError, match="max_bytes"):
         Spool(tmp_path / "t.db", max_bytes=0)
+
+
+def test_remove_range_deletes_only_that_range_and_keeps_counters(tmp_path):
+    spool = Spool(tmp_path / "s.db", max_bytes=100_000)
+    spool.put(rows(0, 20))
+    spool.remove([5])  # a hole inside the range is fine
+    assert spool.remove_range(3, 9) == 6
+    assert (spool.rows, spool.bytes) == (13, 1300)
+    assert [s for s, _ in spool.read_after(-1, 100)] == [0, 1, 2] + list(range(10, 20))
+    assert spool.remove_range(9, 3) == 0 and spool.remove_range(100, 200) == 0
+    assert spool.remove_range(0, 19) == 13 and (spool.rows, spool.bytes) == (0, 0)
+    spool.close()
+    again = Spool(tmp_path / "s.db", max_bytes=100_000)
+    assert (again.rows, again.bytes) == (0, 0)
+
+
+def test_new_spool_files_use_large_pages(tmp_path):
+    Spool(tmp_path / "s.db", max_bytes=10).close()
+    assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA page_size").fetchone()[0] == 16384
