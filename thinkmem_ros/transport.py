@@ -327,8 +327,19 @@ class _ShipLoop:
         # the wall clock in microseconds, never below what the spool last handed out.
         self.next_seq = max(spool.next_seq, int(time.time() * 1e6))
         self.cursor = -1  # highest seq sent since the last go-back
+        # Fresh rows are sent from memory, not read back from the spool: while ``synced``,
+        # ``fresh`` holds exactly the spooled rows after the cursor, in seq order. Anything
+        # that could break that (a go-back, shedding, a seq below one already spooled, a
+        # long outage) drops to reading the spool until it is caught up again.
+        self.fresh: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.synced = False
+        self.fresh_cap = 2 * self.cfg.batch_size * self.cfg.max_inflight
+        # Bumped when a row is spooled below next_seq: batches sent before then may share
+        # their seq range with a row they did not carry, so their ACK deletes by id list.
+        self.ooo_epoch = 0
         self.batch_ids = itertools.count(1)
-        self.sent: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
+        self.sent: collections.OrderedDict[int, tuple[list[int], int]] = \
+            collections.OrderedDict()
         self.inflight: collections.OrderedDict[int, float] = collections.OrderedDict()
         self.backoff = self.cfg.backoff_initial_s
         self.resume_at = 0.0
@@ -353,9 +364,12 @@ class _ShipLoop:
         """Move queued experiences to the spool (encoding them); True if any moved."""
         queue = self.owner._queue
         rows: list[tuple[int, bytes]] = []
+        lowest = None  # lowest seq spooled below next_seq (given by the caller), if any
         while queue and (limit is None or len(rows) < limit):
             experience = queue.popleft()
             seq = experience.seq if experience.seq is not None else self.next_seq
+            if seq < self.next_seq and (lowest is None or seq < lowest):
+                lowest = seq
             self.next_seq = max(self.next_seq, seq + 1)
             try:
                 rows.append((seq, encode_experience(experience, seq=seq)))
@@ -365,23 +379,52 @@ class _ShipLoop:
         if not rows:
             return False
         try:
-            self.stats.shed += self.spool.put(rows)
-            self.stats.spooled += len(rows)
-        except SpoolError as exc:
+            shed = self.spool.put(rows)
+        except SpoolError as exc:  # not spooled, so not sent either (and fresh stays exact)
             self.stats.errors += 1
             log.error("could not spool %d experiences: %s", len(rows), exc)
+            shed = 0
+        else:
+            self.stats.shed += shed
+            self.stats.spooled += len(rows)
+            if lowest is not None:
+                self.ooo_epoch += 1
+                # a row behind the cursor would never be read: move the cursor back to it
+                # (rows in flight in between may go twice; the store keeps one copy)
+                self.cursor = min(self.cursor, lowest - 1)
+            if shed or lowest is not None or len(self.fresh) + len(rows) > self.fresh_cap:
+                self.unsync()
+            elif self.synced:
+                self.fresh.extend(rows)
         self._publish_gauges()
         return True
+
+    def unsync(self) -> None:
+        """Send from the spool again (after the cursor) until caught up with fresh rows."""
+        self.synced = False
+        self.fresh.clear()
 
     def send_window(self) -> bool:
         """Send spooled rows after the cursor while the in-flight window has room."""
         if time.monotonic() < self.resume_at:
             return False
         progressed = False
+        size = self.cfg.batch_size
         while len(self.inflight) < self.cfg.max_inflight:
-            rows = self.spool.read_after(self.cursor, self.cfg.batch_size)
+            from_memory = self.synced
+            if from_memory:
+                rows = list(itertools.islice(self.fresh, size))
+            else:
+                rows = self.spool.read_after(self.cursor, size)
+                if not rows:  # nothing spooled after the cursor: new rows go via memory
+                    self.synced = True
             if not rows or not self.send_batch(rows):
                 break
+            if from_memory:
+                for _ in rows:
+                    self.fresh.popleft()
+            elif len(rows) < size:  # this read reached the end of the spool
+                self.synced = True
             self.cursor = rows[-1][0]
             progressed = True
         return progressed
@@ -395,7 +438,7 @@ class _ShipLoop:
             self.stats.send_blocked += 1
             return False
         seqs = [seq for seq, _ in rows]
-        self.sent[batch] = seqs
+        self.sent[batch] = (seqs, self.ooo_epoch)
         while len(self.sent) > 16 * self.cfg.max_inflight:
             self.sent.popitem(last=False)
         self.inflight[batch] = time.monotonic() + self.cfg.ack_timeout_s
@@ -433,12 +476,16 @@ class _ShipLoop:
 
     def on_ack(self, body: dict) -> None:
         batch = body["batch"]
-        seqs = self.sent.pop(batch, None)
+        entry = self.sent.pop(batch, None)
         self.inflight.pop(batch, None)
-        if seqs is None:  # an ACK for a batch we forgot long ago: nothing left to do
+        if entry is None:  # an ACK for a batch we forgot long ago: nothing left to do
             return
+        seqs, epoch = entry
         try:
-            self.spool.remove(seqs)
+            if epoch == self.ooo_epoch:  # the range holds only rows this batch carried
+                self.spool.remove_range(seqs[0], seqs[-1])
+            else:
+                self.spool.remove(seqs)
         except SpoolError as exc:
             self.stats.errors += 1
             log.error("could not remove acknowledged rows: %s", exc)
@@ -503,10 +550,11 @@ class _ShipLoop:
 
     def go_back(self) -> None:
         """Forget what is in flight and re-send the spool from its oldest row."""
-        resent = sum(len(self.sent.get(b, ())) for b in self.inflight)
+        resent = sum(len(self.sent[b][0]) for b in self.inflight if b in self.sent)
         self.stats.resent += resent
         self.inflight.clear()
         self.cursor = -1
+        self.unsync()
 
     def _publish_gauges(self) -> None:
         self.owner._spool_rows = self.spool.rows
