@@ -39,7 +39,8 @@ def test_exp3_tiny_writes_the_design_json_and_a_png(tmp_path):
 def test_exp1_tiny_has_every_curve_keyed_by_history_size(tmp_path):
     result = exp1.run(quick=True, seeds=1, size="tiny")
     for key in ("summary_rag_f1", "sequence_rag_f1", "proposed_f1", "sequence_rag_bytes",
-                "proposed_bytes", "sequence_rag_ms", "proposed_ms"):
+                "proposed_bytes", "sequence_rag_ms", "proposed_ms", "proposed_fast_f1",
+                "proposed_fast_ms", "sequence_rag_cpu_ms", "proposed_cpu_ms"):
         assert set(result["curves"][key]) == {"100", "300"}, key
         for cell in result["curves"][key].values():
             check_cell(cell)
@@ -49,7 +50,8 @@ def test_exp1_tiny_has_every_curve_keyed_by_history_size(tmp_path):
     res = result["results"]
     assert res["crossover_n"] == pytest.approx(
         res["proposed_model_bytes"] / res["sequence_rag_bytes_per_record"], abs=1)
-    assert res["speedup_at_300"] > 0 and "family" in result
+    assert res["speedup_at_300"] > 0 and res["speedup_cpu_at_300_fast"] > 0
+    assert "family" in result
     exp1.plot(result, tmp_path / "exp1.png")
     assert (tmp_path / "exp1.png").stat().st_size > 1000
 

@@ -88,5 +88,8 @@ PRESETS: dict[str, PolicyConfig] = {
     # Chosen by measurement (see README / commands/train.py): the smallest encoder that
     # keeps the F1 targets, far under 1 ms p99 per query on one thread.
     "default": PolicyConfig(d_model=64, n_layers=2, n_heads=4, d_ff=128, dropout=0.1),
+    # One narrow layer: about half the default's ONNX nodes and batch-1 time. Benchmarked
+    # beside the default in Exp 1 (bench/exp1.py) where per-query speed is the point.
+    "fast": PolicyConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.1),
 }
 """Named architectures; window/labels/events are filled from the data at train time."""
