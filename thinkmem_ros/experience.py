@@ -24,6 +24,7 @@ import itertools
 import math
 import operator
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,9 +157,15 @@ _SCHEMAS: dict[int, tuple[Callable[[dict], tuple], frozenset[str], frozenset[tup
     for version, fields in ((1, _V1_FIELDS), (2, _FIELDS))}
 
 
+_PACKERS = threading.local()  # a Packer per thread: packb would build one per record
+
+
 def encode_experience(experience: Experience, seq: int | None = None) -> bytes:
     """Serialise one record (schema ``SCHEMA_VERSION``); ``seq`` overrides the record's own."""
-    return msgpack.packb(_to_wire(experience, seq), use_bin_type=True)
+    packer = getattr(_PACKERS, "packer", None)
+    if packer is None:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(_to_wire(experience, seq))
 
 
 def decode_experience(payload: bytes) -> Experience:
@@ -314,16 +321,17 @@ def _assemble(data: dict[str, Any]) -> Experience:
     frames, features = data["shape"]
     mask = data["mask"]
     exp = object.__new__(Experience)
-    exp.__dict__.update(
-        robot_id=data["robot_id"], episode_id=data["episode_id"], stamp=data["stamp"],
-        window=np.frombuffer(data["window"], _F4).reshape(frames, features),
-        labels=data["labels"],
-        probabilities=np.frombuffer(data["probabilities"], _F4),
-        bundle_version=data["bundle_version"],
-        mask=None if mask is None else np.frombuffer(mask, _U1).reshape(frames, features),
-        events=data["events"], bundle_sha256=data["bundle_sha256"], action=data["action"],
-        trace=data["trace"], outcome=data["outcome"], reward=data["reward"], seq=data["seq"],
-        required=data["required"])
+    exp.__dict__ = {  # every dataclass field, as __init__ would set them
+        "robot_id": data["robot_id"], "episode_id": data["episode_id"],
+        "stamp": data["stamp"],
+        "window": np.frombuffer(data["window"], _F4).reshape(frames, features),
+        "labels": data["labels"],
+        "probabilities": np.frombuffer(data["probabilities"], _F4),
+        "bundle_version": data["bundle_version"],
+        "mask": None if mask is None else np.frombuffer(mask, _U1).reshape(frames, features),
+        "events": data["events"], "bundle_sha256": data["bundle_sha256"],
+        "action": data["action"], "trace": data["trace"], "outcome": data["outcome"],
+        "reward": data["reward"], "seq": data["seq"], "required": data["required"]}
     return exp
 
 
