@@ -8,6 +8,13 @@ serve``) writing a real SQLite store, the shipper runs here with its durable spo
 clock runs from the first ``ship`` to the moment the last ACK has emptied the spool. A
 warm-up stream (connection, CURVE handshake, SQLite page cache) is excluded.
 
+CPU cost: the machine this runs on may be shared, so wall-clock rates depend on its load.
+Each run also records the process CPU time (user + system, all threads: encoding, SQLite,
+ZeroMQ's I/O thread with CURVE) that each side spent in the timed window, per experience:
+``cpu_us_per_exp.shipper`` (this process, ``getrusage``) and ``cpu_us_per_exp.receiver``
+(the receiver process, from ``/proc/PID/stat``). Their sum bounds the rate one free core
+could reach; their maximum, the rate with one core per side.
+
 Faults: (1) the receiver is killed with SIGKILL in the middle of the stream and
 restarted; (2) the node (shipper) is restarted with a non-empty spool while the
 consolidator was down. Every experience carries a unique trace marker, so ``lost`` counts
@@ -18,6 +25,7 @@ must be 0.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -116,7 +124,21 @@ def _ship_all(shipper: ExperienceShipper, items: list[Experience], repeat: int =
                 time.sleep(0.0005)
 
 
-def _throughput(work: Path, n: int, rng: np.random.Generator, curve: bool) -> float:
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (Linux ``/proc``); NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _throughput(work: Path, n: int, rng: np.random.Generator, curve: bool) -> dict:
     keys = _keys(work / "keys") if curve else None
     receiver = _Receiver(work / "store.db", keys)
     pool = _experiences(1000, rng)
@@ -126,11 +148,14 @@ def _throughput(work: Path, n: int, rng: np.random.Generator, curve: bool) -> fl
             _ship_all(ship, pool, repeat=2)  # warm-up, excluded
             if not ship.flush(60):
                 raise RuntimeError(f"warm-up did not drain: {ship.stats()}")
+            cpu_rx, cpu_tx = _proc_cpu_s(receiver.proc.pid), _own_cpu_s()
             start = time.perf_counter()
             _ship_all(ship, pool, repeat=n // len(pool))
             if not ship.flush(300):
                 raise RuntimeError(f"stream did not drain: {ship.stats()}")
             elapsed = time.perf_counter() - start
+            cpu_tx = _own_cpu_s() - cpu_tx
+            cpu_rx = _proc_cpu_s(receiver.proc.pid) - cpu_rx
     finally:
         receiver.stop()
     with ExperienceStore(work / "store.db") as store:
@@ -138,7 +163,9 @@ def _throughput(work: Path, n: int, rng: np.random.Generator, curve: bool) -> fl
     expected = 2 * len(pool) + (n // len(pool)) * len(pool)
     if stored != expected:
         raise RuntimeError(f"stored {stored} experiences, expected {expected}")
-    return (n // len(pool)) * len(pool) / elapsed
+    timed = (n // len(pool)) * len(pool)
+    return {"per_s": timed / elapsed, "shipper_cpu_us": 1e6 * cpu_tx / timed,
+            "receiver_cpu_us": 1e6 * cpu_rx / timed}
 
 
 def _count(db: Path, n: int, tag: str) -> tuple[int, int]:
@@ -208,6 +235,8 @@ def run(quick: bool, seeds: int) -> dict:
     n = 20_000 if quick else 100_000
     n_fault = 5_000 if quick else 20_000
     rates: dict[str, list[float]] = {"curve_off": [], "curve_on": []}
+    cpu: dict[str, dict[str, list[float]]] = {
+        name: {"shipper": [], "receiver": []} for name in rates}
     faults: list[dict] = []
     with Progress() as progress, tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         task = progress.add_task("transport", total=4 * seeds)
@@ -216,7 +245,10 @@ def run(quick: bool, seeds: int) -> dict:
             for name, curve in (("curve_off", False), ("curve_on", True)):
                 work = Path(tmp) / f"{name}-{seed}"
                 work.mkdir()
-                rates[name].append(_throughput(work, n, rng, curve))
+                run_ = _throughput(work, n, rng, curve)
+                rates[name].append(run_["per_s"])
+                cpu[name]["shipper"].append(run_["shipper_cpu_us"])
+                cpu[name]["receiver"].append(run_["receiver_cpu_us"])
                 progress.advance(task)
             for kind, fn in (("kill9", _kill_run), ("node_restart", _restart_run)):
                 work = Path(tmp) / f"{kind}-{seed}"
@@ -226,8 +258,12 @@ def run(quick: bool, seeds: int) -> dict:
     results = {}
     for name, values in rates.items():
         stats = mean_std(values)
+        costs = {side: float(np.mean(v)) for side, v in cpu[name].items()}
         results[name] = {"per_s": stats["mean"], **stats, "target": TARGET_PER_S,
-                         "runs": values}
+                         "runs": values, "cpu_us_per_exp": costs,
+                         "cpu_us_per_exp_runs": cpu[name],
+                         # the rate if each side had one core of its own, from CPU cost
+                         "per_s_cpu_bound": 1e6 / max(costs.values())}
     results["faults"] = {
         "lost": sum(f["lost"] for f in faults),
         "duplicated": sum(f["duplicated"] for f in faults),
@@ -252,6 +288,12 @@ def plot(report: dict, path: str | Path) -> None:
     ax.bar(["CURVE off", "CURVE on"], means, yerr=stds, color=["#8aa", "#2a7"], capsize=6)
     ax.axhline(TARGET_PER_S, color="r", linestyle="--", label=f"target {TARGET_PER_S}/s")
     ax.set_ylabel("stored + acked experiences / s")
+    for x, name in enumerate(names):
+        cost = results[name].get("cpu_us_per_exp")
+        if cost:
+            ax.annotate(f"CPU/exp: ship {cost['shipper']:.1f} us\nrecv {cost['receiver']:.1f} us",
+                        (x, means[x]), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 12), textcoords="offset points")
     faults = results["faults"]
     ax.set_title(f"loopback shipper -> receiver; faults: lost {faults['lost']}, "
                  f"duplicated {faults['duplicated']}", fontsize=9)
