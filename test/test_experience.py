@@ -180,3 +180,26 @@ def test_batch_decode_names_only_the_bad_records():
     assert "probabilities" in str(out[4]) and "msgpack" in str(out[5])
     assert out[0].trace == "t0" and out[2].trace == "t2" and out[2].seq == 2
     assert decode_experiences([]) == []
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_batch_decode_keeps_every_array_with_its_record(mixed):
+    rng = np.random.default_rng(3)
+    records = [make(seq=i, window=rng.normal(size=(4, 3)), mask=rng.integers(0, 2, (4, 3)),
+                    probabilities=rng.random(2)) for i in range(5)]
+    if mixed:  # other shapes and label counts in one batch take the per-record path
+        records[2] = make(seq=2, window=rng.normal(size=(6, 2)), mask=None,
+                          labels=["a", "b", "c"], probabilities=rng.random(3))
+    payloads = [encode_experience(r) for r in records]
+    payloads[3] = wire(window=_f4(*range(11), np.inf))  # a bad one in between
+    out = decode_experiences(payloads)
+    assert isinstance(out[3], ExperienceError)
+    for i in (0, 1, 2, 4):
+        assert np.array_equal(out[i].window, records[i].window)
+        assert np.array_equal(out[i].probabilities, records[i].probabilities)
+        if records[i].mask is None:
+            assert out[i].mask is None
+        else:
+            assert np.array_equal(out[i].mask, records[i].mask)
+        assert out[i].to_wire() == records[i].to_wire()
+        assert not out[i].window.flags.writeable  # views of wire bytes, as before

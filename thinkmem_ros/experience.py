@@ -184,7 +184,8 @@ def decode_experiences(payloads: Sequence[bytes]) -> list[Experience | Experienc
     numeric ones (finite window, 0/1 mask, probabilities in [0, 1]) run over the whole
     batch in one numpy call each; only when a batch fails one of them are its records
     checked one by one, to name the bad ones. A bad record becomes an ``ExperienceError``
-    in its slot and never affects its neighbours.
+    in its slot and never affects its neighbours. The arrays of the records are views into
+    one read-only array per field and batch (one numpy object per record, not three).
     """
     out: list[Any] = []
     for payload in payloads:
@@ -192,17 +193,15 @@ def decode_experiences(payloads: Sequence[bytes]) -> list[Experience | Experienc
             out.append(_checked_map(_unpack(payload)))
         except ExperienceError as exc:
             out.append(exc)
-    _check_numbers(out)
-    return [_assemble(item) if isinstance(item, dict) else item for item in out]
+    return _build_checked(out)
 
 
 def from_wire(data: Any) -> Experience:
     """Validate a decoded msgpack map and build the ``Experience`` it describes."""
-    result = [_checked_map(data)]
-    _check_numbers(result)
-    if isinstance(result[0], ExperienceError):
-        raise result[0]
-    return _assemble(result[0])
+    result = _build_checked([_checked_map(data)])[0]
+    if isinstance(result, ExperienceError):
+        raise result
+    return result
 
 
 def _unpack(payload: Any) -> Any:
@@ -304,32 +303,61 @@ _NUMERIC_CHECKS: tuple[tuple[str, np.dtype, Callable[[np.ndarray], bool], str], 
 )
 
 
-def _check_numbers(items: list[Any]) -> None:
-    """Check array values of the maps in ``items`` batch-wide; bad maps become errors."""
-    for key, dtype, ok, message in _NUMERIC_CHECKS:
-        slots = [i for i, item in enumerate(items)
-                 if type(item) is dict and item[key] is not None]
-        if not slots or ok(np.frombuffer(b"".join(items[i][key] for i in slots), dtype)):
-            continue
+def _build_checked(items: list[Any]) -> list[Experience | ExperienceError]:
+    """Check the array values of the checked maps in ``items`` and build their records."""
+    arrays = {key: _checked_arrays(items, key, dtype, ok, message)
+              for key, dtype, ok, message in _NUMERIC_CHECKS}
+    windows, masks, probabilities = arrays["window"], arrays["mask"], arrays["probabilities"]
+    return [_assemble(item, windows[i], masks[i], probabilities[i]) if type(item) is dict
+            else item for i, item in enumerate(items)]
+
+
+def _checked_arrays(items: list[Any], key: str, dtype: np.dtype,
+                    ok: Callable[[np.ndarray], bool], message: str) -> list[Any]:
+    """Arrays of field ``key`` per slot, checked batch-wide; failing maps become errors.
+
+    Records of one shape (the usual batch) get views into one array made from the joined
+    bytes; mixed shapes fall back to one ``frombuffer`` per record.
+    """
+    arrays: list[Any] = [None] * len(items)
+    slots = [i for i, item in enumerate(items) if type(item) is dict and item[key] is not None]
+    if not slots:
+        return arrays
+    joined = np.frombuffer(b"".join([items[i][key] for i in slots]), dtype)
+    if not ok(joined):
         for i in slots:  # rare: find the offenders
             if not ok(np.frombuffer(items[i][key], dtype)):
                 items[i] = ExperienceError(message)
+        slots = [i for i in slots if type(items[i]) is dict]
+        if not slots:
+            return arrays
+        joined = np.frombuffer(b"".join([items[i][key] for i in slots]), dtype)
+    shapes = {_shape_of(items[i], key) for i in slots}
+    if len(shapes) == 1:
+        views = list(joined.reshape((len(slots), *shapes.pop())))
+        for i, view in zip(slots, views):
+            arrays[i] = view
+    else:
+        for i in slots:
+            arrays[i] = np.frombuffer(items[i][key], dtype).reshape(_shape_of(items[i], key))
+    return arrays
 
 
-def _assemble(data: dict[str, Any]) -> Experience:
+def _shape_of(data: dict[str, Any], key: str) -> tuple[int, ...]:
+    if key == "probabilities":
+        return (len(data["labels"]),)
+    return (data["shape"][0], data["shape"][1])
+
+
+def _assemble(data: dict[str, Any], window: np.ndarray, mask: np.ndarray | None,
+              probabilities: np.ndarray) -> Experience:
     """Build an ``Experience`` from a fully checked map without validating it again."""
-    frames, features = data["shape"]
-    mask = data["mask"]
     exp = object.__new__(Experience)
     exp.__dict__ = {  # every dataclass field, as __init__ would set them
         "robot_id": data["robot_id"], "episode_id": data["episode_id"],
-        "stamp": data["stamp"],
-        "window": np.frombuffer(data["window"], _F4).reshape(frames, features),
-        "labels": data["labels"],
-        "probabilities": np.frombuffer(data["probabilities"], _F4),
-        "bundle_version": data["bundle_version"],
-        "mask": None if mask is None else np.frombuffer(mask, _U1).reshape(frames, features),
-        "events": data["events"], "bundle_sha256": data["bundle_sha256"],
+        "stamp": data["stamp"], "window": window, "labels": data["labels"],
+        "probabilities": probabilities, "bundle_version": data["bundle_version"],
+        "mask": mask, "events": data["events"], "bundle_sha256": data["bundle_sha256"],
         "action": data["action"], "trace": data["trace"], "outcome": data["outcome"],
         "reward": data["reward"], "seq": data["seq"], "required": data["required"]}
     return exp
