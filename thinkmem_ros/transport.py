@@ -16,6 +16,13 @@ sockets live on one background thread. Sends use ``NOBLOCK``, a high-water mark 
 ``ZMQ_IMMEDIATE`` (nothing piles up in ZeroMQ while disconnected: the spool holds it).
 Unacknowledged batches are re-sent after ``ack_timeout_s`` with exponential backoff.
 
+Cost per experience (what ``thinkmem bench transport`` measures as CPU us/experience):
+fresh rows are spooled and then sent from memory, not read back from SQLite (the spool is
+read only to catch up after an outage, a restart or a go-back); an ACK deletes its batch
+as one primary-key range; the receiver validates a whole batch in one
+``decode_experiences`` call (each field checked once, array values batch-wide) and
+stores it in one transaction.
+
 One ``zmq.Context`` per process (``context()``). Errors from ZeroMQ that reach a caller are
 re-raised as ``TransportError``. A CURVE client whose key the server refuses is detected
 from socket-monitor events and logged/counted as ``auth_failures``, not mistaken for a
