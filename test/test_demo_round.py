@@ -175,3 +175,4 @@ def test_round_summary_has_before_after_and_plots(round_demo):
         assert Path(on_disk[key]).read_bytes()[:8] == PNG_MAGIC
     for step in ("consolidate", "wait for swap", "play before", "play after"):
         assert on_disk["steps"][step] >= 0
+    assert on_disk["total_s"] >= sum(on_disk["steps"].values()) - 1e-3

@@ -58,4 +58,18 @@ def run_demo(config: DemoConfig, steps: list[Step] | None = None, console=None) 
     ctx.summary["consolidation"] = bool(config.consolidation and not config.offline)
     if fallback is not None:
         ctx.summary["fallback_reason"] = fallback
-    return run_steps(steps if steps is not None else default_steps(config), ctx)
+    summary = run_steps(steps if steps is not None else default_steps(config), ctx)
+    _add_total(summary)
+    return summary
+
+
+def _add_total(summary: dict) -> None:
+    """Put the total wall time (known only after the report step) into summary.json too."""
+    import json
+    from pathlib import Path
+
+    path = summary.get("summary_json")
+    if path and Path(path).is_file():
+        on_disk = json.loads(Path(path).read_text())
+        on_disk["total_s"] = summary["total_s"]
+        Path(path).write_text(json.dumps(on_disk, indent=2) + "\n")

@@ -74,6 +74,15 @@ class HindsightOracle:
         with self._lock:
             self._truth.append((now, labels))
 
+    def wait_for_subscriber(self, timeout_s: float) -> bool:
+        """Poll until the node subscribes to the feedback topic; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._pub.get_subscription_count() == 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def truth_at(self, stamp_ns: int) -> list[str] | None:
         """Labels of the newest truth received at or before ``stamp_ns``, if fresh enough."""
         with self._lock:

@@ -142,7 +142,7 @@ def plot_before_after(summary: dict, path: Path | str) -> Path:
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.set_xticks(x, shown, fontsize=8)
     ax.set_ylim(0, 1.12)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="center right", fontsize=8)
     rnd = summary.get("round", {})
     ax.set_title(f"before vs after one consolidation round ({rnd.get('outcome', '?')}, "
                  f"units promoted: {len(rnd.get('promoted', []))})", fontsize=9)

@@ -158,12 +158,9 @@ def start_oracle_step(ctx: DemoContext) -> None:
     period_s = 1.0 / ctx.summary["rate_hz"]
     oracle = HindsightOracle(ctx.artefacts["collector"].node, max_age_s=LATE_FACTOR * period_s)
     ctx.artefacts["oracle"] = oracle
-    deadline = time.monotonic() + cfg.node_start_timeout_s
-    while oracle._pub.get_subscription_count() == 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"thinking_node did not subscribe to /thinking/feedback within "
-                               f"{cfg.node_start_timeout_s} s (is shipping on? see node.log)")
-        time.sleep(0.1)
+    if not oracle.wait_for_subscriber(cfg.node_start_timeout_s):
+        raise RuntimeError(f"thinking_node did not subscribe to /thinking/feedback within "
+                           f"{cfg.node_start_timeout_s} s (is shipping on? see node.log)")
     _round_summary(ctx)["feedback"] = {"source": "hindsight oracle", "note": ORACLE_NOTE}
     ctx.console.print("  hindsight oracle: ground truth -> /thinking/feedback (stands in for "
                       "the LLM/operator judge)")
