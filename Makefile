@@ -16,12 +16,13 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE ?= LOCALHOST
 export AMENT_PREFIX_PATH := $(ROOT)/$(VENV)$(if $(AMENT_PREFIX_PATH),:$(AMENT_PREFIX_PATH))
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo lint bench-quick clean help
+.PHONY: setup test demo lint bench bench-quick clean help
 help:
 	@echo "make demo   - set up .venv and run the main job end to end"
 	@echo "make test   - set up .venv and run the test suite"
 	@echo "make lint   - ruff over the package and tests"
-	@echo "make bench-quick - every benchmark with --quick, JSON+PNG into bench_results/"
+	@echo "make bench-quick - every benchmark with --quick, JSON+PNG+RESULTS.md into bench_results/"
+	@echo "make bench  - the same at full size (5 seeds; long)"
 
 setup: $(VENV)/.installed
 
@@ -48,11 +49,23 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check thinkmem_ros test
 
+BENCHES := exp1 exp2 exp3 exp5 exp6 latency node transport values memctl
+BENCH_DIR ?= bench_results
+
+# Every benchmark, one after another (they compete for the CPU), then the Markdown tables.
 bench-quick: setup
-	mkdir -p bench_results
-	for b in exp1 exp2 exp3 exp5 latency; do \
-	  $(BIN)/thinkmem bench $$b --quick --json bench_results/$$b.json \
-	      --plot bench_results/$$b.png || exit 1; done
+	mkdir -p $(BENCH_DIR)
+	for b in $(BENCHES); do \
+	  $(BIN)/thinkmem bench $$b --quick --json $(BENCH_DIR)/$$b.json \
+	      --plot $(BENCH_DIR)/$$b.png || exit 1; done
+	$(BIN)/python -m thinkmem_ros.bench.summary $(BENCH_DIR)/*.json > $(BENCH_DIR)/RESULTS.md
+
+bench: setup
+	mkdir -p $(BENCH_DIR)
+	for b in $(BENCHES); do \
+	  $(BIN)/thinkmem bench $$b --json $(BENCH_DIR)/$$b.json \
+	      --plot $(BENCH_DIR)/$$b.png || exit 1; done
+	$(BIN)/python -m thinkmem_ros.bench.summary $(BENCH_DIR)/*.json > $(BENCH_DIR)/RESULTS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
