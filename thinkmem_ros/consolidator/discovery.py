@@ -26,8 +26,25 @@ Acceptance rule (every clause must hold):
   4. forward order beats reverse order: episodes with A...B > episodes with B...A;
   5. stable across time: support in >= ``min_partitions`` partitions and no partition holds
      more than ``max_partition_share`` of it (a burst in one period is not a regularity).
-Accepted pairs that are sub-patterns of an accepted triple are folded into the triple.
-Relations are predictive regularities, never claimed causes.
+  6. triples only: the middle code is enriched between A and C, ``middle_lift`` > 1
+     (``middle_lift``: see below).
+Redundancy: a triple that shares its episodes with a stronger overlapping triple is dropped
+(``_explain_away``). Accepted pairs that are sub-patterns of an accepted triple are folded
+into the triple. Relations are predictive regularities, never claimed causes.
+
+Middle enrichment. Episode counts alone cannot tell the rule's B from a frequent code X
+that happens to fall between A and C: in the demo, ``coolant_low > payload_change >
+overheat_alarm`` had exactly the support, antecedent support, reverse evidence and partition
+spread of the planted ``coolant_low > duty_cycle_high > overheat_alarm`` (payload changes
+occur several times in every mission, so one lands between A and C whenever A...C holds).
+What differs is how surprising the middle is *given* A...C: in each episode with A...C, if
+the middle code's k occurrences were placed at random among the episode's other slots, at
+least one would land in the A...C span with probability P_e = 1 - C(n - s, k) / C(n, k)
+(n free slots, s of them inside the span from the first A to the last C). The lift is the
+number of episodes where it does, divided by sum P_e. A code several times per episode has
+P_e near 1 and a lift near 1 (it is between A and C because it is everywhere); a code
+placed there by a rule has a lift well above 1. Gap constraints are not re-applied here.
+Overlapping triples of equal support are ranked by this lift.
 """
 
 from __future__ import annotations
@@ -150,6 +167,7 @@ class Relation:
     reasons: tuple[str, ...]  # failed acceptance clauses, empty when accepted
     episodes: tuple[int, ...]  # supporting episode ids (E_j)
     gaps: tuple[tuple[float, float], ...]  # observed (min, max) gap per step
+    middle_lift: float = math.nan  # triples: B between A and C, observed / chance (see below)
 
     @property
     def relation(self) -> str:
@@ -422,6 +440,38 @@ def _p_value(null: np.ndarray, support: int) -> float:
     return float((1 + int((null >= support).sum())) / (1 + null.size))
 
 
+def _episode_codes(log: EventLog) -> list[np.ndarray]:
+    """Each episode's codes in time order (the log is sorted by episode, then time)."""
+    bounds = np.searchsorted(log.episode, np.arange(len(log.episode_ids) + 1))
+    return [log.code[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def middle_lift(sequences: list[np.ndarray], a: int, b: int, c: int) -> float:
+    """Episodes with B between A and C, over the number expected if B's slots were random.
+
+    Only episodes holding A...C count (the frame); each contributes its chance P_e that at
+    least one of its B occurrences falls inside the span from the first A to the last C
+    (see the module docstring). inf when the chance is 0 and B is there anyway.
+    """
+    observed, expected = 0, 0.0
+    for seq in sequences:
+        at_a, at_c = np.flatnonzero(seq == a), np.flatnonzero(seq == c)
+        if at_a.size == 0 or at_c.size == 0 or at_c[-1] <= at_a[0]:
+            continue
+        first, last = int(at_a[0]), int(at_c[-1])
+        at_b = np.flatnonzero(seq == b)
+        if at_b.size == 0:
+            continue
+        free = len(seq) - 2  # the frame's A and C hold two slots
+        inside = last - first - 1
+        k = int(at_b.size)
+        expected += 1.0 - math.comb(free - inside, k) / math.comb(free, k)
+        observed += int(((at_b > first) & (at_b < last)).any())
+    if expected == 0.0:
+        return math.inf if observed else math.nan
+    return observed / expected
+
+
 def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
              progress=None) -> DiscoveryResult:
     """Run both stages over ``log``; ``rng`` drives the shuffles (seeded, passed in)."""
@@ -440,6 +490,7 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     present_k, present_c = _code_presence(log)
 
     scored: list[Relation] = []
+    sequences = _episode_codes(log)
     # only patterns that pass the enrichment test become Relation objects (vectorised
     # filter: at 10^6 events there are ~10^5 patterns with support >= accept_support)
     score_t = tk[_enriched(tc, null[3], cfg)]
@@ -454,12 +505,17 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         parts = t_parts[key]
         conf = support / ab if ab else 0.0
         reasons = _reasons(support, p, conf, ab, ba, parts, cfg)
+        lift = middle_lift(sequences, a, b, c)
+        if not lift > 1.0:
+            reasons += (f"middle {log.codes[b]} not enriched between {log.codes[a]} and "
+                        f"{log.codes[c]} (lift {lift:.2f} <= 1)",)
         scored.append(Relation(
             pattern=(log.codes[a], log.codes[b], log.codes[c]), support=support,
             antecedent_support=ab, reverse=ba, partition_support=tuple(int(x) for x in parts),
             p_value=p, accepted=not reasons, reasons=reasons,
             episodes=t_eps[key],
-            gaps=_gaps(log, (ti, tj, tkk), tkey_slots, key) if not reasons else ()))
+            gaps=_gaps(log, (ti, tj, tkk), tkey_slots, key) if not reasons else (),
+            middle_lift=lift))
     if cfg.pairs:
         score_p = pk[_enriched(pc, null[2], cfg)]
         p_parts = _partition_counts(log, pcomb, v * v, score_p)
@@ -494,17 +550,25 @@ def _shares_ordered_pair(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
     return any((y[i], y[j]) in pairs for i in range(len(y)) for j in range(i + 1, len(y)))
 
 
+def _strength(rel: Relation) -> tuple[int, float]:
+    """Rank of a triple in the redundancy step: support, then middle enrichment."""
+    lift = rel.middle_lift
+    return rel.support, (-1.0 if math.isnan(lift) else lift)
+
+
 def _explain_away(scored: list[Relation], cfg: DiscoveryConfig) -> list[Relation]:
     """Reject triples whose evidence a stronger overlapping triple already explains.
 
     A chance code that happens to sit in several episodes of a real rule A...B...C forms
     triples such as X...A...B whose episodes are the rule's episodes. A triple is rejected
-    when, after removing the episodes it shares with a strictly better-supported scored
-    triple that has an ordered pair in common with it, fewer than ``accept_support``
-    episodes remain (closed-pattern style redundancy; two rules with their own episodes
-    both survive).
+    when, after removing the episodes it shares with a stronger scored triple that has an
+    ordered pair in common with it, fewer than ``accept_support`` episodes remain
+    (closed-pattern style redundancy; two rules with their own episodes both survive).
+    Stronger: more support, or equal support and a more enriched middle (``middle_lift``);
+    without the tie-break two triples over the same episodes could never explain each
+    other away, and a frequent code riding along a rule would stay.
     """
-    triples = sorted((r for r in scored if len(r.pattern) == 3), key=lambda r: -r.support)
+    triples = sorted((r for r in scored if len(r.pattern) == 3), key=_strength, reverse=True)
     out = []
     for rel in scored:
         if not rel.accepted or len(rel.pattern) != 3:
@@ -512,7 +576,7 @@ def _explain_away(scored: list[Relation], cfg: DiscoveryConfig) -> list[Relation
             continue
         mine = set(rel.episodes)
         for other in triples:
-            if other.support <= rel.support:
+            if _strength(other) <= _strength(rel):
                 break
             if _shares_ordered_pair(rel.pattern, other.pattern):
                 residual = len(mine - set(other.episodes))
