@@ -291,12 +291,15 @@ def plot(report: dict, path: str | Path) -> None:
     for x, name in enumerate(names):
         cost = results[name].get("cpu_us_per_exp")
         if cost:
-            ax.annotate(f"CPU/exp: ship {cost['shipper']:.1f} us\nrecv {cost['receiver']:.1f} us",
-                        (x, means[x]), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 12), textcoords="offset points")
+            ax.text(x, means[x] / 2, f"CPU per experience\nshipper {cost['shipper']:.1f} us\n"
+                    f"receiver {cost['receiver']:.1f} us", ha="center", va="center",
+                    fontsize=8, color="white")
+    ax.set_ylim(0, 1.15 * max(TARGET_PER_S, *[m + e for m, e in zip(means, stds)]))
     faults = results["faults"]
+    load = report.get("machine", {}).get("load_avg_1_5_15")
+    where = f"; load {load[0]:.1f}" if load else ""
     ax.set_title(f"loopback shipper -> receiver; faults: lost {faults['lost']}, "
-                 f"duplicated {faults['duplicated']}", fontsize=9)
+                 f"duplicated {faults['duplicated']}{where}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
