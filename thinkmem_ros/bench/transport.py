@@ -79,8 +79,10 @@ class _Receiver:
             cmd += ["--curve", "off"]
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get(
             "PYTHONPATH", ""))
+        # cwd=ROOT: ``-m`` puts the working directory first on sys.path, so another
+        # checkout's package there would be served instead of this one
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env)
+                                     text=True, env=env, cwd=ROOT)
         line = self.proc.stdout.readline()
         if not line.startswith("READY "):
             raise RuntimeError(f"receiver did not start: {line!r}")
