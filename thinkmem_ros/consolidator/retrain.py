@@ -1,4 +1,7 @@
-"""Internalisation: D = D_dir U D_disc, warm-start retraining from the running bundle, export.
+"""Internalisation: D U D_dir U D_disc, warm-start retraining from the running bundle, export.
+
+D is the training set behind the running bundle (``rehearsal.py``); a round that trained
+on its new material alone forgot the base skills (demo: held-out micro-F1 0.975 -> 0.913).
 
 The candidate must be a drop-in replacement on the robot, so it keeps the current bundle's
 window K, signal order and event-history length M (the node's hot-swap refuses anything
@@ -47,12 +50,12 @@ class RetrainConfig:
 
     epochs: int = 20
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 2e-3  # with rehearsal: 3e-3 drifted the base skills past the gate (1 of 3 seeds)
     val_fraction: float = 0.2
     patience: int = 4
     heldout_fraction: float = 0.25  # direct episodes kept for the gate, never trained on
     positives_per_unit: int = 48
-    negatives_per_kind: int = 12
+    negatives_per_kind: int = 24  # 12 left consider:C firing on 25-40 % of B...A probes
     threads: int = 1
     seed: int = 0
 
@@ -150,9 +153,29 @@ def discovered_material(units: Sequence[KnowledgeUnit], current: Bundle,
     return with_labels(data, label_names)
 
 
+def _distinct_groups(parts: list[SituationSet]) -> list[SituationSet]:
+    """Offset each part's groups past the previous parts' so sources never share a group."""
+    out, offset = [], 0
+    for part in parts:
+        groups = part.groups - int(part.groups.min(initial=0)) + offset
+        offset = int(groups.max(initial=offset - 1)) + 1
+        out.append(SituationSet(signals=part.signals, labels=part.labels, mask=part.mask,
+                                events=part.events, groups=groups, label_names=part.label_names,
+                                signal_names=part.signal_names,
+                                event_vocabulary=part.event_vocabulary, meta={}))
+    return out
+
+
 def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
-             current: Bundle, cfg: RetrainConfig) -> Material:
-    """Build D_dir (train + held-out) and D_disc for a candidate grown from ``current``."""
+             current: Bundle, cfg: RetrainConfig,
+             rehearsal: SituationSet | None = None) -> Material:
+    """Build D U D_dir (train + held-out) U D_disc for a candidate grown from ``current``.
+
+    ``rehearsal`` is D, the training set behind ``current`` (``rehearsal.load_rehearsal``):
+    its rows are renamed to the grown labels and vocabulary and the promoted rules are
+    applied to them like to the direct rows. It is material to keep, not to train on alone:
+    a round without direct or discovered material still builds no candidate.
+    """
     m = current.manifest
     units = [u for u in units if u.active]
     labels = grow(m.labels, [*required_labels(experiences), *(u.thinking for u in units)])
@@ -166,20 +189,20 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     train_dir, heldout = apply_rules(train_dir, units), apply_rules(heldout, units)
     rng = np.random.default_rng([cfg.seed, 1])
     disc = discovered_material(units, current, labels, vocabulary, cfg, rng)
-    parts = [p for p in (train_dir, disc) if p is not None and len(p)]
-    if not parts:
+    new = [p for p in (train_dir, disc) if p is not None and len(p)]
+    if not new:
         raise NothingToTrain("no direct material (records with `required`) and no promoted "
                              "knowledge units")
-    if len(parts) == 2:  # groups must stay distinct across the two sources
-        disc_groups = parts[1].groups + int(parts[0].groups.max(initial=-1)) + 1
-        parts[1] = SituationSet(signals=parts[1].signals, labels=parts[1].labels,
-                                mask=parts[1].mask, events=parts[1].events, groups=disc_groups,
-                                label_names=labels, signal_names=tuple(m.signals),
-                                event_vocabulary=vocabulary, meta=parts[1].meta)
-    train = SituationSet.concat(parts)
+    old = None
+    if rehearsal is not None and len(rehearsal):
+        from .rehearsal import aligned
+
+        old = apply_rules(aligned(rehearsal, labels, vocabulary, m.signals, m.window,
+                                  m.max_events), units)
+    train = SituationSet.concat(_distinct_groups([p for p in (old, *new) if p is not None]))
     train.meta = {"source": "consolidation", "units": [u.key for u in units]}
-    counts = {"direct_train": len(train_dir), "direct_heldout": len(heldout),
-              "discovered": 0 if disc is None else len(disc),
+    counts = {"rehearsal": 0 if old is None else len(old), "direct_train": len(train_dir),
+              "direct_heldout": len(heldout), "discovered": 0 if disc is None else len(disc),
               **{f"skipped_{k}": v for k, v in direct.skipped.items()}}
     return Material(train=train, heldout=heldout, units=units, counts=counts)
 
@@ -205,18 +228,24 @@ def retrain(material: Material, current: Bundle, cfg: RetrainConfig):
     trained = train_policy(material.train, config, seed=cfg.seed, epochs=cfg.epochs,
                            batch_size=cfg.batch_size, lr=cfg.lr, val_fraction=val_fraction,
                            patience=cfg.patience, progress=False, init_from=current)
-    trained.thresholds = merged_thresholds(trained.thresholds, material.train, m.thresholds)
+    trained.thresholds = merged_thresholds(trained.thresholds, material.train, m.thresholds,
+                                          was_tuned=bool(trained.val_metrics))
     trained.preset = m.preset
     return trained
 
 
 def merged_thresholds(tuned: dict[str, float], train: SituationSet,
-                      current: dict[str, float]) -> dict[str, float]:
-    """Tuned tau where the material has positives for a label, else the current tau."""
+                      current: dict[str, float], *, was_tuned: bool = True) -> dict[str, float]:
+    """Tuned tau where the material has positives for a label, else the current tau.
+
+    Without a validation split nothing was tuned (``train_policy`` leaves every tau at
+    0.5), so every label the running bundle knows keeps its tau, tuned on more data than
+    a round sees; only grown labels start at 0.5.
+    """
     positives = train.labels.sum(axis=0) if len(train) else np.zeros(len(train.label_names))
     out = dict(tuned)
     for j, name in enumerate(train.label_names):
-        if positives[j] == 0 and name in current:
+        if (positives[j] == 0 or not was_tuned) and name in current:
             out[name] = float(current[name])
     return out
 

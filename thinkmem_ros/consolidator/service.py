@@ -8,10 +8,14 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
 1. read the store: every experience and each episode's event history;
 2. discovery over the episodes (``discovery.discover``), folded into the persistent
    knowledge units (``knowledge.consolidate`` + ``KnowledgeStore``, same SQLite file);
-3. material D = D_dir U D_disc for the promoted units, warm-start retraining from the
-   published bundle, export of the candidate to ``<publish_dir>/staging``;
-4. the validation gate; on pass, signed publication as version current+1 and a push to
-   every robot connection the receiver has seen.
+3. material D U D_dir U D_disc: D is the training set behind the published bundle
+   (``rehearsal.load_rehearsal``: saved by the round that published it, or rebuilt from
+   the shipped bundle's recipe), D_dir and D_disc the round's new direct and discovered
+   material; warm-start retraining from the published bundle on all of it, export of the
+   candidate to ``<publish_dir>/staging``, and the new D (capped) staged beside it;
+4. the validation gate; on pass, the new D moves to ``<publish_dir>/rehearsal/v<N>.npz``
+   (its sha256 is in the signed manifest), signed publication as version N = current+1 and
+   a push to every robot connection the receiver has seen.
 
 Novelty score of a stored experience (for the trigger): 1.0 when its event history holds
 a code this process has not seen before, else 0.0.
@@ -40,6 +44,7 @@ from ..transport import ExperienceReceiver, ReceiverConfig
 from .discovery import DiscoveryConfig, EventLog, discover
 from .gate import GateConfig, GateReport
 from .knowledge import KnowledgeConfig, KnowledgeStore, consolidate
+from .rehearsal import RehearsalConfig
 from .retrain import NothingToTrain, RetrainConfig
 from .store import ExperienceStore
 from .trigger import ConsolidationTrigger, TriggerConfig
@@ -72,6 +77,7 @@ class ConsolidatorConfig:
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
 
     def __post_init__(self) -> None:
         self.db_path, self.publish_dir = Path(self.db_path), Path(self.publish_dir)
@@ -88,7 +94,7 @@ class ConsolidatorConfig:
                              f"{self.partitions}")
         for name, kind in (("trigger", TriggerConfig), ("discovery", DiscoveryConfig),
                            ("knowledge", KnowledgeConfig), ("retrain", RetrainConfig),
-                           ("gate", GateConfig)):
+                           ("gate", GateConfig), ("rehearsal", RehearsalConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"ConsolidatorConfig.{name} must be a {kind.__name__}, got "
                                  f"{type(getattr(self, name)).__name__}")
@@ -242,6 +248,7 @@ class ConsolidatorService:
 
     def _round(self, report: RoundReport) -> None:
         from .gate import validate
+        from .rehearsal import cap, install, load_rehearsal, save_rehearsal
         from .retrain import assemble, export_candidate, retrain
 
         cfg = self.config
@@ -269,28 +276,44 @@ class ConsolidatorService:
         self._check_stop()
         t = time.perf_counter()
         current = self.publisher.current()
+        previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         try:
-            material = assemble(experiences, promoted, current, cfg.retrain)
+            material = assemble(experiences, promoted, current, cfg.retrain,
+                                rehearsal=previous.data)
         except NothingToTrain as exc:
             report.outcome = f"no retraining: {exc}"
             return
-        report.material = dict(material.counts)
+        report.material = {**material.counts, "rehearsal_source": previous.source}
+        report.timings["material_s"] = round(time.perf_counter() - t, 3)
+        self._check_stop()
+        t = time.perf_counter()
         trained = retrain(material, current, cfg.retrain)
         report.timings["retrain_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
         version = self.publisher.next_version()
         staging = cfg.publish_dir / "staging" / f"v{version:06d}"
+        kept = staging.with_name(staging.name + ".rehearsal.npz")  # D U D_dir U D_disc
+        kept_data = cap(material.train, cfg.rehearsal.max_rows,
+                        np.random.default_rng([cfg.seed, 4, round_index]))
+        sha = save_rehearsal(kept_data, kept)
+        rehearsal_info = {"sha256": sha, "rows": len(kept_data), "trained_rows":
+                          len(material.train), "previous": previous.source,
+                          "previous_rows": len(previous)}
         candidate = export_candidate(trained, staging, model_version=version, current=current,
-                                     material=material, extras={"round": round_index})
+                                     material=material,
+                                     extras={"round": round_index, "rehearsal": rehearsal_info})
         report.gate = validate(candidate, current, trained, material.heldout, promoted,
                                cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]))
         report.timings["gate_s"] = round(time.perf_counter() - t, 3)
         if not report.gate.passed:
+            kept.unlink(missing_ok=True)
             report.outcome = "rejected by the gate"
             return
         self._check_stop()
         t = time.perf_counter()
+        # D goes in place before the bundle is linked: a published version always has its D
+        install(kept, cfg.publish_dir, version)
         push = self.receiver.push_bundle if self.receiver is not None else None
         publication = self.publisher.publish(candidate, push=push)
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
@@ -330,6 +353,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-s", type=float, default=1.0, help="trigger poll interval")
     parser.add_argument("--epochs", type=int, default=20, help="retraining epochs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rehearsal-npz", help="training set D to rehearse (npz from a "
+                        "round); default: the one saved with the published bundle, or "
+                        "rebuilt from the shipped bundle's recipe")
+    parser.add_argument("--rehearsal-rows", type=int, default=RehearsalConfig.max_rows,
+                        help="cap on D kept and rehearsed per round (stratified subsample)")
+    parser.add_argument("--no-rehearsal", action="store_true",
+                        help="train a round on its new material alone (forgets base skills)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -344,7 +374,9 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         check_s=args.check_s, seed=args.seed,
         trigger=TriggerConfig(period_s=args.period_s, buffer_limit=buffer_limit,
                               buffer_capacity=max(10000, buffer_limit)),
-        retrain=RetrainConfig(epochs=args.epochs, seed=args.seed))
+        retrain=RetrainConfig(epochs=args.epochs, seed=args.seed),
+        rehearsal=RehearsalConfig(max_rows=args.rehearsal_rows, npz=args.rehearsal_npz,
+                                  enabled=not args.no_rehearsal, seed=args.seed))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument("--patience", type=int, default=4, help="retraining early stop")
-    parser.add_argument("--lr", type=float, default=3e-3, help="retraining peak learning rate")
+    parser.add_argument("--lr", type=float, default=RetrainConfig.lr,
+                        help="retraining peak learning rate")
     parser.add_argument("--val-fraction", type=float, default=0.0,
                         help="retraining validation split (default 0: with a few episodes, "
                         "early stopping on it restores a near-initial model that never "
