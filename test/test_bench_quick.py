@@ -79,3 +79,18 @@ def test_exp1_family_repeats_situations_met_before_with_quiet_nuisance():
     assert np.ptp(noisy.signals[:, :, others], axis=(0, 1)).min() > 0.0
     with pytest.raises(ValueError, match="nuisance"):
         order_only(5, np.random.default_rng(1), nuisance=1.5)
+
+
+def test_latency_tiny_times_default_paper_and_fast(tmp_path):
+    from thinkmem_ros.bench import latency
+
+    result = latency.run(quick=True, seeds=1, size="tiny")
+    res = result["results"]
+    for name in ("default", "paper", "fast"):
+        row = res[name]
+        assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"], name
+        assert row["cpu_ms_per_query"] > 0 and row["batch64_per_s"] > 0, name
+    # the presets really differ in size: paper > default > fast
+    assert res["paper"]["onnx_bytes"] > res["default"]["onnx_bytes"] > res["fast"]["onnx_bytes"]
+    latency.plot(result, tmp_path / "latency.png")
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

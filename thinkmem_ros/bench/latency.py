@@ -1,4 +1,4 @@
-"""Policy inference latency on one thread: the shipped default bundle and the paper preset.
+"""Policy inference latency on one thread: the shipped default bundle, paper and fast presets.
 
 Reproduce: ``thinkmem bench latency --json bench_results/latency.json
 --plot bench_results/latency.png`` (``--quick``: 2,000 instead of 10,000 queries per repeat).
@@ -142,7 +142,7 @@ def run(quick: bool, seeds: int, size: str | None = None,
                 # same shapes (weights do not change latency) and say so in the JSON.
                 path = export_untrained("default", None, Path(tmp) / "default")
                 source = "stand-in: untrained default preset (models/default missing)"
-        task = bar.add_task("latency", total=4)
+        task = bar.add_task("latency", total=5)
         bar.update(task, description="latency: default bundle")
         results["default"] = measure(path, cfg, seeds, rng)
         bar.update(task, advance=1, description="latency: default, spinning allowed")
@@ -151,6 +151,9 @@ def run(quick: bool, seeds: int, size: str | None = None,
         paper_path = export_untrained("paper", load_bundle(path), Path(tmp) / "paper")
         bar.update(task, advance=1, description="latency: paper preset")
         results["paper"] = measure(paper_path, cfg, seeds, rng)
+        bar.update(task, advance=1, description="latency: fast preset")
+        fast_path = export_untrained("fast", load_bundle(path), Path(tmp) / "fast")
+        results["fast"] = measure(fast_path, cfg, seeds, rng)
         bar.update(task, advance=1)
     keys = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "cpu_ms_per_query")
     results["default"]["spinning"] = {
@@ -162,7 +165,8 @@ def run(quick: bool, seeds: int, size: str | None = None,
             "setup": {**cfg, "repeats": seeds, "bundle": str(path), "bundle_source": source,
                       "batch": 1,
                       "paper_preset": "untrained export with the default bundle's window, "
-                                      "labels and events; weights do not change latency"}}
+                                      "labels and events; weights do not change latency",
+                      "fast_preset": "the same for the 'fast' preset (1 layer, d=32)"}}
 
 
 def plot(report: dict, path) -> None:
@@ -170,11 +174,13 @@ def plot(report: dict, path) -> None:
     res = report["results"]
     rows = {"default": res["default"], "default (spinning)":
             res["default"]["spinning"]["allowed"], "paper preset": res["paper"]}
+    if "fast" in res:
+        rows["fast preset"] = res["fast"]
     fig, (ax1, ax2) = new_figure(2, "Policy latency, 1 thread, batch 1")
     keys = ("p50_ms", "p99_ms", "p999_ms")
     width = 0.8 / len(rows)
     for j, (name, row) in enumerate(rows.items()):
-        xs = [i + (j - 1) * width for i in range(len(keys))]
+        xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(keys))]
         bars = ax1.bar(xs, [row[k] for k in keys], width, label=name)
         ax1.bar_label(bars, fmt="%.3f", fontsize=7)
     ax1.axhline(1.0, color="red", linestyle="--", linewidth=1, label="1 ms target")
@@ -182,8 +188,9 @@ def plot(report: dict, path) -> None:
     ax1.set_yscale("log")  # p50 and a loaded machine's p99.9 differ by orders of magnitude
     ax1.set_ylabel("ms per query (log)")
     ax1.legend(fontsize=8)
-    names = ["default", "paper preset"]
-    bars = ax2.bar(names, [res["default"]["batch64_per_s"], res["paper"]["batch64_per_s"]])
+    names = [n for n in ("default", "paper", "fast") if n in res]
+    bars = ax2.bar([f"{n} preset" if n != "default" else n for n in names],
+                   [res[n]["batch64_per_s"] for n in names])
     ax2.bar_label(bars, fmt="%.0f", fontsize=8)
     ax2.set_ylabel("situations / s (batch 64)")
     save(fig, path)
