@@ -90,7 +90,10 @@ def test_assemble_adds_rehearsal_rows_renamed_and_with_rules_applied(tmp_path):
                        event_vocabulary=vocab)
     unit = KnowledgeUnit(pattern=("EA", "EB", "EC"), relation="sequence3", constraints={},
                          thinking="consider:EC", status="promoted")
-    material = assemble(records, [unit], running, RetrainConfig(), rehearsal=old)
+    # all of D trained on here (row order checked below); the gate's held-out slice of D
+    # is tested in test_consolidator_gate_heldout.py
+    material = assemble(records, [unit], running,
+                        RetrainConfig(rehearsal_heldout_fraction=0.0), rehearsal=old)
     assert material.counts["rehearsal"] == 50
     train = material.train
     assert len(train) == 50 + material.counts["direct_train"] + material.counts["discovered"]
@@ -119,8 +122,9 @@ def test_a_published_round_saves_its_training_set_beside_the_bundle(tmp_path):
         store.insert_many([(e, encode_experience(e)) for e in records])
     service = ConsolidatorService(config)
     report = service.run_round("test")
-    assert report.material["rehearsal"] == 250 and report.material["rehearsal_source"] \
-        == "explicit"
+    # D: 80 % trained on, 20 % held out for the gate's regression check
+    assert report.material["rehearsal"] == 200 and report.material["rehearsal_heldout"] == 50
+    assert report.material["rehearsal_source"] == "explicit"
     assert report.outcome == "published", (report.outcome, report.gate)
     saved = rehearsal_path(tmp_path / "pub", 2)
     kept = load_npz(saved)

@@ -7,10 +7,19 @@ Every check below must pass, and each failure is a sentence in ``GateReport.reas
    (the node's hot-swap refuses anything else), and no label of the running bundle lost;
 2. ONNX parity: ONNX Runtime (what the robot runs) and the torch model agree within
    ``parity_tol`` on every probe situation (held-out direct rows and rule prefixes);
-3. no regression: micro-F1 of the candidate on held-out direct material, over the labels
-   the running bundle knows, is at least the running bundle's minus ``f1_tolerance``
-   (both scored with ONNX Runtime at their own thresholds; the running bundle sees the
-   events re-encoded into its own vocabulary, unknown ones dropped as the node does);
+3. no regression: micro-F1 of the candidate over the labels the running bundle knows is
+   at least the running bundle's minus ``f1_tolerance`` (0.02), both scored with ONNX
+   Runtime at their own thresholds on the SAME rows (the running bundle sees the events
+   re-encoded into its own vocabulary, unknown ones dropped as the node does). The rows
+   are the held-out direct episodes PLUS the held-out slice of the rehearsal set D (a
+   seeded fraction of D's rows not trained on in this round, ``retrain.split_rehearsal``).
+   Why both: one held-out episode is ~120 rows, where a single row moves micro-F1 by
+   ~0.01, so the 0.02 tolerance was a coin toss (the demo missed by 0.004 where offline
+   replays of the same data passed); the D slice adds hundreds of rows of the base
+   skills, which is exactly what a warm-started round can forget. The running bundle
+   was trained on D, so on that slice the comparison leans towards it: conservative.
+   Fewer than ``min_heldout`` rows in all fail the check with a reason (unless
+   ``allow_no_heldout``); per-source row counts and F1 go to ``checks``;
 4. new rules active: for each promoted unit, fresh held-out prefixes A...B (not the
    training draws) raise ``consider:C`` in at least ``rule_recall`` of cases, and
    histories without the antecedent (filler, B alone, B...A) raise it in at most
@@ -31,13 +40,19 @@ from .knowledge import KnowledgeUnit
 from .material import filler_codes, prefix_events, situations_from_events
 
 
+MIN_HELDOUT_ROWS = 200  # a meaningful floor for min_heldout when D is rehearsed
+
+
 @dataclass
 class GateConfig:
     """Tolerances of the validation gate."""
 
     parity_tol: float = 1e-4
     f1_tolerance: float = 0.02
-    min_heldout: int = 1  # held-out direct rows needed to judge regression
+    # held-out rows (direct + rehearsal) needed to judge regression. 1 keeps small unit
+    # tests and rehearsal-less rounds judgeable; the demo's consolidator asks for
+    # ``MIN_HELDOUT_ROWS``, below which one row moves micro-F1 by > 1/4 of the tolerance
+    min_heldout: int = 1
     allow_no_heldout: bool = False  # pass the regression check when there is nothing to judge
     rule_recall: float = 0.8
     rule_false_rate: float = 0.2
@@ -120,16 +135,37 @@ def rule_probes(units: Sequence[KnowledgeUnit], vocabulary: Sequence[str], max_e
     return out
 
 
+def combined_heldout(heldout: SituationSet, rehearsal_heldout: SituationSet | None
+                     ) -> tuple[SituationSet, dict[str, np.ndarray]]:
+    """Held-out direct rows + held-out rows of D as one set, and each source's row mask."""
+    n_dir = len(heldout)
+    if rehearsal_heldout is None or len(rehearsal_heldout) == 0:
+        return heldout, {"direct": np.ones(n_dir, bool)}
+    if (rehearsal_heldout.label_names != heldout.label_names
+            or rehearsal_heldout.event_vocabulary != heldout.event_vocabulary):
+        raise ValueError("held-out rehearsal rows are not aligned with the held-out direct "
+                         "rows (label names or event vocabulary differ)")
+    both = SituationSet.concat([heldout, rehearsal_heldout]) if n_dir else rehearsal_heldout
+    is_dir = np.arange(len(both)) < n_dir
+    return both, {"direct": is_dir, "rehearsal": ~is_dir}
+
+
 def validate(candidate: Bundle, current: Bundle, trained, heldout: SituationSet,
              units: Sequence[KnowledgeUnit], cfg: GateConfig,
-             rng: np.random.Generator) -> GateReport:
-    """Run every check; ``trained`` is the candidate's torch model (for parity)."""
+             rng: np.random.Generator,
+             rehearsal_heldout: SituationSet | None = None) -> GateReport:
+    """Run every check; ``trained`` is the candidate's torch model (for parity).
+
+    ``rehearsal_heldout`` (the held-out slice of D, ``Material.heldout_rehearsal``) joins
+    ``heldout`` in the parity and regression checks.
+    """
     from ..policy.train import predict_proba
 
     reasons = _compatibility(candidate, current)
     checks: dict = {"candidate_version": candidate.version, "running_version": current.version}
     if reasons:
         return GateReport(False, reasons, checks)
+    heldout, sources = combined_heldout(heldout, rehearsal_heldout)
     cand_rt = _runtime(candidate)
     m = candidate.manifest
     probes = rule_probes([u for u in units if u.thinking in m.labels], m.event_vocabulary,
@@ -159,7 +195,7 @@ def validate(candidate: Bundle, current: Bundle, trained, heldout: SituationSet,
     if parity > cfg.parity_tol:
         reasons.append(f"ONNX/torch parity {parity:.2e} exceeds {cfg.parity_tol:.0e}")
     # 3. regression on held-out direct material
-    reasons += _regression(cand_rt, cand_heldout, current, heldout, cfg, checks)
+    reasons += _regression(cand_rt, cand_heldout, current, heldout, sources, cfg, checks)
     # 4. rules
     if probes:
         probs = cand_rt.predict(prefix_set.signals, prefix_set.mask,
@@ -168,15 +204,17 @@ def validate(candidate: Bundle, current: Bundle, trained, heldout: SituationSet,
     return GateReport(not reasons, reasons, checks)
 
 
-def _regression(cand_rt, cand_probs, current: Bundle, heldout: SituationSet, cfg: GateConfig,
-                checks: dict) -> list[str]:
+def _regression(cand_rt, cand_probs, current: Bundle, heldout: SituationSet,
+                sources: dict[str, np.ndarray], cfg: GateConfig, checks: dict) -> list[str]:
     checks["heldout_rows"] = len(heldout)
+    checks["heldout_rows_by_source"] = {k: int(v.sum()) for k, v in sources.items()}
     if len(heldout) < cfg.min_heldout:
         checks["regression"] = "skipped"
         if cfg.allow_no_heldout:
             return []
-        return [f"only {len(heldout)} held-out direct rows (< {cfg.min_heldout}): cannot "
-                "show the candidate does not regress"]
+        counts = ", ".join(f"{v} {k}" for k, v in checks["heldout_rows_by_source"].items())
+        return [f"only {len(heldout)} held-out rows ({counts}; < min_heldout "
+                f"{cfg.min_heldout}): too few to show the candidate does not regress"]
     run_rt = _runtime(current)
     r = current.manifest
     events = reencode_events(heldout.events, heldout.event_vocabulary, r.event_vocabulary)
@@ -187,8 +225,14 @@ def _regression(cand_rt, cand_probs, current: Bundle, heldout: SituationSet, cfg
     f1_run = micro_scores(truth, run_probs >= run_rt.thresholds)["f1"]
     f1_cand = micro_scores(truth, cand_probs[:, cand_cols]
                            >= cand_rt.thresholds[cand_cols])["f1"]
+    cand_pred = cand_probs[:, cand_cols] >= cand_rt.thresholds[cand_cols]
+    run_pred = run_probs >= run_rt.thresholds
     f1_all = micro_scores(heldout.labels, cand_probs >= cand_rt.thresholds)["f1"]
     checks.update(f1_running=f1_run, f1_candidate=f1_cand, f1_candidate_all_labels=f1_all)
+    checks["f1_by_source"] = {  # for the log; the decision uses all rows together
+        k: {"running": micro_scores(truth[rows], run_pred[rows])["f1"],
+            "candidate": micro_scores(truth[rows], cand_pred[rows])["f1"]}
+        for k, rows in sources.items() if rows.any()}
     if f1_cand < f1_run - cfg.f1_tolerance:
         return [f"held-out micro-F1 regressed: {f1_cand:.3f} < running {f1_run:.3f} - "
                 f"tolerance {cfg.f1_tolerance}"]

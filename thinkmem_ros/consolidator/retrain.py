@@ -54,6 +54,9 @@ class RetrainConfig:
     val_fraction: float = 0.2
     patience: int = 4
     heldout_fraction: float = 0.25  # direct episodes kept for the gate, never trained on
+    # rows of D kept for the gate, never trained on this round: one held-out episode is
+    # ~120 rows, where one row moves micro-F1 by ~0.01, too few to judge a 0.02 tolerance
+    rehearsal_heldout_fraction: float = 0.2
     positives_per_unit: int = 48
     negatives_per_kind: int = 24  # 12 left consider:C firing on 25-40 % of B...A probes
     threads: int = 1
@@ -68,7 +71,7 @@ class RetrainConfig:
                              f"{self.negatives_per_kind}")
         if self.lr <= 0:
             raise ValueError(f"RetrainConfig.lr must be > 0, got {self.lr}")
-        for name in ("val_fraction", "heldout_fraction"):
+        for name in ("val_fraction", "heldout_fraction", "rehearsal_heldout_fraction"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"RetrainConfig.{name} must be in [0, 1), got "
                                  f"{getattr(self, name)}")
@@ -76,12 +79,17 @@ class RetrainConfig:
 
 @dataclass
 class Material:
-    """The round's training set, the gate's held-out direct rows and what went in."""
+    """The round's training set, the gate's held-out rows and what went in.
+
+    ``heldout`` holds the held-out direct episodes, ``heldout_rehearsal`` the held-out slice
+    of D (None without rehearsal); the gate judges regression on both together.
+    """
 
     train: SituationSet
     heldout: SituationSet
     units: list[KnowledgeUnit]
     counts: dict[str, int] = field(default_factory=dict)
+    heldout_rehearsal: SituationSet | None = None
 
     @property
     def label_names(self) -> tuple[str, ...]:
@@ -166,15 +174,32 @@ def _distinct_groups(parts: list[SituationSet]) -> list[SituationSet]:
     return out
 
 
+def split_rehearsal(data: SituationSet, fraction: float, rng: np.random.Generator
+                    ) -> tuple[SituationSet, SituationSet | None]:
+    """(train, held-out) rows of D: a seeded ``fraction`` of rows, at least one left to train.
+
+    Rows, not groups: D is a stratified subsample of whole streams, so a group-wise split
+    would hold out one or two streams and with them most of a rare label's positives.
+    """
+    n_held = min(int(round(fraction * len(data))), len(data) - 1)
+    if n_held <= 0:
+        return data, None
+    held = np.zeros(len(data), dtype=bool)
+    held[rng.choice(len(data), size=n_held, replace=False)] = True
+    return data.subset(np.flatnonzero(~held)), data.subset(np.flatnonzero(held))
+
+
 def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
              current: Bundle, cfg: RetrainConfig,
              rehearsal: SituationSet | None = None) -> Material:
-    """Build D U D_dir (train + held-out) U D_disc for a candidate grown from ``current``.
+    """Build D (train + held-out) U D_dir (train + held-out) U D_disc grown from ``current``.
 
     ``rehearsal`` is D, the training set behind ``current`` (``rehearsal.load_rehearsal``):
     its rows are renamed to the grown labels and vocabulary and the promoted rules are
     applied to them like to the direct rows. It is material to keep, not to train on alone:
-    a round without direct or discovered material still builds no candidate.
+    a round without direct or discovered material still builds no candidate. A seeded
+    ``cfg.rehearsal_heldout_fraction`` of its rows is held out for the gate's regression
+    check (``Material.heldout_rehearsal``) and never trained on in this round.
     """
     m = current.manifest
     units = [u for u in units if u.active]
@@ -193,18 +218,22 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     if not new:
         raise NothingToTrain("no direct material (records with `required`) and no promoted "
                              "knowledge units")
-    old = None
+    old = old_held = None
     if rehearsal is not None and len(rehearsal):
         from .rehearsal import aligned
 
         old = apply_rules(aligned(rehearsal, labels, vocabulary, m.signals, m.window,
                                   m.max_events), units)
+        old, old_held = split_rehearsal(old, cfg.rehearsal_heldout_fraction,
+                                        np.random.default_rng([cfg.seed, 3]))
     train = SituationSet.concat(_distinct_groups([p for p in (old, *new) if p is not None]))
     train.meta = {"source": "consolidation", "units": [u.key for u in units]}
     counts = {"rehearsal": 0 if old is None else len(old), "direct_train": len(train_dir),
               "direct_heldout": len(heldout), "discovered": 0 if disc is None else len(disc),
+              "rehearsal_heldout": 0 if old_held is None else len(old_held),
               **{f"skipped_{k}": v for k, v in direct.skipped.items()}}
-    return Material(train=train, heldout=heldout, units=units, counts=counts)
+    return Material(train=train, heldout=heldout, units=units, counts=counts,
+                    heldout_rehearsal=old_held)
 
 
 def retrain(material: Material, current: Bundle, cfg: RetrainConfig):

@@ -13,7 +13,8 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
    the shipped bundle's recipe), D_dir and D_disc the round's new direct and discovered
    material; warm-start retraining from the published bundle on all of it, export of the
    candidate to ``<publish_dir>/staging``, and the new D (capped) staged beside it;
-4. the validation gate; on pass, the new D moves to ``<publish_dir>/rehearsal/v<N>.npz``
+4. the validation gate, its regression check on the held-out direct episodes plus the
+   held-out slice of D (``RetrainConfig.rehearsal_heldout_fraction``); on pass, the new D moves to ``<publish_dir>/rehearsal/v<N>.npz``
    (its sha256 is in the signed manifest), signed publication as version N = current+1 and
    a push to every robot connection the receiver has seen.
 
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import SituationSet
 from ..experience import Experience
 from ..transport import ExperienceReceiver, ReceiverConfig
 from .discovery import DiscoveryConfig, EventLog, discover
@@ -294,8 +296,10 @@ class ConsolidatorService:
         version = self.publisher.next_version()
         staging = cfg.publish_dir / "staging" / f"v{version:06d}"
         kept = staging.with_name(staging.name + ".rehearsal.npz")  # D U D_dir U D_disc
-        kept_data = cap(material.train, cfg.rehearsal.max_rows,
-                        np.random.default_rng([cfg.seed, 4, round_index]))
+        # the held-out slice of D was only set aside for this round's gate: it stays in D
+        grown = [p for p in (material.train, material.heldout_rehearsal) if p is not None]
+        kept_data = cap(SituationSet.concat(grown) if len(grown) > 1 else grown[0],
+                        cfg.rehearsal.max_rows, np.random.default_rng([cfg.seed, 4, round_index]))
         sha = save_rehearsal(kept_data, kept)
         rehearsal_info = {"sha256": sha, "rows": len(kept_data), "trained_rows":
                           len(material.train), "previous": previous.source,
@@ -304,7 +308,8 @@ class ConsolidatorService:
                                      material=material,
                                      extras={"round": round_index, "rehearsal": rehearsal_info})
         report.gate = validate(candidate, current, trained, material.heldout, promoted,
-                               cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]))
+                               cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]),
+                               rehearsal_heldout=material.heldout_rehearsal)
         report.timings["gate_s"] = round(time.perf_counter() - t, 3)
         if not report.gate.passed:
             kept.unlink(missing_ok=True)
