@@ -39,7 +39,6 @@ from ..metrics import micro_scores
 from .knowledge import KnowledgeUnit
 from .material import filler_codes, prefix_events, situations_from_events
 
-
 MIN_HELDOUT_ROWS = 200  # a meaningful floor for min_heldout when D is rehearsed
 
 

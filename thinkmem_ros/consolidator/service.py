@@ -14,7 +14,8 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
    material; warm-start retraining from the published bundle on all of it, export of the
    candidate to ``<publish_dir>/staging``, and the new D (capped) staged beside it;
 4. the validation gate, its regression check on the held-out direct episodes plus the
-   held-out slice of D (``RetrainConfig.rehearsal_heldout_fraction``); on pass, the new D moves to ``<publish_dir>/rehearsal/v<N>.npz``
+   held-out slice of D (``RetrainConfig.rehearsal_heldout_fraction``); on pass, the new D
+   (held-out slice included) moves to ``<publish_dir>/rehearsal/v<N>.npz``
    (its sha256 is in the signed manifest), signed publication as version N = current+1 and
    a push to every robot connection the receiver has seen.
 
