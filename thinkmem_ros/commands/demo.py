@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="episodes of the after stream (default 5)")
     parser.add_argument("--epochs", type=int, default=30,  # = DemoConfig.retrain_epochs
                         help="retraining epochs of the round (default 30, ~65 s here)")
+    parser.add_argument("--lr", type=float, default=2e-3,  # = DemoConfig.retrain_lr
+                        help="retraining peak learning rate of the round (default 2e-3)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +54,8 @@ def main(args: argparse.Namespace) -> int:
                             offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet,
                             consolidation=not args.no_consolidation, missions=args.missions,
                             after_duration_s=args.after_duration,
-                            after_missions=args.after_missions, retrain_epochs=args.epochs)
+                            after_missions=args.after_missions, retrain_epochs=args.epochs,
+                            retrain_lr=args.lr)
         summary = run_demo(config)
     except (ValueError, BundleError, BagError, RuntimeError, FileNotFoundError) as exc:
         print(f"thinkmem demo: error: {exc}", file=sys.stderr)

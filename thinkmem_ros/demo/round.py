@@ -127,7 +127,8 @@ def start_consolidator_step(ctx: DemoContext) -> None:
             "--signing-key", str(ctx.artefacts["signing"]["secret"]),
             "--initial-bundle", ctx.summary["bundle"]["path"],
             "--bind", "tcp://127.0.0.1:*", "--curve", "off",
-            "--epochs", str(cfg.retrain_epochs), "--seed", str(cfg.seed)]
+            "--epochs", str(cfg.retrain_epochs), "--lr", str(cfg.retrain_lr),
+            "--seed", str(cfg.seed)]
     for key, value in cfg.gate.items():  # tests open the gate's quality bars; the demo does not
         args += ["--gate", f"{key}={value}"]
     proc = ConsolidatorProcess(args, folder / "consolidator.log",

@@ -43,6 +43,7 @@ class DemoConfig:
     # ~65 s of retraining on D U D_dir U D_disc (~2600 rows) on the loaded 2-core box;
     # 15 epochs (34 s) published too, but left trend recall at 0.78 after the swap
     retrain_epochs: int = 30
+    retrain_lr: float = 2e-3  # RetrainConfig.lr; 3e-3 drifted the base skills
     gate: dict[str, float] = field(default_factory=dict)  # GateConfig overrides; {} = as is
     store_timeout_s: float = 60.0  # played experiences must reach the store within this
     round_timeout_s: float = 600.0
@@ -63,6 +64,8 @@ class DemoConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        if not (math.isfinite(self.retrain_lr) and self.retrain_lr > 0):
+            raise ValueError(f"retrain_lr must be a number > 0, got {self.retrain_lr!r}")
         if self.frame_trigger not in ("timer", "samples"):
             raise ValueError(f"frame_trigger must be 'timer' or 'samples', "
                              f"got {self.frame_trigger!r}")
