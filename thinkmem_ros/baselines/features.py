@@ -1,9 +1,12 @@
 """Aggregate summary features: what a summary-based memory keeps of a window.
 
 A summary memory stores per-channel statistics instead of the sequence. These are the
-statistics the paper's Summary-RAG and RF-Summary use (mean, std, min, max, start, end,
-global change and the least-squares slope). They are deliberately blind to the *order* of
-intermediate observations, which is exactly what the order-only family tests.
+statistics the paper's Summary-RAG and RF-Summary use (mean, std, min, max, start, end and
+global change). They are deliberately blind to the *order* of intermediate observations,
+which is exactly what the order-only family tests. A least-squares slope is left out on
+purpose: it weights each value by its time index, so it encodes order, and with it a
+"summary" memory quietly became a sequence memory (Summary-RAG reached F1 1.0 on Exp 1's
+order-only histories, where the paper's order-insensitive summary gets ~0.5).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import numpy as np
 
 from ..data import SituationSet
 
-FEATURE_NAMES: tuple[str, ...] = ("mean", "std", "min", "max", "start", "end", "change", "slope")
+FEATURE_NAMES: tuple[str, ...] = ("mean", "std", "min", "max", "start", "end", "change")
 """Statistics per channel, in the order they appear in the feature vector."""
 
 
@@ -28,7 +31,7 @@ def _first_last(values: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, n
 
 
 def summary_features(data: SituationSet) -> np.ndarray:
-    """(N, F * 8) float64 statistics over the observed frames of each channel.
+    """(N, F * 7) float64 statistics over the observed frames of each channel.
 
     Masked frames are ignored; a channel never observed in a window yields zeros, so the
     feature vector is always finite.
@@ -49,10 +52,5 @@ def summary_features(data: SituationSet) -> np.ndarray:
     vmax = np.where(seen, vmax, 0.0)
     start, end = _first_last(values, observed)
     change = end - start
-    t = np.arange(values.shape[1], dtype=np.float64)[None, :, None]  # (1, K, 1)
-    t_mean = (t * weight).sum(axis=1) / safe
-    t_centred = (t - t_mean[:, None, :]) * weight
-    denom = (t_centred ** 2).sum(axis=1)
-    slope = np.where(denom > 0, (t_centred * centred).sum(axis=1) / np.maximum(denom, 1e-12), 0.0)
-    stats = np.stack([mean, std, vmin, vmax, start, end, change, slope], axis=2)  # (N, F, 8)
+    stats = np.stack([mean, std, vmin, vmax, start, end, change], axis=2)  # (N, F, 7)
     return stats.reshape(stats.shape[0], -1)
