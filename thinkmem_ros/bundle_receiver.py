@@ -8,7 +8,12 @@ shipper's connection. Whatever arrives is untrusted: a push is installed only wh
 3. the Ed25519 signature over ``bundle.json`` verifies with the configured public key;
 4. the ONNX bytes hash to the sha256 the signed manifest names;
 5. the signed ``model_version`` equals the frame's and is strictly higher than the version
-   running (no rollback, no replay); an exact replay of the running bundle is ignored.
+   running (no rollback, no replay); an exact replay of the running bundle is ignored;
+6. the value/memctl artefacts (``artefacts`` field) are exactly the files the signed
+   manifest lists in ``extras.artefacts`` ({file: sha256}), each with that sha256: a
+   listed file that is missing or differs, or a file that is not listed, refuses the whole
+   push (``rejected_artefact``), so the node never runs a policy with a value table it was
+   not signed with. Artefacts are written only after they are verified.
 
 Files are staged in a hidden folder under ``bundles_dir``, verified there, then renamed to
 ``bundles_dir/v<version>`` and the ``current`` link is swapped with ``os.replace``, so a
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
+from .protocol import ProtocolError, check_artefact_name, check_artefacts
 from .security import SIGNATURE_FILE, SignatureError, load_verify_key, verify_signed_bundle
 
 log = logging.getLogger(__name__)
@@ -39,7 +45,11 @@ log = logging.getLogger(__name__)
 CURRENT_LINK = "current"
 _VERSION_DIR = re.compile(r"v(\d{6,})")
 _FIELDS = {"version": int, "manifest": bytes, "onnx": bytes, "signature": bytes}
-REJECT_REASONS = ("malformed", "unsigned", "signature", "hash", "version", "install")
+_OPTIONAL = "artefacts"  # {file: bytes}; absent in frames from older consolidators
+ARTEFACTS_KEY = "artefacts"  # manifest extras key (thinking_gates.ARTEFACTS_KEY, no import:
+# thinking_gates pulls in the value/memctl stack, which the receiver does not need)
+REJECT_REASONS = ("malformed", "unsigned", "signature", "hash", "version", "artefact",
+                  "install")
 """Counter names of the refusal kinds (``rejected_<reason>`` in ``stats()``)."""
 
 
@@ -167,7 +177,8 @@ class BundleReceiver:
 
     # ---- steps
     def _install(self, body: dict) -> Path | None:
-        version, manifest, onnx, signature = _check_body(body, self.config.max_bytes)
+        version, manifest, onnx, signature, artefacts = _check_body(body,
+                                                                    self.config.max_bytes)
         if not signature:
             raise PushRejected("unsigned", f"bundle v{version} carries no signature")
         sha = hashlib.sha256(onnx).hexdigest()
@@ -189,6 +200,8 @@ class BundleReceiver:
             if signed != version:
                 raise PushRejected("version", f"frame says v{version} but the signed "
                                               f"manifest says v{signed}")
+            for name in _check_artefacts(artefacts, bundle.manifest.extras, version):
+                _write_synced(staging / name, artefacts[name])
             target = self._publish(staging, version)
         finally:
             if staging.exists():
@@ -226,22 +239,53 @@ class BundleReceiver:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _check_body(body: object, max_bytes: int) -> tuple[int, bytes, bytes, bytes]:
+def _check_body(body: object, max_bytes: int
+                ) -> tuple[int, bytes, bytes, bytes, dict[str, bytes]]:
     if not isinstance(body, dict):
         raise PushRejected("malformed", f"body is a {type(body).__name__}, not a map")
-    if set(body) != set(_FIELDS):
+    if set(body) - {_OPTIONAL} != set(_FIELDS):
         raise PushRejected("malformed", f"fields {sorted(map(str, body))}, expected "
-                                        f"{sorted(_FIELDS)}")
+                                        f"{sorted(_FIELDS)} (+ optional {_OPTIONAL!r})")
     for name, kind in _FIELDS.items():
         if type(body[name]) is not kind:
             raise PushRejected("malformed", f"{name}: expected {kind.__name__}, got "
                                             f"{type(body[name]).__name__}")
+    try:  # names that could escape the bundle folder are refused before anything is written
+        artefacts = check_artefacts(body.get(_OPTIONAL, {}))
+    except ProtocolError as exc:
+        raise PushRejected("artefact", str(exc)) from exc
     size = sum(len(body[n]) for n in ("manifest", "onnx", "signature"))
+    size += sum(len(data) for data in artefacts.values())
     if size > max_bytes:
         raise PushRejected("malformed", f"{size} bytes exceed max_bytes {max_bytes}")
     if body["version"] < 1:
         raise PushRejected("malformed", f"version {body['version']} < 1")
-    return body["version"], body["manifest"], body["onnx"], body["signature"]
+    return body["version"], body["manifest"], body["onnx"], body["signature"], artefacts
+
+
+def _check_artefacts(artefacts: dict[str, bytes], extras: dict, version: int) -> list[str]:
+    """Return the artefact names to write once they match the signed manifest exactly."""
+    listed = extras.get(ARTEFACTS_KEY) or {}
+    if not isinstance(listed, dict):
+        raise PushRejected("artefact", f"v{version}: signed extras.{ARTEFACTS_KEY} is a "
+                                       f"{type(listed).__name__}, not a map")
+    try:  # the manifest is signed, but a name in it must still be safe to create here
+        for name in listed:
+            check_artefact_name(name)
+    except ProtocolError as exc:
+        raise PushRejected("artefact", f"v{version}: signed manifest lists {exc}") from exc
+    if unlisted := sorted(set(artefacts) - set(listed)):
+        raise PushRejected("artefact", f"v{version}: {unlisted} not listed in the signed "
+                                       f"manifest's extras.{ARTEFACTS_KEY}")
+    if missing := sorted(set(listed) - set(artefacts)):
+        raise PushRejected("artefact", f"v{version}: listed artefacts {missing} were not "
+                                       f"pushed")
+    for name, want in sorted(listed.items()):
+        got = hashlib.sha256(artefacts[name]).hexdigest()
+        if got != str(want).lower():
+            raise PushRejected("artefact", f"v{version}: {name} sha256 {got[:12]} does not "
+                                           f"match the signed manifest's {str(want)[:12]}")
+    return sorted(listed)
 
 
 def _verify(folder: Path, verify_key) -> object:

@@ -14,9 +14,13 @@ Kinds:
 - ACK (consolidator -> robot): ``{"batch": int, "stored": int, "duplicates": int,
   "rejected": [[index, reason]]}``; sent only after the batch is committed to the store.
 - BUNDLE_PUSH (consolidator -> robot): ``{"version": int, "manifest": bytes, "onnx": bytes,
-  "signature": bytes}``: a published model bundle's files as they are on disk
-  (``signature`` empty = unsigned, which robots refuse). Here it is checked only for
-  being a map: ``bundle_receiver`` checks every field on the robot and trusts nothing.
+  "signature": bytes}`` plus, when the bundle carries value/memctl artefacts, an optional
+  ``"artefacts": {filename: bytes}``: a published model bundle's files as they are on disk
+  (``signature`` empty = unsigned, which robots refuse). Here it is checked for being a
+  map, and ``artefacts`` (when present) for plain, bounded file names and sizes, so no
+  frame can name a path outside the bundle folder; ``bundle_receiver`` checks every field
+  again on the robot (the files against the signed manifest's hashes) and trusts nothing.
+  Frames without ``artefacts`` (older consolidators, artefact-free bundles) still decode.
   Bundles can be MBs; they travel consolidator -> robot only, where the frame limit is
   ``MAX_FRAME_BYTES`` (the receiver's own inbound limit stays small).
 - RECALL_REQ, RECALL_REP: reserved for episodic recall; their bodies are maps checked only
@@ -26,6 +30,7 @@ Kinds:
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +43,12 @@ MAX_FRAME_BYTES = 32 * 1024 * 1024
 """Largest frame accepted; the receiver also sets ZMQ_MAXMSGSIZE a little above it."""
 MAX_BATCH_ITEMS = 8192
 MAX_REASON = 512
+MAX_ARTEFACTS = 16
+"""Most artefact files one BUNDLE_PUSH may carry (a bundle has four today)."""
+MAX_ARTEFACT_NAME = 64
+RESERVED_NAMES = frozenset({"bundle.json", "policy.onnx", "bundle.sig"})
+"""The bundle's own files, which travel in their own fields and are never artefacts."""
+_ARTEFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class ProtocolError(ValueError):
@@ -127,10 +138,56 @@ def ack(batch: int, stored: int, duplicates: int,
         "rejected": [[i, reason[:MAX_REASON]] for i, reason in (rejected or [])]})
 
 
-def bundle_push(version: int, manifest: bytes, onnx: bytes, signature: bytes) -> bytes:
-    """Build a BUNDLE_PUSH carrying a bundle's ``bundle.json``, ONNX and signature bytes."""
-    return encode_frame(Kind.BUNDLE_PUSH, {"version": version, "manifest": manifest,
-                                           "onnx": onnx, "signature": signature})
+def bundle_push(version: int, manifest: bytes, onnx: bytes, signature: bytes,
+                artefacts: dict[str, bytes] | None = None) -> bytes:
+    """Build a BUNDLE_PUSH carrying a bundle's manifest, ONNX, signature and artefact bytes.
+
+    ``artefacts`` is left out of the frame when empty, so a robot running an older
+    receiver (which wants exactly the four base fields) still installs artefact-free
+    bundles.
+    """
+    body: dict[str, Any] = {"version": version, "manifest": manifest, "onnx": onnx,
+                            "signature": signature}
+    if artefacts:
+        body["artefacts"] = dict(artefacts)
+    return encode_frame(Kind.BUNDLE_PUSH, body)
+
+
+def check_artefact_name(name: object) -> str:
+    """Return ``name`` if it is a plain file name fit to create inside a bundle folder.
+
+    Only ``[A-Za-z0-9_.-]`` (no separators, no leading dot, no ``..``), at most
+    ``MAX_ARTEFACT_NAME`` characters and none of the bundle's own files: the receiver
+    writes these names under its staging folder, so anything else could escape it or
+    overwrite the signed files.
+    """
+    if type(name) is not str:
+        raise ProtocolError(f"artefact name must be a str, got {type(name).__name__}")
+    if (len(name) > MAX_ARTEFACT_NAME or not _ARTEFACT_NAME.fullmatch(name) or ".." in name
+            or name in RESERVED_NAMES):
+        raise ProtocolError(f"artefact name {name[:MAX_ARTEFACT_NAME + 8]!r} is not a plain "
+                            f"file name (letters, digits, '_.-', no '..', no bundle file)")
+    return name
+
+
+def check_artefacts(artefacts: object) -> dict[str, bytes]:
+    """Validate a BUNDLE_PUSH ``artefacts`` map: bounded count and size, safe names, bytes."""
+    if type(artefacts) is not dict:
+        raise ProtocolError(f"BUNDLE_PUSH.artefacts: expected map, got "
+                            f"{type(artefacts).__name__}")
+    if len(artefacts) > MAX_ARTEFACTS:
+        raise ProtocolError(f"BUNDLE_PUSH.artefacts: {len(artefacts)} files exceed "
+                            f"{MAX_ARTEFACTS}")
+    total = 0
+    for name, data in artefacts.items():
+        check_artefact_name(name)
+        if type(data) is not bytes:
+            raise ProtocolError(f"BUNDLE_PUSH.artefacts[{name!r}]: expected bytes, got "
+                                f"{type(data).__name__}")
+        total += len(data)
+    if total > MAX_FRAME_BYTES:
+        raise ProtocolError(f"BUNDLE_PUSH.artefacts: {total} bytes exceed {MAX_FRAME_BYTES}")
+    return artefacts
 
 
 _SCHEMAS: dict[Kind, dict[str, tuple[type, ...]]] = {
@@ -166,5 +223,7 @@ def _check_body(kind: Kind, body: Any) -> None:
             if (type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int
                     or type(entry[1]) is not str):
                 raise ProtocolError("ACK.rejected: entries must be [index, reason]")
+    if kind is Kind.BUNDLE_PUSH and "artefacts" in body:
+        check_artefacts(body["artefacts"])
     if kind is Kind.HELLO and not any(k in body for k in ("robot_id", "server")):
         raise ProtocolError("HELLO: needs 'robot_id' (client) or 'server' (server)")

@@ -16,6 +16,7 @@ written but not yet linked is never reused for different bytes).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -114,11 +115,11 @@ class Publisher:
         try:
             # value/memctl artefacts listed (with sha256) in extras.artefacts travel along;
             # the signature over the manifest covers them (thinking_gates.attach_artefacts)
-            listed = staged.manifest.extras.get("artefacts") or {}
-            for name in (MANIFEST, ONNX_FILE, *sorted(listed)):
+            listed = _listed_artefacts(staged)
+            for name in (MANIFEST, ONNX_FILE, *listed):
                 shutil.copyfile(staged.path / name, staging / name)
             sign_bundle(staging, self.config.signing_key)
-            for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE):
+            for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE, *listed):
                 _fsync(staging / name)
             verify_signed_bundle(staging, self.verify_key)
             staging.rename(target)
@@ -151,12 +152,39 @@ class Publisher:
 
 
 def push_frame(folder: Path | str) -> bytes:
-    """Build the BUNDLE_PUSH frame for a published (signed) bundle folder."""
+    """Build the BUNDLE_PUSH frame for a published (signed) bundle folder.
+
+    The value/memctl artefacts the manifest lists travel in the frame too: without them a
+    robot would install the policy but run without the value table it was gated with.
+    Each is checked against its listed sha256 here, so a corrupted file on the
+    consolidator fails loudly at push time instead of being refused by every robot.
+    """
     folder = Path(folder)
     bundle = load_bundle(folder)
+    artefacts: dict[str, bytes] = {}
+    for name, want in _listed_artefacts(bundle).items():
+        try:
+            data = (folder / name).read_bytes()
+        except OSError as exc:
+            raise PublishError(f"{folder}: listed artefact {name} unreadable: {exc}") from exc
+        if hashlib.sha256(data).hexdigest() != str(want).lower():
+            raise PublishError(f"{folder / name}: sha256 does not match the manifest")
+        artefacts[name] = data
     return protocol.bundle_push(bundle.version, (folder / MANIFEST).read_bytes(),
                                 (folder / ONNX_FILE).read_bytes(),
-                                (folder / SIGNATURE_FILE).read_bytes())
+                                (folder / SIGNATURE_FILE).read_bytes(), artefacts)
+
+
+def _listed_artefacts(bundle: Bundle) -> dict[str, str]:
+    """The manifest's {file: sha256} artefact list, with names safe to open in the folder."""
+    listed = bundle.manifest.extras.get("artefacts") or {}
+    if not isinstance(listed, dict):
+        raise PublishError(f"{bundle.path}: extras.artefacts is not a map")
+    try:
+        return {protocol.check_artefact_name(name): want
+                for name, want in sorted(listed.items())}
+    except protocol.ProtocolError as exc:
+        raise PublishError(f"{bundle.path}: {exc}") from exc
 
 
 def _fsync(path: Path) -> None:
