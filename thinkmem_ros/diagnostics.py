@@ -201,6 +201,7 @@ def shipping_status(snap: ShippingSnapshot) -> StatusReport:
 
 PUSH_VALUES = ("pushes", "accepted", "replayed", "rejected_unconfigured", "rejected_malformed",
                "rejected_unsigned", "rejected_signature", "rejected_hash", "rejected_version",
+               "rejected_artefact",
                "rejected_install", "callback_errors")
 """Push counters reported in the "bundle push" status, in this order."""
 
