@@ -63,11 +63,12 @@ def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle):
     import rclpy
 
     shipped = SHARE / "models" / "default" / "bundle.json"
-    bundle = "" if shipped.is_file() else str(source_bundle)
+    # With the bundle installed under share/ the node must find it on its own (the default
+    # bundle_path ''); rcl cannot parse an empty `-p bundle_path:=`, so pass nothing then.
+    args = [] if shipped.is_file() else ["--ros-args", "-p", f"bundle_path:={source_bundle}"]
     env = dict(ros_env, AMENT_PREFIX_PATH=str(PREFIX))
-    proc = subprocess.Popen([str(LIB / "thinking_node"), "--ros-args", "-p",
-                             f"bundle_path:={bundle}"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([str(LIB / "thinking_node"), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     context = rclpy.Context()
     rclpy.init(context=context)
     observer = rclpy.create_node("install_observer", context=context)
