@@ -53,30 +53,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Generate, train, export, evaluate the exported bundle on a held-out stream."""
-    import numpy as np
-    import torch
+def training_windows(args: argparse.Namespace, streams: int):
+    """The recipe's first ``streams`` training streams, windowed and grouped as training saw them.
 
-    from ..bundle import write_bundle
+    One definition, because the consolidator rebuilds a shipped bundle's rehearsal set D
+    from the same recipe (consolidator/rehearsal.py); two copies could drift apart and
+    rehearse on data the bundle was never trained on. Groups are ``group_seconds`` chunks
+    of each stream, so validation never shares a chunk with training.
+    """
+    import numpy as np
+
     from ..data import SituationSet
-    from ..policy.export import build_manifest, export_bundle
-    from ..policy.train import train_policy
     from ..world.streams import generate_stream, stream_windows
 
-    if args.streams < 1:
-        raise SystemExit(f"--streams must be >= 1, got {args.streams}")
-    torch.set_num_threads(args.threads)
     children = np.random.default_rng(args.seed).spawn(args.streams + 1)
     parts = []
-    for i in range(args.streams):
+    for i in range(min(streams, args.streams)):
         stream = generate_stream(args.scenario, args.duration, args.rate, children[i])
         part = stream_windows(stream, args.window, stride=args.stride,
                               max_events=args.max_events)
         chunk = np.asarray(part.meta["end_frames"]) // int(round(args.group_seconds * args.rate))
         part.groups = i * 1_000_000 + chunk.astype(np.int64)
         parts.append(part)
-    data = SituationSet.concat(parts)
+    return SituationSet.concat(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Generate, train, export, evaluate the exported bundle on a held-out stream."""
+    import numpy as np
+    import torch
+
+    from ..bundle import write_bundle
+    from ..policy.export import build_manifest, export_bundle
+    from ..policy.train import train_policy
+
+    if args.streams < 1:
+        raise SystemExit(f"--streams must be >= 1, got {args.streams}")
+    torch.set_num_threads(args.threads)
+    children = np.random.default_rng(args.seed).spawn(args.streams + 1)
+    data = training_windows(args, args.streams)
     print(f"training on {len(data)} situations from {args.streams} x {args.duration:g} s "
           f"of {args.scenario!r} at {args.rate:g} Hz", file=sys.stderr)
     start = time.perf_counter()

@@ -219,23 +219,14 @@ def recipe(bundle: Bundle) -> argparse.Namespace | None:
 
 def rebuild(bundle: Bundle, streams: int) -> SituationSet | None:
     """The first ``streams`` training streams of the bundle's recipe, windowed as it did."""
-    from ..world.streams import generate_stream, stream_windows
+    from ..commands.train import training_windows
 
     args = recipe(bundle)
     if args is None:
         return None
-    children = np.random.default_rng(args.seed).spawn(args.streams + 1)
-    parts = []
-    for i in range(min(streams, args.streams)):
-        stream = generate_stream(args.scenario, args.duration, args.rate, children[i])
-        part = stream_windows(stream, args.window, stride=args.stride,
-                              max_events=args.max_events)
-        chunk = np.asarray(part.meta["end_frames"]) // int(round(args.group_seconds * args.rate))
-        part.groups = i * 1_000_000 + chunk.astype(np.int64)
-        parts.append(part)
-    data = SituationSet.concat(parts)
+    data = training_windows(args, streams)
     data.meta = {"source": "rehearsal", "recipe": bundle.manifest.extras["command"],
-                 "streams": len(parts)}
+                 "streams": min(streams, args.streams)}
     return data
 
 
