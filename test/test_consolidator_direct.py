@@ -3,7 +3,7 @@
 import msgpack
 import numpy as np
 
-from thinkmem_ros.consolidator.direct import direct_material, is_heldout, split_heldout
+from thinkmem_ros.consolidator.direct import direct_material, heldout_mask, split_heldout
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.consolidator.retrain import apply_rules, grow, rule_fires
 from thinkmem_ros.experience import Experience, decode_experience, encode_experience
@@ -45,11 +45,16 @@ def test_direct_material_uses_only_records_that_say_what_was_needed():
     assert material.skipped == {"no_required": 1, "shape": 1, "unknown_label": 1}
 
 
-def test_heldout_split_is_stable_and_by_episode():
-    keys = [("r1", f"ep{i}") for i in range(400)]
-    held = [is_heldout(r, e, 0.25) for r, e in keys]
-    assert held == [is_heldout(r, e, 0.25) for r, e in keys]
-    assert 0.15 < np.mean(held) < 0.35
+def test_heldout_split_is_by_first_stamp_not_by_id():
+    keys = [("r1", f"boot{i}-ep{i}") for i in range(8)] + [("r2", "x"), ("r2", "y")]
+    stamps = [float(s) for s in (7, 6, 5, 4, 3, 2, 1, 0, 1, 0)]
+    held = heldout_mask(keys, stamps, 0.25)
+    # r1 ranked by stamp: ordinals 3 and 7 are stamps 3 and 7 (keys 4 and 0); r2 too few
+    assert np.flatnonzero(held).tolist() == [0, 4]
+    renamed = [(r, e.replace("boot", "reboot")) for r, e in keys]  # ids change, store not
+    assert heldout_mask(renamed, stamps, 0.25).tolist() == held.tolist()
+    many = heldout_mask([("r1", f"e{i}") for i in range(400)], list(range(400)), 0.25)
+    assert many.sum() == 100
     records = [rec(i, ["trend"], episode=f"ep{i // 3}") for i in range(60)]
     material = direct_material(records, label_names=("trend",), signal_names=("a", "b", "c"),
                                window=4, event_vocabulary=(), max_events=2)

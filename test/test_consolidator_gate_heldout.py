@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.consolidator.gate import GateConfig, combined_heldout, validate
+from thinkmem_ros.consolidator.gate import GateConfig, combined_heldout, rule_probes, validate
+from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.consolidator.retrain import (RetrainConfig, assemble, export_candidate,
                                                retrain, split_rehearsal)
 
@@ -75,3 +76,20 @@ def test_combined_heldout_refuses_misaligned_parts(round_material):
     other = world.base_material(10, np.random.default_rng(2))
     with pytest.raises(ValueError, match="not aligned"):
         combined_heldout(material.heldout, other)
+
+
+def test_rule_probes_never_count_the_antecedent_as_a_negative():
+    one = KnowledgeUnit(pattern=("A", "C"), relation="sequence2", constraints={},
+                        thinking="consider:C", confidence=0.9, status="promoted")
+    two = KnowledgeUnit(pattern=("A", "B", "D"), relation="sequence3", constraints={},
+                        thinking="consider:D", confidence=0.9, status="promoted")
+    vocab = ("A", "B", "C", "D", "x", "y", "z")
+    for unit, pos, neg in rule_probes([one, two], vocab, 6, 9, np.random.default_rng(0)):
+        ante = list(unit.antecedent)
+        assert all(h.index(ante[0]) <= h.index(ante[-1]) for h in pos)
+        for h in neg:  # without the antecedent in order
+            assert not all(a in h for a in ante) or h.index(ante[0]) > h.index(ante[-1])
+        if len(ante) == 1:
+            assert not any(ante[0] in h for h in neg)
+        else:
+            assert any(h.count(ante[-1]) == 1 and ante[0] not in h for h in neg)

@@ -84,3 +84,16 @@ def test_policy_trained_on_material_fires_consider_c_on_held_out_prefixes():
     picks = train.predict_proba(trained, test).argmax(1)
     accuracy = np.mean([data.label_names[i] == t for i, t in zip(picks, targets)])
     assert accuracy >= 0.9  # chance is 1/3
+
+
+def test_one_code_antecedent_negatives_never_hold_the_antecedent():
+    unit = KnowledgeUnit(pattern=("E001", "E005"), relation="sequence2", constraints={},
+                         thinking=f"{DISCOVERED_PREFIX}E005", confidence=0.8,
+                         status="promoted")
+    data = knowledge_material([unit], CODES, np.random.default_rng(1), positives_per_unit=8,
+                              negatives_per_kind=5, max_events=10)
+    assert len(data) == 8 + 5  # filler-only negatives: "A alone" would be a positive
+    vocab = ("<pad>",) + data.event_vocabulary
+    for row, label in zip(data.events, data.labels):
+        names = [vocab[i] for i in row if i]
+        assert ("E001" in names) == bool(label[0])

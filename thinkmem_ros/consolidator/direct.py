@@ -11,14 +11,18 @@ event history keeps only names in the bundle's event vocabulary (as the node's s
 buffer does) and its last M, right-aligned, oldest first. Groups are episodes, so splits
 never put one episode on both sides.
 
-Held-out episodes are chosen by a hash of (robot_id, episode_id), not by a random draw,
-so the same episodes stay held out in every round and the gate never scores a candidate
-on situations an earlier round trained on.
+Held-out episodes are chosen by their ordinal within the robot (episodes ranked by first
+stamp, then id), every ``1/fraction``-th one, not by a random draw nor a hash of the ids:
+episode ids carry the node's boot time, so a hash held out different episodes in every run
+of the same scenario (run-to-run variance in the gate). Ordinals depend only on the store's
+content; new episodes append at the end, so the same episodes stay held out in every round
+and the gate never scores a candidate on situations an earlier round trained on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +38,7 @@ class DirectMaterial:
 
     data: SituationSet
     episodes: list[tuple[str, str]]  # (robot_id, episode_id) per group index
+    first_stamps: list[float] = field(default_factory=list)  # earliest stamp per group
     skipped: dict[str, int] = field(default_factory=dict)
 
 
@@ -43,11 +48,28 @@ def episode_key(robot_id: str, episode_id: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 2
 
 
-def is_heldout(robot_id: str, episode_id: str, fraction: float) -> bool:
-    """Whether an episode belongs to the gate's held-out set (hash-based, stable)."""
+def heldout_mask(episodes: Sequence[tuple[str, str]], first_stamps: Sequence[float],
+                 fraction: float) -> np.ndarray:
+    """Which episodes the gate holds out: every ``1/fraction``-th by first stamp per robot.
+
+    Ordinal i (0-based, per robot, ranked by (first stamp, episode id)) is held out when
+    floor((i + 1) * fraction) > floor(i * fraction): exactly floor(n * fraction) of n
+    episodes, spread evenly over time, and the same ones for the same store content.
+    """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"held-out fraction must be in [0, 1), got {fraction!r}")
-    return (episode_key(robot_id, episode_id) % 10_000) < fraction * 10_000
+    if len(first_stamps) != len(episodes):
+        raise ValueError(f"first_stamps has {len(first_stamps)} entries for "
+                         f"{len(episodes)} episodes")
+    order = sorted(range(len(episodes)),
+                   key=lambda g: (episodes[g][0], first_stamps[g], episodes[g][1]))
+    held = np.zeros(len(episodes), dtype=bool)
+    ordinal: dict[str, int] = {}
+    for g in order:
+        i = ordinal.get(episodes[g][0], 0)
+        ordinal[episodes[g][0]] = i + 1
+        held[g] = math.floor((i + 1) * fraction) > math.floor(i * fraction)
+    return held
 
 
 def required_labels(experiences: Iterable[Experience]) -> list[str]:
@@ -78,6 +100,7 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
     lookup = {name: i + 1 for i, name in enumerate(event_vocabulary)}
     skipped = {"no_required": 0, "shape": 0, "unknown_label": 0}
     groups_of: dict[tuple[str, str], int] = {}
+    first: list[float] = []
     signals, masks, events, labels, groups = [], [], [], [], []
     for exp in experiences:
         if exp.required is None:
@@ -99,7 +122,11 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
         events.append(encode_events(exp.events, lookup, max_events))
         labels.append(target)
         key = (exp.robot_id, exp.episode_id)
-        groups.append(groups_of.setdefault(key, len(groups_of)))
+        group = groups_of.setdefault(key, len(groups_of))
+        if group == len(first):
+            first.append(float(exp.stamp))
+        first[group] = min(first[group], float(exp.stamp))
+        groups.append(group)
     n = len(labels)
     shape = (n, window, len(signal_names))
     data = SituationSet(
@@ -110,13 +137,15 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
         groups=np.asarray(groups, dtype=np.int64), label_names=label_names,
         signal_names=signal_names, event_vocabulary=tuple(event_vocabulary),
         meta={"source": "direct"})
-    return DirectMaterial(data=data, episodes=list(groups_of), skipped=skipped)
+    return DirectMaterial(data=data, episodes=list(groups_of), first_stamps=first,
+                          skipped=skipped)
 
 
 def split_heldout(material: DirectMaterial, fraction: float
                   ) -> tuple[SituationSet, SituationSet]:
-    """(train, held-out) rows of direct material by the stable episode hash."""
-    held = np.array([is_heldout(r, e, fraction) for r, e in material.episodes], dtype=bool)
+    """(train, held-out) rows of direct material by episode ordinal (``heldout_mask``)."""
+    stamps = material.first_stamps or [0.0] * len(material.episodes)
+    held = heldout_mask(material.episodes, stamps, fraction)
     rows_held = held[material.data.groups] if len(material.data) else np.zeros(0, bool)
     idx = np.arange(len(material.data))
     return material.data.subset(idx[~rows_held]), material.data.subset(idx[rows_held])

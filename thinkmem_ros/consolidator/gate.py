@@ -126,7 +126,8 @@ def rule_probes(units: Sequence[KnowledgeUnit], vocabulary: Sequence[str], max_e
     out = []
     for unit in units:
         ante = list(unit.antecedent)
-        negatives = [[], [ante[-1]]] + ([list(reversed(ante))] if len(ante) > 1 else [])
+        # "B alone" only for 2+ codes: for A -> C it is the antecedent itself (a positive)
+        negatives = [[]] + ([[ante[-1]], list(reversed(ante))] if len(ante) > 1 else [])
         pos = [prefix_events(ante, filler, max_events, rng) for _ in range(n)]
         neg = [prefix_events(negatives[i % len(negatives)], filler, max_events, rng)
                for i in range(n)]

@@ -4,7 +4,8 @@ A rule A...B...C becomes (prefix A...B, "consider:C") (seed 000, eq. 15): the tr
 situation stops BEFORE C, so the policy learns to raise the thinking before C happens.
 Each unit yields positives (A ... B with unrelated filler events before, between and after)
 and negatives that share part of the evidence but not the antecedent: filler only, A
-alone, B alone, and the reversed B ... A. Filler codes are drawn from the event vocabulary
+alone, B alone, and the reversed B ... A (a one-code antecedent A -> C gets filler only:
+"A alone" is the antecedent itself, and labelling it 0 halved the rule's recall). Filler codes are drawn from the event vocabulary
 minus every code used by a unit, so a negative never accidentally contains an antecedent.
 
 Discovered situations carry no signal evidence: ``signals`` are zeros with ``mask`` 0
@@ -99,9 +100,9 @@ def knowledge_material(units: Iterable[KnowledgeUnit], vocabulary: Sequence[str]
         for _ in range(positives_per_unit):
             histories.append(prefix_events(antecedent, filler, max_events, rng))
             rows.append(target)
-        negatives = [[], [antecedent[-1]]]
-        if len(antecedent) > 1:
-            negatives += [[antecedent[0]], list(reversed(antecedent))]
+        negatives: list[list[str]] = [[]]
+        if len(antecedent) > 1:  # for A -> C, "B alone" would be A: a positive labelled 0
+            negatives += [[antecedent[-1]], [antecedent[0]], list(reversed(antecedent))]
         for partial in negatives:
             for _ in range(negatives_per_kind):
                 histories.append(prefix_events(partial, filler, max_events, rng))
