@@ -57,7 +57,7 @@ class RetrainConfig:
     # rows of D kept for the gate, never trained on this round: one held-out episode is
     # ~120 rows, where one row moves micro-F1 by ~0.01, too few to judge a 0.02 tolerance
     rehearsal_heldout_fraction: float = 0.2
-    positives_per_unit: int = 48
+    positives_per_unit: int = 96  # 48 left a one-code rule A->C at 65 % recall (demo seed 8)
     # 12 left consider:C firing on 25-40 % of B...A probes; 24 still on 30 % of the gate's
     # no-antecedent probes in some demo runs: as many negatives of each kind the gate
     # probes (filler, B alone, B...A) as positives, so no kind is outweighed by A...B
