@@ -6,7 +6,8 @@ Each unit yields positives (A ... B with unrelated filler events before, between
 and negatives that share part of the evidence but not the antecedent: filler only, A
 alone, B alone, and the reversed B ... A (a one-code antecedent A -> C gets filler only:
 "A alone" is the antecedent itself, and labelling it 0 halved the rule's recall). Filler
-codes are drawn from the event vocabulary minus every code used by a unit, so a negative never accidentally contains an antecedent.
+codes are drawn from the event vocabulary minus every code used by a unit, so a negative
+never accidentally contains an antecedent.
 
 Discovered situations carry no signal evidence: ``signals`` are zeros with ``mask`` 0
 (nothing observed), and the event history (ids into ``event_vocabulary``, 0 = padding,
