@@ -176,6 +176,15 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     return load_bundle(folder)
 
 
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry so a rename into it survives a crash (publish, install)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _remove_tree(path: Path) -> None:
     for child in path.iterdir():
         _remove_tree(child) if child.is_dir() else child.unlink()

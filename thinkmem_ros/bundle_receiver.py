@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
+from .bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
 from .protocol import ProtocolError, check_artefact_name, check_artefacts
 from .security import SIGNATURE_FILE, SignatureError, load_verify_key, verify_signed_bundle
 
@@ -216,13 +216,13 @@ class BundleReceiver:
             if target.exists():  # left by a crash before the link moved: replace it
                 shutil.rmtree(target)
             staging.rename(target)
-            _fsync_dir(self.bundles_dir)
+            fsync_dir(self.bundles_dir)
             link_tmp = self.bundles_dir / f".{CURRENT_LINK}.tmp"
             if link_tmp.is_symlink() or link_tmp.exists():
                 link_tmp.unlink()
             os.symlink(target.name, link_tmp)
             os.replace(link_tmp, self.bundles_dir / CURRENT_LINK)
-            _fsync_dir(self.bundles_dir)
+            fsync_dir(self.bundles_dir)
         except OSError as exc:
             raise PushRejected("install", f"cannot install v{version}: {exc}") from exc
         return target
@@ -304,10 +304,3 @@ def _write_synced(path: Path, data: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

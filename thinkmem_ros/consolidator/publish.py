@@ -29,7 +29,7 @@ from pathlib import Path
 import nacl.signing
 
 from .. import protocol
-from ..bundle import MANIFEST, ONNX_FILE, Bundle, BundleError, load_bundle
+from ..bundle import MANIFEST, ONNX_FILE, Bundle, BundleError, fsync_dir, load_bundle
 from ..security import SIGNATURE_FILE, load_signing_key, sign_bundle, verify_signed_bundle
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Publisher:
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
-        _fsync_dir(self.history)
+        fsync_dir(self.history)
         self._link(target)
         self._prune()
         log.info("published v%d (sha256 %s) at %s", version, staged.manifest.sha256[:12],
@@ -142,7 +142,7 @@ class Publisher:
             tmp.unlink()
         os.symlink(os.path.relpath(target, self.root), tmp)
         os.replace(tmp, self.root / CURRENT)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def _prune(self) -> None:
         current = self.current().version
@@ -191,10 +191,3 @@ def _fsync(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
