@@ -8,8 +8,13 @@ import torch
 from thinkmem_ros.bundle import load_bundle
 from thinkmem_ros.consolidator.gate import GateConfig, combined_heldout, rule_probes, validate
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
-from thinkmem_ros.consolidator.retrain import (RetrainConfig, assemble, export_candidate,
-                                               retrain, split_rehearsal)
+from thinkmem_ros.consolidator.retrain import (
+    RetrainConfig,
+    assemble,
+    export_candidate,
+    retrain,
+    split_rehearsal,
+)
 
 
 @pytest.fixture(scope="module")
