@@ -176,6 +176,30 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     return load_bundle(folder)
 
 
+def read_hashed_artefact(folder: Path | str, meta_name: str, data_name: str, version: int,
+                         error: type[Exception], what: str) -> dict:
+    """Read an artefact's json sidecar and check its version and the data file's sha256.
+
+    Value tables and memory-control heads ship beside the ONNX graph as ``<x>.npz`` plus
+    ``<x>.json`` (which records the npz hash); both loaders must refuse a corrupted or
+    tampered file the same way, so the check lives here. Returns the parsed sidecar;
+    raises ``error`` naming the file otherwise.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / meta_name).read_text(encoding="utf-8"))
+        raw = (folder / data_name).read_bytes()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{folder}: cannot read {what} artefact: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("artefact_version") != version:
+        found = meta.get("artefact_version") if isinstance(meta, dict) else None
+        raise error(f"{folder / meta_name}: artefact_version {found!r} is not {version}")
+    if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
+        raise error(f"{folder / data_name}: sha256 does not match {meta_name}; "
+                    "corrupted or tampered with")
+    return meta
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry so a rename into it survives a crash (publish, install)."""
     fd = os.open(path, os.O_RDONLY)

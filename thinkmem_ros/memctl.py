@@ -34,6 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .bundle import read_hashed_artefact
+
 MEMCTL_NPZ = "memctl.npz"
 MEMCTL_JSON = "memctl.json"
 ARTEFACT_VERSION = 1
@@ -103,17 +105,8 @@ class MemctlHeads:
     def load(cls, folder: Path | str) -> MemctlHeads:
         """Read the probes (numpy only), verifying the npz against the recorded sha256."""
         folder = Path(folder)
-        try:
-            meta = json.loads((folder / MEMCTL_JSON).read_text(encoding="utf-8"))
-            raw = (folder / MEMCTL_NPZ).read_bytes()
-        except (OSError, json.JSONDecodeError) as exc:
-            raise MemctlArtefactError(f"{folder}: cannot read memctl artefact: {exc}") from exc
-        if meta.get("artefact_version") != ARTEFACT_VERSION:
-            raise MemctlArtefactError(f"{folder / MEMCTL_JSON}: artefact_version "
-                                      f"{meta.get('artefact_version')!r} unsupported")
-        if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
-            raise MemctlArtefactError(f"{folder / MEMCTL_NPZ}: sha256 does not match "
-                                      f"{MEMCTL_JSON}; corrupted or tampered with")
+        meta = read_hashed_artefact(folder, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
+                                    MemctlArtefactError, "memctl")
         with np.load(folder / MEMCTL_NPZ) as data:
             heads = {h: ProbeHead(data[f"{h}_w"], float(data[f"{h}_b"][0]),
                                   float(meta["thresholds"][h])) for h in HEADS}

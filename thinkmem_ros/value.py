@@ -65,6 +65,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .bundle import read_hashed_artefact
 from .vocabulary import SAFETY_LABELS
 
 VALUES_NPZ = "values.npz"
@@ -410,18 +411,8 @@ class ValueTable:
     def load(cls, folder: Path | str) -> ValueTable:
         """Read a saved table (numpy only), verifying the npz against its recorded sha256."""
         folder = Path(folder)
-        try:
-            meta = json.loads((folder / VALUES_JSON).read_text(encoding="utf-8"))
-            raw = (folder / VALUES_NPZ).read_bytes()
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueArtefactError(f"{folder}: cannot read values artefact: {exc}") from exc
-        if meta.get("artefact_version") != ARTEFACT_VERSION:
-            raise ValueArtefactError(
-                f"{folder / VALUES_JSON}: artefact_version {meta.get('artefact_version')!r} "
-                f"is not {ARTEFACT_VERSION}")
-        if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
-            raise ValueArtefactError(f"{folder / VALUES_NPZ}: sha256 does not match "
-                                     f"{VALUES_JSON}; corrupted or tampered with")
+        meta = read_hashed_artefact(folder, VALUES_JSON, VALUES_NPZ, ARTEFACT_VERSION,
+                                    ValueArtefactError, "values")
         try:
             config = ValueConfig(**meta["config"])
             table = cls(meta["labels"], int(meta["dim"]), config)
