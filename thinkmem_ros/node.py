@@ -590,8 +590,15 @@ class ThinkingNode(Node):
     def _work(self) -> None:
         while not self._mailbox.closed:
             frame = self._mailbox.take(timeout=0.2)
-            if frame is not None:
+            if frame is None:
+                continue
+            try:
                 self._infer(frame)
+            except Exception as exc:  # noqa: BLE001 - the worker must outlive one bad frame
+                if not self.context.ok():
+                    return  # SIGINT/SIGTERM shut the context down under us: a clean exit
+                self.get_logger().error(f"frame {frame.seq} not published: {exc}",
+                                        throttle_duration_sec=5.0)
 
     def _infer(self, frame: Frame) -> None:
         policy, swapped = self._slot.current()
