@@ -8,7 +8,7 @@ from setuptools import find_packages, setup
 PACKAGE = "thinkmem_ros"
 EXECUTABLES = {
     "thinkmem": "thinkmem_ros.cli:main",
-    "thinking_node": "thinkmem_ros.node:main",
+    "thinking_node": "thinkmem_ros.robot.node:main",
     "thinkmem_consolidator": "thinkmem_ros.consolidator.service:main",
 }
 

@@ -35,11 +35,11 @@ def ros_env(request) -> dict[str, str]:
 def _tiny_bundle(folder: Path) -> Path:
     """Export an untrained-ish tiny policy when no shipped bundle exists yet (needs torch)."""
     torch = pytest.importorskip("torch")
-    from thinkmem_ros.data import SituationSet
+    from thinkmem_ros.core.data import SituationSet
+    from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
     from thinkmem_ros.policy.config import PolicyConfig
-    from thinkmem_ros.policy.export import export_bundle
-    from thinkmem_ros.policy.train import train_policy
-    from thinkmem_ros.vocabulary import SIGNALS, THINKING
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.train import train_policy
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -59,7 +59,7 @@ def _tiny_bundle(folder: Path) -> Path:
 @pytest.fixture(scope="session")
 def source_bundle(tmp_path_factory) -> Path:
     """A valid bundle: the shipped models/default if present, else a tiny exported one."""
-    from thinkmem_ros.bundle import BundleError, load_bundle
+    from thinkmem_ros.policy.bundle import BundleError, load_bundle
 
     shipped = REPO / "models" / "default"
     try:
@@ -77,7 +77,7 @@ def bundle_copy(source_bundle, tmp_path) -> Path:
 
 def copy_bundle(source: Path, dest: Path, *, model_version: int | None = None) -> Path:
     """Copy ``source`` to ``dest``, optionally re-versioned (same ONNX, new manifest)."""
-    from thinkmem_ros.bundle import load_bundle, write_bundle
+    from thinkmem_ros.policy.bundle import load_bundle, write_bundle
 
     if model_version is None:
         return Path(shutil.copytree(source, dest))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.data import SituationSet
-from thinkmem_ros.experience import Experience
-from thinkmem_ros.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.link.experience import Experience
 
 K, M = 4, 6
 FILLER = tuple(f"F{i}" for i in range(8))
@@ -66,8 +66,8 @@ def running_bundle(folder: Path, seed: int = 0) -> Path:
     import torch
 
     from thinkmem_ros.policy.config import PolicyConfig
-    from thinkmem_ros.policy.export import export_bundle
-    from thinkmem_ros.policy.train import train_policy
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.train import train_policy
 
     torch.set_num_threads(1)
     data = base_material(300, np.random.default_rng(seed))

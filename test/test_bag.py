@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from thinkmem_ros.bag import (
+from thinkmem_ros.core.data import SignalStream
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.playback.bag_files import (
     GROUND_TRUTH_TOPIC,
     BagError,
     bag_info,
@@ -17,8 +19,6 @@ from thinkmem_ros.bag import (
     read_bag,
     write_stream,
 )
-from thinkmem_ros.data import SignalStream
-from thinkmem_ros.vocabulary import SIGNALS, THINKING
 
 RATE = 10.0
 FRAMES = 40

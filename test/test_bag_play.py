@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from thinkmem_ros.bag import GROUND_TRUTH_TOPIC, default_bindings, write_stream
-from thinkmem_ros.data import SignalStream
-from thinkmem_ros.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.core.data import SignalStream
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.playback.bag_files import GROUND_TRUTH_TOPIC, default_bindings, write_stream
 
 pytestmark = pytest.mark.ros
 
@@ -95,8 +95,8 @@ def _temperature_topic() -> str:
 
 
 def _record_play(ros, bag: Path, *args: str, extra: dict[str, type] | None = None):
-    from thinkmem_ros.bag import bag_info
-    from thinkmem_ros.msg_fields import message_class
+    from thinkmem_ros.playback.bag_files import bag_info
+    from thinkmem_ros.robot.msg_fields import message_class
 
     topics = {t: message_class(kind) for t, (kind, _) in bag_info(bag).topics.items()}
     recorder = Recorder(ros, {**topics, **(extra or {})})

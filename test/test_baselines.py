@@ -12,8 +12,8 @@ from thinkmem_ros.baselines import (
     summary_features,
 )
 from thinkmem_ros.baselines.current_state import last_frame
-from thinkmem_ros.data import SituationSet
-from thinkmem_ros.metrics import micro_scores
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.metrics import micro_scores
 
 K, F, L = 6, 7, 10
 

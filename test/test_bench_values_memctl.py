@@ -7,20 +7,21 @@ import json
 import numpy as np
 import pytest
 
-from thinkmem_ros.bench import BENCHMARKS
+from thinkmem_ros.bench import BENCHMARKS, load
 from thinkmem_ros.bench.common import finish_report
 
 pytest.importorskip("torch")
 
 
 def test_registered():
-    assert BENCHMARKS["values"] == "thinkmem_ros.bench.values"
-    assert BENCHMARKS["memctl"] == "thinkmem_ros.bench.memctl"
+    assert {"values", "memctl"} <= set(BENCHMARKS)
+    assert load("values").__name__ == "thinkmem_ros.bench.values"
+    assert load("memctl").__name__ == "thinkmem_ros.bench.memctl"
 
 
 def test_reward_model_marks_redundant_thinking():
     from thinkmem_ros.bench.values import reward, useful_matrix
-    from thinkmem_ros.vocabulary import THINKING
+    from thinkmem_ros.core.vocabulary import THINKING
 
     labels = list(THINKING)
     truth = np.zeros((1, len(labels)))

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from thinkmem_ros.bundle import (
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.policy.bundle import (
     BundleError,
     BundleManifest,
     load_bundle,
@@ -12,7 +13,6 @@ from thinkmem_ros.bundle import (
     sha256_file,
     write_bundle,
 )
-from thinkmem_ros.vocabulary import SIGNALS, THINKING
 
 
 def _manifest(**overrides) -> BundleManifest:

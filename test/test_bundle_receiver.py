@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.bundle import load_bundle, write_bundle
-from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.consolidator.publish import push_frame
-from thinkmem_ros.protocol import decode_frame
-from thinkmem_ros.security import sign_bundle, write_signing_keypair
+from thinkmem_ros.link.protocol import decode_frame
+from thinkmem_ros.link.security import sign_bundle, write_signing_keypair
+from thinkmem_ros.policy.bundle import load_bundle, write_bundle
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_refuses_and_keeps_the_running_bundle(source_bundle, tmp_path, keys, rec
         body = body_of(signed(source_bundle, tmp_path / "x", 2, keys["key"]))
         body["version"] = 4
     installs = len(receiver.installed_paths)
-    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.bundle_receiver"):
+    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.robot.bundle_receiver"):
         assert receiver.handle_push(body) is None
     stats = receiver.stats()
     assert stats[counter] == 1, stats
@@ -137,6 +137,6 @@ def test_config_is_validated(tmp_path, keys):
 
 
 def test_robot_side_does_not_import_torch():
-    code = ("import sys, thinkmem_ros.bundle_receiver, thinkmem_ros.transport; "
+    code = ("import sys, thinkmem_ros.robot.bundle_receiver, thinkmem_ros.link.shipper; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0

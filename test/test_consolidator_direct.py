@@ -6,7 +6,7 @@ import numpy as np
 from thinkmem_ros.consolidator.direct import direct_material, heldout_mask, split_heldout
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.consolidator.retrain import apply_rules, grow, rule_fires
-from thinkmem_ros.experience import Experience, decode_experience, encode_experience
+from thinkmem_ros.link.experience import Experience, decode_experience, encode_experience
 
 
 def rec(i, required, events=(), shape=(4, 3), episode=None):

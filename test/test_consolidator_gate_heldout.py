@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.bundle import load_bundle
 from thinkmem_ros.consolidator.gate import GateConfig, combined_heldout, rule_probes, validate
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.consolidator.retrain import (
@@ -15,6 +14,7 @@ from thinkmem_ros.consolidator.retrain import (
     retrain,
     split_rehearsal,
 )
+from thinkmem_ros.policy.bundle import load_bundle
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.consolidator.gate import GateConfig, validate
 from thinkmem_ros.consolidator.knowledge import KnowledgeStore
 from thinkmem_ros.consolidator.retrain import RetrainConfig, assemble, export_candidate, retrain
 from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
 from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.consolidator.trigger import TriggerConfig
+from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypair
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.policy.bundle import load_bundle
 from thinkmem_ros.policy.runtime import PolicyRuntime
-from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
-from thinkmem_ros.transport import ExperienceShipper, ShipperConfig
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ import pytest
 from thinkmem_ros.consolidator.service import ConsolidatorConfig
 from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.consolidator.trigger import TriggerConfig
-from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
-from thinkmem_ros.transport import ExperienceShipper, ShipperConfig
+from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypair
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

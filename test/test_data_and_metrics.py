@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from thinkmem_ros.data import SituationSet
-from thinkmem_ros.metrics import mean_std, micro_scores
-from thinkmem_ros.vocabulary import SIGNALS, THINKING, label_index, signal_index
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.metrics import mean_std, micro_scores
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING, label_index, signal_index
 
 
 def _set(n=4, k=3, m=2):

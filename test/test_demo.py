@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from thinkmem_ros.core.metrics import micro_scores
 from thinkmem_ros.demo import DemoConfig, DemoContext, Step, insert_before, run_demo, run_steps
 from thinkmem_ros.demo.scoring import (
     build_timeline,
@@ -16,7 +17,6 @@ from thinkmem_ros.demo.scoring import (
     percentiles,
     score,
 )
-from thinkmem_ros.metrics import micro_scores
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

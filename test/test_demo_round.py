@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from thinkmem_ros.data import SignalStream
+from thinkmem_ros.core.data import SignalStream
 from thinkmem_ros.demo import DemoConfig, run_demo
 from thinkmem_ros.demo.consolidator_client import ConsolidatorProcess
 from thinkmem_ros.demo.consolidator_proc import gate_overrides
 from thinkmem_ros.demo.oracle import jaccard
 from thinkmem_ros.demo.rule import DemoRule, anticipation, mission_kinds, plant_rule
-from thinkmem_ros.experience_builder import EPISODE_START_EVENT
+from thinkmem_ros.robot.experience_builder import EPISODE_START_EVENT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RULE = DemoRule()
@@ -89,7 +89,7 @@ def test_jaccard_and_gate_overrides():
 
 
 def test_consolidator_process_protocol(source_bundle, tmp_path):
-    from thinkmem_ros.security import write_signing_keypair
+    from thinkmem_ros.link.security import write_signing_keypair
 
     _, secret = write_signing_keypair(tmp_path / "keys", "c")
     proc = ConsolidatorProcess(

@@ -4,7 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from thinkmem_ros.experience import (
+from thinkmem_ros.link.experience import (
     LIMITS,
     Experience,
     ExperienceError,

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from thinkmem_ros.activation import FrameResult
-from thinkmem_ros.experience import decode_experience, encode_experience
-from thinkmem_ros.experience_builder import (
+from thinkmem_ros.link.experience import decode_experience, encode_experience
+from thinkmem_ros.robot.activation import FrameResult
+from thinkmem_ros.robot.experience_builder import (
     BuilderConfig,
     ExperienceBuilder,
     Feedback,

@@ -9,7 +9,7 @@ from thinkmem_ros.consolidator.material import (
     situations_from_events,
     with_labels,
 )
-from thinkmem_ros.vocabulary import DISCOVERED_PREFIX, SIGNALS
+from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX, SIGNALS
 from thinkmem_ros.world.event_episodes import code_names
 
 CODES = code_names(60)
@@ -66,7 +66,7 @@ def test_with_labels_aligns_columns_and_unknown_events_rejected():
 @pytest.mark.slow
 def test_policy_trained_on_material_fires_consider_c_on_held_out_prefixes():
     torch = pytest.importorskip("torch")
-    train = pytest.importorskip("thinkmem_ros.policy.train")
+    train = pytest.importorskip("thinkmem_ros.policy.training.train")
     torch.set_num_threads(1)
     units = _units()
     data = knowledge_material(units, CODES, np.random.default_rng(0), positives_per_unit=48,

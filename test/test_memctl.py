@@ -11,16 +11,14 @@ from thinkmem_ros.consolidator.memctl_train import (
     recall_targets,
     set_frequencies,
 )
-from thinkmem_ros.memctl import (
+from thinkmem_ros.policy.memctl_heads import MemctlArtefactError, MemctlHeads, ProbeHead
+from thinkmem_ros.robot.memory_control import (
     FolderSummaryStore,
     LocalHistory,
-    MemctlArtefactError,
-    MemctlHeads,
     MemoryController,
-    ProbeHead,
     Situation,
 )
-from thinkmem_ros.recall import RecallClient
+from thinkmem_ros.robot.recall import RecallClient
 
 D, F, K = 6, 3, 4
 

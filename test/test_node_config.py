@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from thinkmem_ros.msg_fields import FieldError, FieldPath, canonical_type, extract_stamp
-from thinkmem_ros.node_config import (
+from thinkmem_ros.core.vocabulary import SIGNALS
+from thinkmem_ros.robot.msg_fields import FieldError, FieldPath, canonical_type, extract_stamp
+from thinkmem_ros.robot.node_config import (
     DEFAULT_SIGNAL_MAP,
     PARAMETERS,
     NodeConfig,
@@ -12,7 +13,6 @@ from thinkmem_ros.node_config import (
     parse_thresholds,
     signal_params,
 )
-from thinkmem_ros.vocabulary import SIGNALS
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.activation import (
+from thinkmem_ros.core.vocabulary import SIGNALS
+from thinkmem_ros.policy.bundle import BundleError
+from thinkmem_ros.robot.activation import (
     FrameResult,
     activation_json,
     active_labels,
     probabilities_layout,
 )
-from thinkmem_ros.bundle import BundleError
-from thinkmem_ros.diagnostics import COUNTERS, ERROR, OK, WARN, HealthSnapshot, build_status
-from thinkmem_ros.hotswap import HotSwapper, PolicySlot, load_policy
-from thinkmem_ros.vocabulary import SIGNALS
+from thinkmem_ros.robot.diagnostics import COUNTERS, ERROR, OK, WARN, HealthSnapshot, build_status
+from thinkmem_ros.robot.hotswap import HotSwapper, PolicySlot, load_policy
 
 TOTALS = {key: 0 for key in COUNTERS}
 

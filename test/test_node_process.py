@@ -59,7 +59,7 @@ class NodeProcess:
 
 
 def node_cmd(*ros_args: str) -> list[str]:
-    return [sys.executable, "-m", "thinkmem_ros.node", "--ros-args", *ros_args]
+    return [sys.executable, "-m", "thinkmem_ros.robot.node", "--ros-args", *ros_args]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

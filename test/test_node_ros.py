@@ -24,7 +24,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32, Float32MultiArray, String  # noqa: E402
 
-from thinkmem_ros.node import ThinkingNode  # noqa: E402
+from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
 RATE = 20.0

@@ -16,10 +16,14 @@ from pathlib import Path
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.bundle import load_bundle
+from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, push_frame
 from thinkmem_ros.consolidator.store import ExperienceStore
-from thinkmem_ros.diagnostics import (
+from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.security import sign_bundle, write_signing_keypair
+from thinkmem_ros.link.spool import Spool
+from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.robot.diagnostics import (
     ERROR,
     OK,
     WARN,
@@ -28,10 +32,7 @@ from thinkmem_ros.diagnostics import (
     push_status,
     shipping_status,
 )
-from thinkmem_ros.node_config import NodeConfig
-from thinkmem_ros.security import sign_bundle, write_signing_keypair
-from thinkmem_ros.spool import Spool
-from thinkmem_ros.transport import ExperienceReceiver, ReceiverConfig
+from thinkmem_ros.robot.node_config import NodeConfig
 
 RATE = 20.0
 ROBOT = "ship-bot"
@@ -114,7 +115,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32, String  # noqa: E402
 
-from thinkmem_ros.node import ThinkingNode  # noqa: E402
+from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -134,8 +135,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def receiver(endpoint: str, db: Path) -> ExperienceReceiver:
-    return ExperienceReceiver(ReceiverConfig(bind=endpoint, db_path=db, poll_s=0.02)).start()
+def receiver(endpoint: str, db: Path):
+    return open_receiver(ReceiverConfig(bind=endpoint, db_path=db, poll_s=0.02)).start()
 
 
 def stored(db: Path) -> list:
@@ -409,12 +410,12 @@ def test_unverifiable_pushes_are_refused_without_a_signing_key(rig_factory, sour
 
 
 def test_an_unauthorised_curve_key_is_an_error_in_diagnostics(rig_factory, v1, tmp_path):
-    from thinkmem_ros.security import write_curve_keypair
+    from thinkmem_ros.link.security import write_curve_keypair
 
     server_pub, server_secret = write_curve_keypair(tmp_path / "keys", "server")
     _, robot_secret = write_curve_keypair(tmp_path / "keys", "robot")
     allowed_pub, _ = write_curve_keypair(tmp_path / "keys", "someone_else")
-    rx = ExperienceReceiver(ReceiverConfig(
+    rx = open_receiver(ReceiverConfig(
         bind="tcp://127.0.0.1:*", db_path=tmp_path / "c.db", curve="on",
         server_secret_file=server_secret, allowed_clients=allowed_pub, poll_s=0.02)).start()
     try:

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.memctl import MemctlHeads, ProbeHead
-from thinkmem_ros.recall import EpisodeRef, RecallIndex, RecallServer
-from thinkmem_ros.thinking_gates import (
+from thinkmem_ros.consolidator.recall_server import EpisodeRef, RecallIndex, RecallServer
+from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.policy.memctl_heads import MemctlHeads, ProbeHead
+from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
+from thinkmem_ros.robot.thinking_gates import (
     GateConfig,
     ThinkingGates,
     artefact_hashes,
     attach_artefacts,
     load_gate_artefacts,
 )
-from thinkmem_ros.value import ValueConfig, ValueTable
 
 
 def _dim(bundle: Path) -> int:
@@ -120,7 +120,7 @@ from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32, String  # noqa: E402
 
-from thinkmem_ros.node import ThinkingNode  # noqa: E402
+from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
 
 
 class Harness:
@@ -248,7 +248,7 @@ def test_node_suppresses_and_publishes_recalled_evidence(ros_env, gated_bundle):
 def test_recall_server_down_still_publishes_activations(ros_env, gated_bundle):
     import zmq
 
-    from thinkmem_ros.transport import context
+    from thinkmem_ros.link.sockets import context
 
     probe = context().socket(zmq.ROUTER)  # find a free port, then leave nothing on it
     probe.bind("tcp://127.0.0.1:*")
@@ -269,7 +269,7 @@ def test_recall_server_down_still_publishes_activations(ros_env, gated_bundle):
 
 def test_published_bundle_carries_its_signed_artefacts(source_bundle, tmp_path):
     from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
-    from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
+    from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypair
 
     pub_key, key = write_signing_keypair(tmp_path / "keys", "consolidator")
     initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)

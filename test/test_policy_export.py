@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.data import SituationSet
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.policy.bundle import load_bundle
 from thinkmem_ros.policy.config import PolicyConfig
-from thinkmem_ros.policy.export import export_bundle
 from thinkmem_ros.policy.runtime import PolicyRuntime
-from thinkmem_ros.policy.train import predict_proba, train_policy
+from thinkmem_ros.policy.training.export import export_bundle
+from thinkmem_ros.policy.training.train import predict_proba, train_policy
 
 K, M, VOCAB = 8, 4, ("door_open", "door_close", "payload_change")
 TINY = PolicyConfig(window=K, n_signals=7, n_labels=10, d_model=16, n_layers=1, n_heads=2,

@@ -12,12 +12,18 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.bundle import MANIFEST, ONNX_FILE, BundleError, read_manifest, write_bundle
-from thinkmem_ros.data import SituationSet
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    ONNX_FILE,
+    BundleError,
+    read_manifest,
+    write_bundle,
+)
 from thinkmem_ros.policy.config import PolicyConfig
-from thinkmem_ros.policy.export import export_bundle
 from thinkmem_ros.policy.runtime import InputError, PolicyRuntime
-from thinkmem_ros.policy.train import train_policy
+from thinkmem_ros.policy.training.export import export_bundle
+from thinkmem_ros.policy.training.train import train_policy
 
 K, M = 6, 3
 REPO = Path(__file__).resolve().parent.parent
@@ -165,17 +171,20 @@ def test_session_does_not_spin_by_default(runtime):
     assert runtime.session.get_session_options().intra_op_num_threads == 1
 
 
-ROBOT_MODULES = ("thinkmem_ros.policy.runtime", "thinkmem_ros.policy.config",
-                 "thinkmem_ros.bundle", "thinkmem_ros.data", "thinkmem_ros.vocabulary",
-                 "thinkmem_ros.metrics", "thinkmem_ros.paths", "thinkmem_ros.situation",
-                 "thinkmem_ros.experience", "thinkmem_ros.protocol", "thinkmem_ros.spool",
-                 "thinkmem_ros.transport", "thinkmem_ros.value", "thinkmem_ros.memctl",
-                 "thinkmem_ros.world.streams")
+def robot_side_modules() -> list[str]:
+    """Every module that runs on the robot: robot/, link/, core/ and the torch-free policy."""
+    files = [p for pkg in ("robot", "link", "core", "playback")
+             for p in sorted((REPO / "thinkmem_ros" / pkg).glob("*.py"))]
+    files += [REPO / "thinkmem_ros" / "policy" / f"{name}.py"
+              for name in ("runtime", "config", "bundle", "value_table", "memctl_heads",
+                           "situation")]
+    names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in files]
+    return [n.removesuffix(".__init__") for n in names]
 
 
 def test_robot_side_imports_and_predicts_with_torch_unimportable(bundle):
-    present = [name for name in ROBOT_MODULES
-               if (REPO / (name.replace(".", "/") + ".py")).is_file()]
+    present = robot_side_modules()
+    assert "thinkmem_ros.robot.node" in present and "thinkmem_ros.link.shipper" in present
     script = textwrap.dedent(f"""
         import sys, importlib, importlib.abc
         class BlockTorch(importlib.abc.MetaPathFinder):

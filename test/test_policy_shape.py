@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.data import SituationSet
+from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.policy.config import PolicyConfig
-from thinkmem_ros.policy.model import window_shape
-from thinkmem_ros.policy.train import predict_proba, train_policy
+from thinkmem_ros.policy.training.model import window_shape
+from thinkmem_ros.policy.training.train import predict_proba, train_policy
 
 K = 8
 TINY = PolicyConfig(window=K, n_signals=7, n_labels=10, d_model=16, n_layers=1, n_heads=2,
@@ -96,7 +96,7 @@ def test_min_steps_raises_the_epoch_count_and_holds_off_early_stopping():
 def test_lean_encoder_computes_what_the_stock_torch_encoder_computes():
     from torch import nn
 
-    from thinkmem_ros.policy.encoder import Encoder
+    from thinkmem_ros.policy.training.encoder import Encoder
 
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 2, 32, 0.0, activation="gelu", batch_first=True,

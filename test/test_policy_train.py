@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.data import SituationSet
+from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.policy.config import PolicyConfig
-from thinkmem_ros.policy.train import (
+from thinkmem_ros.policy.training.train import (
     evaluate,
     signal_statistics,
     split_by_group,

@@ -1,8 +1,8 @@
 import msgpack
 import pytest
 
-from thinkmem_ros import protocol
-from thinkmem_ros.protocol import Kind, ProtocolError, decode_frame
+from thinkmem_ros.link import protocol
+from thinkmem_ros.link.protocol import Kind, ProtocolError, decode_frame
 
 
 def test_roundtrip_each_kind():

@@ -6,17 +6,14 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError
-from thinkmem_ros.experience import Experience
-from thinkmem_ros.security import verify_signed_bundle, write_signing_keypair
-from thinkmem_ros.transport import (
-    ExperienceReceiver,
-    ExperienceShipper,
-    ReceiverConfig,
-    ShipperConfig,
-)
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypair
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
 
 
 def wait(pred, timeout=10.0):
@@ -76,7 +73,7 @@ def exp(i):
 
 
 def test_push_reaches_connected_and_late_robots(publisher, source_bundle, tmp_path, keys):
-    rx = ExperienceReceiver(ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "s.db",
+    rx = open_receiver(ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "s.db",
                                            max_frame_bytes=1 << 20, poll_s=0.02)).start()
     robots = []
     try:

@@ -8,21 +8,18 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
-from thinkmem_ros import protocol
-from thinkmem_ros.bundle import load_bundle
-from thinkmem_ros.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError, push_frame
-from thinkmem_ros.experience import Experience
-from thinkmem_ros.protocol import Kind, ProtocolError, decode_frame
-from thinkmem_ros.security import sign_bundle, write_signing_keypair
-from thinkmem_ros.thinking_gates import attach_artefacts, load_gate_artefacts
-from thinkmem_ros.transport import (
-    ExperienceReceiver,
-    ExperienceShipper,
-    ReceiverConfig,
-    ShipperConfig,
-)
-from thinkmem_ros.value import ValueConfig, ValueTable
+from thinkmem_ros.link import protocol
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.protocol import Kind, ProtocolError, decode_frame
+from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.security import sign_bundle, write_signing_keypair
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.robot.thinking_gates import attach_artefacts, load_gate_artefacts
 
 
 def wait(pred, timeout=10.0):
@@ -127,7 +124,7 @@ def test_bad_artefacts_are_refused_and_the_running_bundle_kept(
         body["artefacts"]["memctl.npz"] = b"not signed"
     else:  # never reaches the transport's decoder intact; the receiver must not trust that
         body["artefacts"]["../../escaped.npz"] = b"x"
-    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.bundle_receiver"):
+    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.robot.bundle_receiver"):
         assert robot.handle_push(body) is None
     stats = robot.stats()
     assert stats["rejected_artefact"] == 1 and stats["running_version"] == 2, stats
@@ -151,7 +148,7 @@ def test_published_values_reach_a_robot_over_zeromq(source_bundle, tmp_path, key
     initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
     publisher = Publisher(PublishConfig(tmp_path / "pub", keys[1]), initial)
     staged = load_bundle(with_values(source_bundle, tmp_path / "staged", 2))
-    rx = ExperienceReceiver(ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "s.db",
+    rx = open_receiver(ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "s.db",
                                            max_frame_bytes=1 << 20, poll_s=0.02)).start()
     installed: list = []
     bundles = BundleReceiver(BundleReceiverConfig(tmp_path / "robot", keys[0],

@@ -7,16 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from thinkmem_ros.protocol import Kind, encode_frame
-from thinkmem_ros.recall import (
-    BackgroundRecall,
+from thinkmem_ros.consolidator.recall_server import (
     EpisodeRef,
-    RecallClient,
-    RecallError,
     RecallIndex,
     RecallServer,
     index_experiences,
 )
+from thinkmem_ros.link.protocol import Kind, encode_frame
+from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient, RecallError
 
 D = 8
 
@@ -74,7 +72,7 @@ def test_server_refuses_bad_requests():
             client.close()
         import zmq
 
-        from thinkmem_ros.transport import context
+        from thinkmem_ros.link.sockets import context
 
         raw = context().socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
@@ -120,7 +118,7 @@ def test_background_recall_reports_timeout():
 
 def test_index_from_experiences_with_the_runtime(source_bundle):
     from thinkmem_ros.consolidator.values import embed_experiences
-    from thinkmem_ros.experience import Experience
+    from thinkmem_ros.link.experience import Experience
     from thinkmem_ros.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime(source_bundle)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from thinkmem_ros.bundle import load_bundle
 from thinkmem_ros.consolidator.rehearsal import (
     RehearsalConfig,
     RehearsalError,
@@ -20,10 +19,11 @@ from thinkmem_ros.consolidator.rehearsal import (
 )
 from thinkmem_ros.consolidator.retrain import RetrainConfig, assemble
 from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
-from thinkmem_ros.data import SituationSet
-from thinkmem_ros.experience import encode_experience
-from thinkmem_ros.paths import default_bundle
-from thinkmem_ros.security import write_signing_keypair
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.paths import default_bundle
+from thinkmem_ros.link.experience import encode_experience
+from thinkmem_ros.link.security import write_signing_keypair
+from thinkmem_ros.policy.bundle import load_bundle
 
 
 @pytest.fixture(autouse=True)

@@ -5,11 +5,12 @@ import time
 import numpy as np
 import pytest
 
-from thinkmem_ros.bundle import BundleError, BundleManifest, write_bundle
 from thinkmem_ros.commands import keys as keys_cmd
+from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
-from thinkmem_ros.experience import Experience
-from thinkmem_ros.security import (
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.security import (
     SecurityError,
     SignatureError,
     curve_enabled,
@@ -20,13 +21,9 @@ from thinkmem_ros.security import (
     verify_signed_bundle,
     write_signing_keypair,
 )
-from thinkmem_ros.transport import (
-    ExperienceReceiver,
-    ExperienceShipper,
-    ReceiverConfig,
-    ShipperConfig,
-    TransportError,
-)
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.link.sockets import TransportError
+from thinkmem_ros.policy.bundle import BundleError, BundleManifest, write_bundle
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +127,7 @@ def test_curve_authorised_client_delivers(tmp_path, keydir):
     cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
                          curve="on", server_secret_file=keydir / "server.key_secret",
                          allowed_clients=keydir / "allowed")
-    with ExperienceReceiver(cfg) as receiver:
+    with open_receiver(cfg) as receiver:
         shipper_cfg = ShipperConfig(
             endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
             curve="on", server_public_key=keydir / "server.key",
@@ -149,7 +146,7 @@ def test_unauthorised_client_is_refused_and_both_sides_see_it(tmp_path, keydir, 
     cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
                          curve="on", server_secret_file=keydir / "server.key_secret",
                          allowed_clients=keydir / "allowed")
-    with ExperienceReceiver(cfg) as receiver:
+    with open_receiver(cfg) as receiver:
         shipper_cfg = ShipperConfig(
             endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
             curve="on", server_public_key=keydir / "server.key",
@@ -191,7 +188,7 @@ def test_refusals_are_counted_without_any_frame_arriving(tmp_path, keydir):
     cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "db.sqlite",
                          curve="on", server_secret_file=keydir / "server.key_secret",
                          allowed_clients=keydir / "allowed", poll_s=0.05)
-    with ExperienceReceiver(cfg) as receiver:
+    with open_receiver(cfg) as receiver:
         shipper_cfg = ShipperConfig(
             endpoint=receiver.endpoint, robot_id="robot", spool_path=tmp_path / "sp.db",
             curve="on", server_public_key=keydir / "server.key",

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from thinkmem_ros.situation import BufferConfig, SituationBuffer, Verdict
+from thinkmem_ros.policy.situation import BufferConfig, SituationBuffer, Verdict
 
 SIGNALS = ("a", "b", "c")
 

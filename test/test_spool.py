@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from thinkmem_ros.spool import Spool
+from thinkmem_ros.link.spool import Spool
 
 
 def rows(start, n, size=100):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from thinkmem_ros.consolidator.store import SCHEMA_VERSION, ExperienceStore, StoreError
-from thinkmem_ros.experience import Experience, encode_experience
+from thinkmem_ros.link.experience import Experience, encode_experience
 
 
 def exp(seq, robot="r1", episode="e1", stamp=None, events=(), reward=None):

@@ -5,18 +5,14 @@ import numpy as np
 import pytest
 import zmq
 
-from thinkmem_ros import protocol
+from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
-from thinkmem_ros.experience import Experience, encode_experience
-from thinkmem_ros.protocol import Kind
-from thinkmem_ros.transport import (
-    ExperienceReceiver,
-    ExperienceShipper,
-    ReceiverConfig,
-    ShipperConfig,
-    TransportError,
-    context,
-)
+from thinkmem_ros.link import protocol
+from thinkmem_ros.link.experience import Experience, encode_experience
+from thinkmem_ros.link.protocol import Kind
+from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.link.sockets import TransportError, context
 
 
 def exp(i, robot="r1"):
@@ -50,7 +46,7 @@ def traces(db):
 def receiver(tmp_path):
     cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "store.db",
                          max_frame_bytes=1 << 20, poll_s=0.02)
-    with ExperienceReceiver(cfg) as rx:
+    with open_receiver(cfg) as rx:
         yield rx
 
 
@@ -144,7 +140,7 @@ def test_reserved_kinds_and_hello(receiver, raw_dealer):
 
 def free_endpoint(tmp_path):
     """An endpoint nobody listens on (bound once, then released)."""
-    rx = ExperienceReceiver(ReceiverConfig(bind="tcp://127.0.0.1:*",
+    rx = open_receiver(ReceiverConfig(bind="tcp://127.0.0.1:*",
                                            db_path=tmp_path / "probe.db"))
     endpoint = rx.endpoint
     rx._close_socket()
@@ -159,7 +155,7 @@ def test_node_restart_with_non_empty_spool(tmp_path):
         assert wait(lambda: shipper.stats()["spool_rows"] == 150)
         first_seqs_max = None
     cfg = ReceiverConfig(bind=endpoint, db_path=tmp_path / "store.db", poll_s=0.02)
-    with ExperienceReceiver(cfg):
+    with open_receiver(cfg):
         with ExperienceShipper(shipper_cfg(tmp_path, endpoint)) as shipper:
             assert shipper.stats()["spool_rows"] == 150  # found on start, re-sent
             for i in range(150, 200):
@@ -192,7 +188,7 @@ def test_full_spool_sheds_oldest_with_counter(tmp_path):
         stats = shipper.stats()
         assert stats["shed"] >= 150 and stats["spool_bytes"] <= cfg.spool_max_bytes
     rx_cfg = ReceiverConfig(bind=endpoint, db_path=tmp_path / "store.db", poll_s=0.02)
-    with ExperienceReceiver(rx_cfg):
+    with open_receiver(rx_cfg):
         with ExperienceShipper(shipper_cfg(tmp_path, endpoint)) as shipper:
             assert shipper.flush(15.0)
     kept = traces(tmp_path / "store.db")
@@ -215,7 +211,7 @@ def test_config_validation_and_bind_errors(tmp_path, receiver):
     with pytest.raises(ValueError, match="endpoint"):
         shipper_cfg(tmp_path, "nowhere")
     with pytest.raises(TransportError, match="cannot bind"):
-        ExperienceReceiver(ReceiverConfig(bind=receiver.endpoint, db_path=tmp_path / "x.db"))
+        open_receiver(ReceiverConfig(bind=receiver.endpoint, db_path=tmp_path / "x.db"))
 
 
 def test_caller_given_seqs_below_the_cursor_are_still_delivered_once(tmp_path, receiver):
@@ -249,7 +245,7 @@ def test_long_outage_spools_then_drains_everything_once(tmp_path):
             shipper.ship(exp(i))
         assert wait(lambda: shipper.stats()["spool_rows"] == 300)
         rx_cfg = ReceiverConfig(bind=endpoint, db_path=tmp_path / "store.db", poll_s=0.02)
-        with ExperienceReceiver(rx_cfg):
+        with open_receiver(rx_cfg):
             for i in range(300, 340):
                 shipper.ship(exp(i))
             assert shipper.flush(20.0), shipper.stats()

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.consolidator.store import ExperienceStore
-from thinkmem_ros.experience import Experience
-from thinkmem_ros.transport import ExperienceShipper, ShipperConfig
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def start_receiver(db, bind="tcp://127.0.0.1:*"):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "thinkmem_ros.transport", "serve", "--db", str(db),
+        [sys.executable, "-m", "thinkmem_ros.consolidator.ingest", "serve", "--db", str(db),
          "--bind", bind], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         text=True)
     line = proc.stdout.readline()  # the child prints READY after binding

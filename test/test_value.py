@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from thinkmem_ros.value import ValueArtefactError, ValueConfig, ValueTable
+from thinkmem_ros.policy.value_table import ValueArtefactError, ValueConfig, ValueTable
 
 LABELS = ["trend", "cause", "hazard", "future_impact", "information_seeking",
           "temp_current_inconsistency", "late_change_inspection"]
@@ -129,7 +129,7 @@ def test_artefact_round_trip_drops_empty_rows_and_columns(tmp_path):
 
 def test_learn_values_from_experiences(source_bundle):
     from thinkmem_ros.consolidator.values import learn_values
-    from thinkmem_ros.experience import Experience
+    from thinkmem_ros.link.experience import Experience
     from thinkmem_ros.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime(source_bundle)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from thinkmem_ros.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
 from thinkmem_ros.world import families
 from thinkmem_ros.world.families import (
     FAMILIES,

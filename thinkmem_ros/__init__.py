@@ -1,8 +1,9 @@
 """thinkmem_ros: a learned, situation-conditioned thinking policy for ROS 2 robots.
 
-Robot-side modules (this package minus ``policy.model``/``policy.train``/``policy.export``,
-``consolidator.retrain`` and ``bench``) import with numpy, onnxruntime and pyzmq only;
-torch is an offboard training dependency.
+Laid out by role (see docs/architecture.md): ``robot`` runs on the robot, ``link`` is what
+both ends share on the wire, ``consolidator`` runs offboard; ``policy``, ``world`` and
+``core`` sit below them, ``commands``, ``bench`` and ``demo`` on top. Robot-side code
+imports numpy, onnxruntime and pyzmq only; torch is an offboard training dependency.
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Baselines the policy is measured against, implemented for real (issue 2 §4).
+"""Baselines the policy is measured against, implemented for real.
 
 Every baseline has ``fit(train: SituationSet)`` and ``predict(data) -> (N, L)`` in {0, 1};
 the ones that keep history around also report ``stored_bytes()`` so Exp 1 can compare
@@ -10,11 +10,11 @@ memory growth with the fixed-size policy.
 - ``CurrentStateOnly``: the policy's own Transformer trained on the last frame only.
 """
 
-from .current_state import CurrentStateOnly
-from .features import FEATURE_NAMES, summary_features
-from .rf_summary import RFSummary
-from .sequence_rag import SequenceRAG
-from .summary_rag import SummaryRAG, knn_vote
+from thinkmem_ros.baselines.current_state import CurrentStateOnly
+from thinkmem_ros.baselines.features import FEATURE_NAMES, summary_features
+from thinkmem_ros.baselines.rf_summary import RFSummary
+from thinkmem_ros.baselines.sequence_rag import SequenceRAG
+from thinkmem_ros.baselines.summary_rag import SummaryRAG, knn_vote
 
 BASELINES: dict[str, type] = {
     "summary_rag": SummaryRAG,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import SituationSet
+from thinkmem_ros.core.data import SituationSet
 
 
 def last_frame(data: SituationSet) -> SituationSet:
@@ -47,7 +47,7 @@ class CurrentStateOnly:
 
     def fit(self, train: SituationSet) -> CurrentStateOnly:
         """Train the policy on last frames only (torch is imported here, not at module load)."""
-        from ..policy.train import train_policy
+        from thinkmem_ros.policy.training.train import train_policy
 
         kwargs = {"seed": self.seed, "progress": self.progress}
         if self.epochs is not None:
@@ -59,7 +59,7 @@ class CurrentStateOnly:
         """(N, L) probabilities from the last frame of each situation."""
         if self._trained is None:
             raise RuntimeError("CurrentStateOnly used before fit()")
-        from ..policy.train import predict_proba
+        from thinkmem_ros.policy.training.train import predict_proba
 
         return np.asarray(predict_proba(self._trained, last_frame(data)), dtype=np.float32)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data import SituationSet
+from thinkmem_ros.core.data import SituationSet
 
 FEATURE_NAMES: tuple[str, ...] = ("mean", "std", "min", "max", "start", "end", "change")
 """Statistics per channel, in the order they appear in the feature vector."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.ensemble import RandomForestClassifier
 
-from ..data import SituationSet
-from .features import summary_features
+from thinkmem_ros.baselines.features import summary_features
+from thinkmem_ros.core.data import SituationSet
 
 
 @dataclass

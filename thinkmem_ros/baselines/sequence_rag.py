@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import SituationSet
-from .summary_rag import exact_knn, knn_vote
+from thinkmem_ros.baselines.summary_rag import exact_knn, knn_vote
+from thinkmem_ros.core.data import SituationSet
 
 
 @dataclass

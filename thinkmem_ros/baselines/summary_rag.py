@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..data import SituationSet
-from .features import summary_features
+from thinkmem_ros.baselines.features import summary_features
+from thinkmem_ros.core.data import SituationSet
 
 
 def knn_vote(neighbour_labels: np.ndarray) -> np.ndarray:

@@ -4,15 +4,35 @@
 (added by the command); ``plot(result, path)`` draws the PNG a person reads next to it.
 """
 
-BENCHMARKS: dict[str, str] = {
-    "exp1": "thinkmem_ros.bench.exp1",
-    "exp2": "thinkmem_ros.bench.exp2",
-    "exp3": "thinkmem_ros.bench.exp3",
-    "exp5": "thinkmem_ros.bench.exp5",
-    "exp6": "thinkmem_ros.bench.exp6",
-    "latency": "thinkmem_ros.bench.latency",
-    "node": "thinkmem_ros.bench.node",
-    "transport": "thinkmem_ros.bench.transport",
-    "values": "thinkmem_ros.bench.values",
-    "memctl": "thinkmem_ros.bench.memctl",
-}
+BENCHMARKS: tuple[str, ...] = (
+    "exp1", "exp2", "exp3", "exp5", "exp6", "latency",
+    "node", "transport", "values", "memctl",
+)
+
+
+def load(name: str):
+    """Import one benchmark's module; static imports, so the import contracts see every edge."""
+    match name:
+        case "exp1":
+            from thinkmem_ros.bench import exp1 as module
+        case "exp2":
+            from thinkmem_ros.bench import exp2 as module
+        case "exp3":
+            from thinkmem_ros.bench import exp3 as module
+        case "exp5":
+            from thinkmem_ros.bench import exp5 as module
+        case "exp6":
+            from thinkmem_ros.bench import exp6 as module
+        case "latency":
+            from thinkmem_ros.bench import latency as module
+        case "node":
+            from thinkmem_ros.bench import node as module
+        case "transport":
+            from thinkmem_ros.bench import transport as module
+        case "values":
+            from thinkmem_ros.bench import values as module
+        case "memctl":
+            from thinkmem_ros.bench import memctl as module
+        case _:
+            raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return module

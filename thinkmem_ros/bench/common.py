@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import mean_std  # noqa: F401  (re-exported for benchmark modules)
+from thinkmem_ros.core.metrics import mean_std  # noqa: F401  (re-exported for benchmark modules)
 
 
 def machine_info(threads: int = 1) -> dict:
@@ -110,13 +110,13 @@ def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: i
     baselines of ``thinkmem_ros.baselines``. ``min_steps`` is the policy's optimiser-step
     floor (``train_policy``), which also holds off its early stopping.
     """
-    from ..baselines import CurrentStateOnly, RFSummary, SequenceRAG, SummaryRAG
-    from ..metrics import micro_scores
+    from thinkmem_ros.baselines import CurrentStateOnly, RFSummary, SequenceRAG, SummaryRAG
+    from thinkmem_ros.core.metrics import micro_scores
 
     out = {}
     for method in methods:
         if method == "proposed":
-            from ..policy.train import predict_proba, train_policy
+            from thinkmem_ros.policy.training.train import predict_proba, train_policy
 
             trained = train_policy(train, preset, seed=seed, epochs=epochs, progress=False,
                                    min_steps=min_steps)

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import micro_scores
-from .common import bench_progress, mean_std
-from .plots import new_figure, save, series_panel
+from thinkmem_ros.bench.common import bench_progress, mean_std
+from thinkmem_ros.bench.plots import new_figure, save, series_panel
+from thinkmem_ros.core.metrics import micro_scores
 
 SIZES = {"full": {"ns": (500, 2000, 10000, 30000, 100000), "n_test": 600, "queries": 2000,
                   "warmup": 100, "epochs": 1, "min_steps": 1500, "train_cap": 2000},
@@ -62,7 +62,7 @@ FAMILY = ("order_only (window 12, nuisance 0, 16 component identities shared by 
 
 def make_pool(n_histories: int, n_test: int, seed: int):
     """Histories (``n_histories`` rows) and a test set over the same identities."""
-    from ..world.families import order_only
+    from thinkmem_ros.world.families import order_only
 
     rng = np.random.default_rng(SEED_BASE + seed)
     identities = rng.choice(2**31 - 1, size=IDENTITIES, replace=False)
@@ -89,9 +89,9 @@ def time_per_query(answer, windows: np.ndarray, warmup: int) -> tuple[float, flo
 
 def train_policy_bundle(train, seed: int, cfg: dict, folder: Path, preset: str = "default"):
     """Train a ``preset`` policy on ``train``, export it and load it on one thread."""
-    from ..policy.export import export_bundle
-    from ..policy.runtime import PolicyRuntime
-    from ..policy.train import train_policy
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.train import train_policy
 
     trained = train_policy(train, preset, seed=seed, epochs=cfg["epochs"],
                            min_steps=cfg["min_steps"], progress=False)
@@ -106,7 +106,7 @@ def measure_n(n: int, histories, test, runtimes: dict, cfg: dict) -> dict[str, f
     """
     from threadpoolctl import threadpool_limits
 
-    from ..baselines import SequenceRAG, SummaryRAG
+    from thinkmem_ros.baselines import SequenceRAG, SummaryRAG
 
     hist = histories.subset(np.arange(n))
     summary = SummaryRAG().fit(hist)

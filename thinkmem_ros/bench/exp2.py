@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import METHODS, bench_progress, compare_methods, epochs_for, summarise_scores
-from .plots import method_bars
+from thinkmem_ros.bench.common import (
+    METHODS,
+    bench_progress,
+    compare_methods,
+    epochs_for,
+    summarise_scores,
+)
+from thinkmem_ros.bench.plots import method_bars
 
 SIZES = {"full": {"n_train": 2000, "n_test": 500, "epochs": 30, "min_steps": 3000},
          "quick": {"n_train": 2000, "n_test": 300, "epochs": 15, "min_steps": 1200},
@@ -31,7 +37,7 @@ SEED_BASE = 2000
 
 def make_split(n_train: int, n_test: int, seed: int):
     """Train/test situations of the order-only family with disjoint identities."""
-    from ..world.families import order_only_split
+    from thinkmem_ros.world.families import order_only_split
 
     return order_only_split(n_train, n_test, np.random.default_rng(SEED_BASE + seed))
 

@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import METHODS, bench_progress, compare_methods, epochs_for, summarise_scores
-from .plots import method_bars
+from thinkmem_ros.bench.common import (
+    METHODS,
+    bench_progress,
+    compare_methods,
+    epochs_for,
+    summarise_scores,
+)
+from thinkmem_ros.bench.plots import method_bars
 
 SIZES = {"full": {"n": 2500, "test_fraction": 0.2, "epochs": 30, "min_steps": 400},
          "quick": {"n": 1200, "test_fraction": 0.25, "epochs": 15, "min_steps": 90},
@@ -33,7 +39,7 @@ def group_split(data, test_fraction: float, rng: np.random.Generator):
 
 def make_split(n: int, test_fraction: float, seed: int):
     """Train/test situations of the same-final-state family."""
-    from ..world.families import same_final_state
+    from thinkmem_ros.world.families import same_final_state
 
     rng = np.random.default_rng(SEED_BASE + seed)
     return group_split(same_final_state(n, rng), test_fraction, rng)

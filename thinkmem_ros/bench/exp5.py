@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..metrics import micro_scores
-from .common import bench_progress, mean_std
-from .plots import new_figure, save, series_panel
+from thinkmem_ros.bench.common import bench_progress, mean_std
+from thinkmem_ros.bench.plots import new_figure, save, series_panel
+from thinkmem_ros.core.metrics import micro_scores
 
 HISTORIES = (100, 250, 500, 1000, 2000, 4000, 8000)
 """History sizes; every one is kept in ``--quick`` so quick and full runs compare."""
@@ -37,8 +37,8 @@ SEED_BASE = 5000
 
 def run_one(n: int, seed: int, cfg: dict) -> dict[str, dict[str, float]]:
     """Train on ``n`` histories and score the rare test rows and all test rows."""
-    from ..policy.train import predict_proba, train_policy
-    from ..world.families import rare_onset_split
+    from thinkmem_ros.policy.training.train import predict_proba, train_policy
+    from thinkmem_ros.world.families import rare_onset_split
 
     train, test = rare_onset_split(n, cfg["n_test"], np.random.default_rng(SEED_BASE + seed))
     trained = train_policy(train, "default", seed=seed, epochs=cfg["epochs"], patience=10,

@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 
-from ..consolidator.discovery import DiscoveryConfig, EventLog, discover, relation_f1
-from ..consolidator.knowledge import KnowledgeConfig, KnowledgeUnit, consolidate
-from ..metrics import mean_std
-from ..world.event_episodes import EventWorldConfig, generate_event_history
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover, relation_f1
+from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeUnit, consolidate
+from thinkmem_ros.core.metrics import mean_std
+from thinkmem_ros.world.event_episodes import EventWorldConfig, generate_event_history
 
 REPETITIONS = (1, 2, 4, 8)
 LOCAL_GAP = 5.0
@@ -79,13 +79,13 @@ def _future_accuracy(units: list[KnowledgeUnit], rules, codes, seed: int, quick:
         return 1.0 / max(len(rules), 1)
     import torch
 
-    from ..consolidator.material import (
+    from thinkmem_ros.consolidator.material import (
         filler_codes,
         knowledge_material,
         prefix_events,
         situations_from_events,
     )
-    from ..policy.train import predict_proba, train_policy
+    from thinkmem_ros.policy.training.train import predict_proba, train_policy
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(seed)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..paths import default_bundle
-from .common import bench_progress, mean_std, percentiles_ms
-from .plots import new_figure, save
+from thinkmem_ros.bench.common import bench_progress, mean_std, percentiles_ms
+from thinkmem_ros.bench.plots import new_figure, save
+from thinkmem_ros.core.paths import default_bundle
 
 SIZES = {"full": {"queries": 10000, "batches": 300, "warmup": 200},
          "quick": {"queries": 2000, "batches": 60, "warmup": 100},
@@ -46,11 +46,11 @@ def export_untrained(preset: str, reference, folder: Path) -> Path:
     ``reference`` is a loaded bundle, or None for the package's standard shapes (window 32,
     the base signals and labels, 8 event slots) when no shipped bundle exists yet.
     """
-    from ..policy.config import PolicyConfig
-    from ..policy.export import export_bundle
-    from ..policy.model import ThinkingPolicy
-    from ..policy.train import TrainedPolicy
-    from ..vocabulary import SIGNALS, THINKING
+    from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+    from thinkmem_ros.policy.config import PolicyConfig
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.model import ThinkingPolicy
+    from thinkmem_ros.policy.training.train import TrainedPolicy
 
     if reference is None:
         sizes = {"window": 32, "n_signals": len(SIGNALS), "n_labels": len(THINKING),
@@ -102,7 +102,7 @@ def batch64_rate(runtime, windows: np.ndarray, calls: int) -> float:
 def measure(bundle_path: Path, cfg: dict, repeats: int, rng: np.random.Generator, *,
             allow_spinning: bool = False, with_batch: bool = True) -> dict:
     """Latency percentiles (pooled over repeats), per-repeat p99 spread and throughput."""
-    from ..policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.runtime import PolicyRuntime
 
     runtime = PolicyRuntime(bundle_path, threads=1, allow_spinning=allow_spinning)
     samples, p99s, cpu = [], [], []
@@ -126,7 +126,7 @@ def measure(bundle_path: Path, cfg: dict, repeats: int, rng: np.random.Generator
 def run(quick: bool, seeds: int, size: str | None = None,
         bundle: str | Path | None = None) -> dict:
     """Measure the default bundle (spinning off and on) and the paper preset."""
-    from ..bundle import BundleError, load_bundle
+    from thinkmem_ros.policy.bundle import BundleError, load_bundle
 
     cfg = SIZES[size or ("quick" if quick else "full")]
     rng = np.random.default_rng(SEED_BASE)

@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from ..consolidator.memctl_train import (
+from thinkmem_ros.bench.common import bench_progress, mean_std
+from thinkmem_ros.bench.values import RATE_HZ, SEED_BASE, WINDOW, bench_or_default_policy
+from thinkmem_ros.consolidator.memctl_train import (
     BASELINE_FEATURES,
     compress_targets,
     fit_memctl_heads,
@@ -44,10 +46,8 @@ from ..consolidator.memctl_train import (
     recall_targets,
     set_frequencies,
 )
-from ..memctl import LocalHistory, SummaryRecord
-from ..metrics import micro_scores
-from .common import bench_progress, mean_std
-from .values import RATE_HZ, SEED_BASE, WINDOW, bench_policy
+from thinkmem_ros.core.metrics import micro_scores
+from thinkmem_ros.robot.memory_control import LocalHistory, SummaryRecord
 
 SIZES = {
     "full": {"train_s": 1800.0, "probe_s": 1800.0, "test_s": 1200.0, "epochs": 20, "n": 3},
@@ -76,7 +76,7 @@ class _ListStore:
 
 
 def _streams(runtime, seconds: float, n: int, rng: np.random.Generator):
-    from ..world.streams import generate_stream, stream_windows
+    from thinkmem_ros.world.streams import generate_stream, stream_windows
 
     out = []
     for _ in range(n):
@@ -122,27 +122,12 @@ def _replay_bytes(stream, windows, p_compress: np.ndarray, threshold: float,
     return float(np.mean(with_b)), float(np.mean(without_b)), bad / max(fired, 1)
 
 
-def _policy(seed: int, size: dict, folder: Path, use_default: bool):
-    """Return the default bundle's runtime when asked and loadable, else a fresh policy."""
-    if use_default:
-        from ..bundle import BundleError
-        from ..paths import default_bundle
-        from ..policy.runtime import PolicyRuntime
-        try:
-            runtime = PolicyRuntime(default_bundle())
-            if runtime.window == WINDOW and runtime.manifest.frame_rate_hz == RATE_HZ:
-                return runtime, f"models/default v{runtime.manifest.model_version} " \
-                    f"sha256 {runtime.manifest.sha256[:12]}"
-        except (BundleError, OSError):
-            pass
-    return bench_policy(seed, size, folder), "trained here (bench.values.bench_policy)"
-
-
 def run_seed(seed: int, size: dict, use_default: bool = True) -> dict[str, float]:
     """Fit probes and baselines on one seed's streams and score them on its test streams."""
     rng = np.random.default_rng(SEED_BASE + 300 + seed)
     with tempfile.TemporaryDirectory() as tmp:
-        runtime, policy_name = _policy(seed, size, Path(tmp) / "bundle", use_default)
+        runtime, policy_name = bench_or_default_policy(seed, size, Path(tmp) / "bundle",
+                                                       use_default)
         fit_parts = _streams(runtime, size["probe_s"], size["n"], rng)
         test_parts = _streams(runtime, size["test_s"], size["n"], rng)
     freq = set_frequencies(np.concatenate([s.labels[np.asarray(w.meta["end_frames"])]
@@ -221,7 +206,7 @@ def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = Tr
 
 def plot(report: dict, path) -> None:
     """Bars: probe vs baseline AUROC/AUPRC per head, and the bytes-kept ratio."""
-    from .plots import new_figure, save
+    from thinkmem_ros.bench.plots import new_figure, save
 
     fig, axes = new_figure(2, "Memory control from the policy's hidden state (PaMER analogue)")
     res = report["results"]

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..paths import default_bundle
-from .common import bench_progress, percentiles_ms
+from thinkmem_ros.bench.common import bench_progress, percentiles_ms
+from thinkmem_ros.core.paths import default_bundle
 
 RATES = {"hz10": 10.0, "hz100": 100.0}
 WARMUP_S = 2.0
@@ -54,7 +54,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _start_node(bundle: Path, rate: float, stats: Path, env: dict) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "thinkmem_ros.node", "--ros-args",
+    cmd = [sys.executable, "-m", "thinkmem_ros.robot.node", "--ros-args",
            "-p", f"bundle_path:={bundle}", "-p", "frame_trigger:=samples",
            "-p", f"frame_rate_hz:={rate}", "-p", f"stale_after_s:={max(0.5, 5.0 / rate)}",
            "-p", f"stats_file:={stats}", "-p", "watch_bundle:=false",
@@ -87,8 +87,8 @@ class _Reader(threading.Thread):
 
 def _messages(signals: tuple[str, ...]):
     """(topic, message class, setter) per signal from the node's default signal map."""
-    from ..msg_fields import FieldPath, message_class
-    from ..node_config import DEFAULT_SIGNAL_MAP
+    from thinkmem_ros.robot.msg_fields import FieldPath, message_class
+    from thinkmem_ros.robot.node_config import DEFAULT_SIGNAL_MAP
 
     out = []
     for name in signals:
@@ -113,7 +113,7 @@ def measure_rate(rate: float, duration_s: float, bundle: Path, seed: int, progre
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from std_msgs.msg import String
 
-    from ..bundle import read_manifest
+    from thinkmem_ros.policy.bundle import read_manifest
 
     signals = tuple(read_manifest(bundle).signals)
     env = dict(os.environ, ROS_DOMAIN_ID=str(os.getpid() % 100 + 101 + int(rate) % 7),

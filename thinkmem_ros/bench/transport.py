@@ -3,7 +3,7 @@
 Reproduce: ``thinkmem bench transport --json transport.json --plot transport.png``.
 
 Throughput is stored-and-acknowledged experiences per second on loopback, with CURVE on
-and off: the receiver runs in its own process (``python -m thinkmem_ros.transport
+and off: the receiver runs in its own process (``python -m thinkmem_ros.consolidator.ingest
 serve``) writing a real SQLite store, the shipper runs here with its durable spool; the
 clock runs from the first ``ship`` to the moment the last ACK has emptied the spool. A
 warm-up stream (connection, CURVE handshake, SQLite page cache) is excluded.
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..consolidator.store import ExperienceStore
-from ..experience import Experience
-from ..metrics import mean_std
-from ..security import write_curve_keypair
-from ..transport import ExperienceShipper, ShipperConfig
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.core.metrics import mean_std
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.security import write_curve_keypair
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 
 TARGET_PER_S = 20_000
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,8 +70,8 @@ class _Receiver:
         self.endpoint = "tcp://127.0.0.1:*"
 
     def start(self) -> str:
-        cmd = [sys.executable, "-m", "thinkmem_ros.transport", "serve", "--db", str(self.db),
-               "--bind", self.endpoint]
+        cmd = [sys.executable, "-m", "thinkmem_ros.consolidator.ingest", "serve",
+               "--db", str(self.db), "--bind", self.endpoint]
         if self.keys is not None:
             cmd += ["--curve", "on", "--server-key", str(self.keys / "server.key_secret"),
                     "--allow", str(self.keys / "allowed")]

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..metrics import micro_scores
-from ..value import ValueConfig, ValueTable
-from ..vocabulary import THINKING
-from .common import bench_progress, mean_std
+from thinkmem_ros.bench.common import bench_progress, mean_std
+from thinkmem_ros.core.metrics import micro_scores
+from thinkmem_ros.core.vocabulary import THINKING
+from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
 
 SIZES = {
     "full": {"train_s": 1800.0, "learn_s": 1800.0, "test_s": 900.0, "epochs": 20},
@@ -89,11 +89,11 @@ def bench_policy(seed: int, size: dict, folder: Path):
     """Train a small policy on mixed streams and export it; returns a PolicyRuntime."""
     import torch
 
-    from ..data import SituationSet
-    from ..policy.export import export_bundle
-    from ..policy.runtime import PolicyRuntime
-    from ..policy.train import train_policy
-    from ..world.streams import generate_stream, stream_windows
+    from thinkmem_ros.core.data import SituationSet
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.train import train_policy
+    from thinkmem_ros.world.streams import generate_stream, stream_windows
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(SEED_BASE + seed)
@@ -105,9 +105,25 @@ def bench_policy(seed: int, size: dict, folder: Path):
     return PolicyRuntime(folder)
 
 
+def bench_or_default_policy(seed: int, size: dict, folder: Path, use_default: bool):
+    """Return the default bundle's runtime when asked and loadable, else a fresh policy."""
+    if use_default:
+        from thinkmem_ros.core.paths import default_bundle
+        from thinkmem_ros.policy.bundle import BundleError
+        from thinkmem_ros.policy.runtime import PolicyRuntime
+        try:
+            runtime = PolicyRuntime(default_bundle())
+            if runtime.window == WINDOW and runtime.manifest.frame_rate_hz == RATE_HZ:
+                return runtime, f"models/default v{runtime.manifest.model_version} " \
+                    f"sha256 {runtime.manifest.sha256[:12]}"
+        except (BundleError, OSError):
+            pass
+    return bench_policy(seed, size, folder), "trained here (bench.values.bench_policy)"
+
+
 def stream_situations(runtime, duration_s: float, rng: np.random.Generator):
     """Windows every STRIDE frames of a fresh mixed stream, with policy output."""
-    from ..world.streams import generate_stream, stream_windows
+    from thinkmem_ros.world.streams import generate_stream, stream_windows
 
     stream = generate_stream("mixed", duration_s, RATE_HZ, rng)
     windows = stream_windows(stream, WINDOW, stride=STRIDE, max_events=runtime.max_events)
@@ -166,11 +182,10 @@ def score(kept: list[list[str]], truth: np.ndarray, labels: list[str]) -> dict[s
 def run_seed(seed: int, size: dict, progress=None,
              use_default: bool = True) -> tuple[dict[str, dict[str, float]], str]:
     """All methods on one seed's policy, learning stream and test stream."""
-    from .memctl import _policy
-
     rng = np.random.default_rng(SEED_BASE + 100 + seed)
     with tempfile.TemporaryDirectory() as tmp:
-        runtime, policy_name = _policy(seed, size, Path(tmp) / "bundle", use_default)
+        runtime, policy_name = bench_or_default_policy(seed, size, Path(tmp) / "bundle",
+                                                       use_default)
         labels = runtime.labels
         _, learn_w, learn_p = stream_situations(runtime, size["learn_s"], rng)
         _, test_w, test_p = stream_situations(runtime, size["test_s"], rng)
@@ -228,7 +243,7 @@ def run(quick: bool, seeds: int, size: str | None = None, use_default: bool = Tr
 
 def plot(report: dict, path) -> None:
     """Bars of useful recall, wasted per 1000 and table entries per method."""
-    from .plots import new_figure, save
+    from thinkmem_ros.bench.plots import new_figure, save
 
     fig, axes = new_figure(3, "Value-aware thinking (SAMem Table 2 analogue)")
     res = report["results"]

@@ -59,8 +59,8 @@ class WriteVerb:
         """Generate the stream and write it; prints the bag summary."""
         import numpy as np
 
-        from ..bag import write_stream
-        from ..world.streams import SCENARIOS, generate_stream
+        from thinkmem_ros.playback.bag_files import write_stream
+        from thinkmem_ros.world.streams import SCENARIOS, generate_stream
 
         if args.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {args.scenario!r}; "
@@ -99,7 +99,7 @@ class PlayVerb:
 
     def main(self, args: argparse.Namespace) -> int:
         """Play and report how many messages went out."""
-        from ..bag_player import PlayConfig, play_bag
+        from thinkmem_ros.playback.player import PlayConfig, play_bag
 
         config = PlayConfig(rate=args.rate, loop=args.loop, clock_hz=args.clock,
                             topics=tuple(args.topics) if args.topics else None,
@@ -124,7 +124,7 @@ class InfoVerb:
 
     def main(self, args: argparse.Namespace) -> int:
         """Print the summary."""
-        from ..bag import bag_info
+        from thinkmem_ros.playback.bag_files import bag_info
 
         print_info(bag_info(Path(args.bag)))
         return 0
@@ -151,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the chosen verb; bad input and bag errors exit 1 with one line on stderr."""
-    from ..bag import BagError
+    from thinkmem_ros.playback.bag_files import BagError
 
     try:
         return VERBS[args.bag_verb].main(args)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 
-from ..bench import BENCHMARKS
+from thinkmem_ros.bench import BENCHMARKS, load
 
 HELP = "run a benchmark and write its JSON (and PNG)"
 
@@ -24,12 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``args.name`` and report; exit code 0 even when a target is missed (it is data)."""
-    from ..bench.common import finish_report
+    from thinkmem_ros.bench.common import finish_report
 
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     if seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {seeds}")
-    module = importlib.import_module(BENCHMARKS[args.name])
+    module = load(args.name)
     result = module.run(quick=args.quick, seeds=seeds)
     report = finish_report(result, name=args.name, quick=args.quick, seeds=seeds,
                            threads=result.pop("threads", 1), json_path=args.json_path)

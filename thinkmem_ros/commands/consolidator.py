@@ -14,13 +14,13 @@ HELP = "run the offboard consolidator service"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the service's options (``thinkmem_ros.consolidator.service.add_arguments``)."""
-    from ..consolidator.service import add_arguments as service_arguments
+    from thinkmem_ros.consolidator.service import add_arguments as service_arguments
 
     service_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT (exit 0), or one round with ``--once``; 2 on bad options."""
-    from ..consolidator.service import run
+    from thinkmem_ros.consolidator.service import run
 
     return run(args)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .bag import non_negative_float, positive_float
+from thinkmem_ros.commands.bag import non_negative_float, positive_float
 
 HELP = ("run the main job end to end (bag -> node -> activations -> one consolidation round "
         "-> report)")
@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the demo; a failed step exits 1 with its reason."""
-    from ..bag import BagError
-    from ..bundle import BundleError
-    from ..demo import DemoConfig, run_demo
+    from thinkmem_ros.demo import DemoConfig, run_demo
+    from thinkmem_ros.playback.bag_files import BagError
+    from thinkmem_ros.policy.bundle import BundleError
 
     try:
         config = DemoConfig(out_dir=Path(args.out), scenario=args.scenario,

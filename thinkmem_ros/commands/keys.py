@@ -13,7 +13,7 @@ import argparse
 import re
 from pathlib import Path
 
-from ..security import write_curve_keypair, write_signing_keypair
+from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
 
 HELP = "generate CURVE and signing key pairs"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")

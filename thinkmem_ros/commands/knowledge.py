@@ -32,7 +32,7 @@ def _row(unit) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     """Print the units; exit 2 when the database file does not exist."""
-    from ..consolidator.knowledge import KnowledgeStore
+    from thinkmem_ros.consolidator.knowledge import KnowledgeStore
 
     if not Path(args.db).exists():  # sqlite would silently create an empty file
         print(f"thinkmem knowledge: no database at {args.db}", file=sys.stderr)

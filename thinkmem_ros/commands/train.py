@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
+
 HELP = "train a policy and export it as a model bundle"
 
 REPRODUCE_DEFAULT = (
@@ -27,71 +29,38 @@ REPRODUCE_DEFAULT = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``thinkmem train`` (defaults reproduce models/default)."""
+    """Options of ``thinkmem train``: the data recipe, then training (defaults: models/default)."""
     parser.epilog = f"models/default is reproduced by: {REPRODUCE_DEFAULT}"
-    parser.add_argument("--scenario", default="mixed", help="world scenario (streams.SCENARIOS)")
-    parser.add_argument("--duration", type=float, default=900.0,
-                        help="seconds per training stream")
-    parser.add_argument("--streams", type=int, default=8, help="number of training streams")
+    StreamRecipe.add_arguments(parser)
     parser.add_argument("--test-duration", type=float, default=600.0,
                         help="seconds of the held-out evaluation stream (0 = none)")
-    parser.add_argument("--rate", type=float, default=10.0, help="frame rate in Hz")
-    parser.add_argument("--window", type=int, default=32, help="frames per situation (K)")
-    parser.add_argument("--max-events", type=int, default=8, help="event slots (M)")
-    parser.add_argument("--stride", type=int, default=3, help="frames between training windows")
-    parser.add_argument("--group-seconds", type=float, default=60.0,
-                        help="stream chunk length that forms one validation group")
     parser.add_argument("--preset", default="default", help="policy preset (default, paper)")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--patience", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for training")
     parser.add_argument("--model-version", type=int, default=1)
     parser.add_argument("--out", default="models/default", help="bundle folder to write")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def training_windows(args: argparse.Namespace, streams: int):
-    """The recipe's first ``streams`` training streams, windowed and grouped as training saw them.
-
-    One definition, because the consolidator rebuilds a shipped bundle's rehearsal set D
-    from the same recipe (consolidator/rehearsal.py); two copies could drift apart and
-    rehearse on data the bundle was never trained on. Groups are ``group_seconds`` chunks
-    of each stream, so validation never shares a chunk with training.
-    """
-    import numpy as np
-
-    from ..data import SituationSet
-    from ..world.streams import generate_stream, stream_windows
-
-    children = np.random.default_rng(args.seed).spawn(args.streams + 1)
-    parts = []
-    for i in range(min(streams, args.streams)):
-        stream = generate_stream(args.scenario, args.duration, args.rate, children[i])
-        part = stream_windows(stream, args.window, stride=args.stride,
-                              max_events=args.max_events)
-        chunk = np.asarray(part.meta["end_frames"]) // int(round(args.group_seconds * args.rate))
-        part.groups = i * 1_000_000 + chunk.astype(np.int64)
-        parts.append(part)
-    return SituationSet.concat(parts)
-
-
 def main(args: argparse.Namespace) -> int:
     """Generate, train, export, evaluate the exported bundle on a held-out stream."""
-    import numpy as np
     import torch
 
-    from ..bundle import write_bundle
-    from ..policy.export import build_manifest, export_bundle
-    from ..policy.train import train_policy
+    from thinkmem_ros.policy.bundle import write_bundle
+    from thinkmem_ros.policy.training.export import build_manifest, export_bundle
+    from thinkmem_ros.policy.training.train import train_policy
 
     if args.streams < 1:
         raise SystemExit(f"--streams must be >= 1, got {args.streams}")
     torch.set_num_threads(args.threads)
-    children = np.random.default_rng(args.seed).spawn(args.streams + 1)
-    data = training_windows(args, args.streams)
+    try:
+        recipe = StreamRecipe.from_args(args)
+    except RecipeError as exc:
+        raise SystemExit(str(exc)) from None
+    data = recipe.windows()
     print(f"training on {len(data)} situations from {args.streams} x {args.duration:g} s "
           f"of {args.scenario!r} at {args.rate:g} Hz", file=sys.stderr)
     start = time.perf_counter()
@@ -114,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
                                model_version=args.model_version, frame_rate_hz=args.rate,
                                metrics=metrics, extras=extras)
         if args.test_duration > 0:
-            metrics["held_out"] = held_out_metrics(staged, args, children[-1])
+            metrics["held_out"] = held_out_metrics(staged, args, recipe.rng_children()[-1])
         onnx = staged.onnx_path.read_bytes()
     # Same ONNX bytes, richer manifest: the sha256 and the graph stay as exported.
     manifest = build_manifest(trained, model_version=args.model_version,
@@ -128,9 +97,9 @@ def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
     """Micro and per-label F1 of the exported ONNX bundle on a fresh held-out stream."""
     import numpy as np
 
-    from ..metrics import micro_scores
-    from ..policy.runtime import PolicyRuntime
-    from ..world.streams import generate_stream, stream_windows
+    from thinkmem_ros.core.metrics import micro_scores
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+    from thinkmem_ros.world.streams import generate_stream, stream_windows
 
     stream = generate_stream(args.scenario, args.test_duration, args.rate, rng)
     test = stream_windows(stream, args.window, max_events=args.max_events)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..data import SituationSet
-from ..experience import Experience
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.link.experience import Experience
 
 
 @dataclass

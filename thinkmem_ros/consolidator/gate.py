@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..data import SituationSet
-from ..metrics import micro_scores
-from .knowledge import KnowledgeUnit
-from .material import filler_codes, prefix_events, situations_from_events
+from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
+from thinkmem_ros.consolidator.material import filler_codes, prefix_events, situations_from_events
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.metrics import micro_scores
+from thinkmem_ros.policy.bundle import Bundle
 
 MIN_HELDOUT_ROWS = 200  # a meaningful floor for min_heldout when D is rehearsed
 
@@ -100,7 +100,7 @@ def reencode_events(events: np.ndarray, source: Sequence[str], target: Sequence[
 
 
 def _runtime(bundle: Bundle):
-    from ..policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.runtime import PolicyRuntime
 
     return PolicyRuntime(bundle, threads=1)
 
@@ -159,7 +159,7 @@ def validate(candidate: Bundle, current: Bundle, trained, heldout: SituationSet,
     ``rehearsal_heldout`` (the held-out slice of D, ``Material.heldout_rehearsal``) joins
     ``heldout`` in the parity and regression checks.
     """
-    from ..policy.train import predict_proba
+    from thinkmem_ros.policy.training.train import predict_proba
 
     reasons = _compatibility(candidate, current)
     checks: dict = {"candidate_version": candidate.version, "running_version": current.version}

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..vocabulary import DISCOVERED_PREFIX
-from .discovery import DiscoveryConfig, DiscoveryResult, Relation
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, DiscoveryResult, Relation
+from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
 
 STATUSES: tuple[str, ...] = ("candidate", "promoted", "demoted", "retired")
 SCHEMA_VERSION = 1

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .discovery import Relation
+from thinkmem_ros.consolidator.discovery import Relation
 
 SYSTEM_PROMPT = (
     "You consolidate robot experience into reusable thinking knowledge. You receive "

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..data import SituationSet
-from ..vocabulary import SIGNALS
-from .knowledge import KnowledgeUnit
+from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.vocabulary import SIGNALS
 
 
 def _encode(events: Sequence[str], lookup: dict[str, int], max_events: int) -> np.ndarray:

@@ -32,8 +32,8 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from ..data import SignalStream, SituationSet
-from ..memctl import MemctlHeads, ProbeHead
+from thinkmem_ros.core.data import SignalStream, SituationSet
+from thinkmem_ros.policy.memctl_heads import MemctlHeads, ProbeHead
 
 STATE_LABELS: frozenset[str] = frozenset(
     {"hazard", "vibration_load_comparison", "visibility_distance_check"})
@@ -94,7 +94,7 @@ def recall_targets(frame_labels: np.ndarray, end_frames: np.ndarray, rate_hz: fl
 
 BASELINE_FEATURES = ("log1p_step_count", "steps_since_start_s", "observed_fraction",
                      "observed_frames_per_signal", "events_in_history")
-"""What the length/metadata baseline sees, the issue's "window length/step count and
+"""What the length/metadata baseline sees, PaMER's "window length/step count and
 metadata" (PaMER's length/turn-count and metadata baselines): how long the session has run,
 how much of the window is actually observed (its effective length, per signal), and how
 many discrete events (turns) the history holds. It sees no signal values and no event

@@ -28,9 +28,21 @@ from pathlib import Path
 
 import nacl.signing
 
-from .. import protocol
-from ..bundle import MANIFEST, ONNX_FILE, Bundle, BundleError, fsync_dir, load_bundle
-from ..security import SIGNATURE_FILE, load_signing_key, sign_bundle, verify_signed_bundle
+from thinkmem_ros.link import protocol
+from thinkmem_ros.link.security import (
+    SIGNATURE_FILE,
+    load_signing_key,
+    sign_bundle,
+    verify_signed_bundle,
+)
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    ONNX_FILE,
+    Bundle,
+    BundleError,
+    fsync_dir,
+    load_bundle,
+)
 
 log = logging.getLogger(__name__)
 

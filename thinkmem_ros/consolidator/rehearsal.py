@@ -30,19 +30,18 @@ with a few dozen rows survives every later round's cap.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..data import SituationSet
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.policy.bundle import Bundle
+from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def cap(data: SituationSet, max_rows: int, rng: np.random.Generator) -> Situatio
 def aligned(data: SituationSet, label_names: Sequence[str], event_vocabulary: Sequence[str],
             signal_names: Sequence[str], window: int, max_events: int) -> SituationSet:
     """``data`` in the round's label order and event ids; a shape mismatch raises."""
-    from .gate import reencode_events
+    from thinkmem_ros.consolidator.gate import reencode_events
 
     if tuple(data.signal_names) != tuple(signal_names) or data.window != window:
         raise RehearsalError(f"rehearsal material has K={data.window}, signals "
@@ -198,35 +197,25 @@ def file_sha256(path: Path | str) -> str:
 
 # ------------------------------------------------------------------ rebuilding from a recipe
 
-def recipe(bundle: Bundle) -> argparse.Namespace | None:
-    """The bundle's ``thinkmem train`` options from ``extras.command``, or None."""
-    from ..commands.train import add_arguments
-
+def recipe(bundle: Bundle) -> StreamRecipe | None:
+    """The bundle's training-data recipe from ``extras.command``, or None."""
     command = (bundle.manifest.extras or {}).get("command")
     if not isinstance(command, str):
         return None
-    tokens = shlex.split(command)
-    if tokens[:2] != ["thinkmem", "train"]:
-        return None
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    add_arguments(parser)
     try:
-        return parser.parse_args(tokens[2:])
-    except (argparse.ArgumentError, SystemExit) as exc:
-        raise RehearsalError(f"bundle v{bundle.version}: cannot parse its recipe "
-                             f"{command!r}: {exc}") from exc
+        return StreamRecipe.from_command(command)
+    except RecipeError as exc:
+        raise RehearsalError(f"bundle v{bundle.version}: {exc}") from exc
 
 
 def rebuild(bundle: Bundle, streams: int) -> SituationSet | None:
     """The first ``streams`` training streams of the bundle's recipe, windowed as it did."""
-    from ..commands.train import training_windows
-
-    args = recipe(bundle)
-    if args is None:
+    found = recipe(bundle)
+    if found is None:
         return None
-    data = training_windows(args, streams)
+    data = found.windows(streams)
     data.meta = {"source": "rehearsal", "recipe": bundle.manifest.extras["command"],
-                 "streams": min(streams, args.streams)}
+                 "streams": min(streams, found.streams)}
     return data
 
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..data import SituationSet
-from ..experience import Experience
-from ..vocabulary import DISCOVERED_PREFIX
-from .direct import direct_material, required_labels, split_heldout
-from .knowledge import KnowledgeUnit
-from .material import knowledge_material, with_labels
+from thinkmem_ros.consolidator.direct import direct_material, required_labels, split_heldout
+from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
+from thinkmem_ros.consolidator.material import knowledge_material, with_labels
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.policy.bundle import Bundle
 
 
 class NothingToTrain(RuntimeError):
@@ -223,7 +223,7 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
                              "knowledge units")
     old = old_held = None
     if rehearsal is not None and len(rehearsal):
-        from .rehearsal import aligned
+        from thinkmem_ros.consolidator.rehearsal import aligned
 
         old = apply_rules(aligned(rehearsal, labels, vocabulary, m.signals, m.window,
                                   m.max_events), units)
@@ -243,8 +243,8 @@ def retrain(material: Material, current: Bundle, cfg: RetrainConfig):
     """Warm-start ``current`` on ``material.train``; returns a ``TrainedPolicy``."""
     import torch
 
-    from ..policy.config import PolicyConfig
-    from ..policy.train import train_policy
+    from thinkmem_ros.policy.config import PolicyConfig
+    from thinkmem_ros.policy.training.train import train_policy
 
     torch.set_num_threads(cfg.threads)
     m = current.manifest
@@ -285,7 +285,7 @@ def merged_thresholds(tuned: dict[str, float], train: SituationSet,
 def export_candidate(trained, folder: Path | str, *, model_version: int, current: Bundle,
                      material: Material, extras: dict | None = None) -> Bundle:
     """Write the candidate bundle (unsigned) to a staging folder for the gate."""
-    from ..policy.export import export_bundle
+    from thinkmem_ros.policy.training.export import export_bundle
 
     info = {"parent_version": current.version, "parent_sha256": current.manifest.sha256,
             "knowledge_units": [u.key for u in material.units],

@@ -41,16 +41,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import SituationSet
-from ..experience import Experience
-from ..transport import ExperienceReceiver, ReceiverConfig
-from .discovery import DiscoveryConfig, EventLog, discover
-from .gate import GateConfig, GateReport
-from .knowledge import KnowledgeConfig, KnowledgeStore, consolidate
-from .rehearsal import RehearsalConfig
-from .retrain import NothingToTrain, RetrainConfig
-from .store import ExperienceStore
-from .trigger import ConsolidationTrigger, TriggerConfig
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+from thinkmem_ros.consolidator.gate import GateConfig, GateReport
+from thinkmem_ros.consolidator.ingest import open_receiver
+from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
+from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
+from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[i
     Episode ids are stable hashes of (robot, episode), so knowledge units keep meaningful
     supporting-experience ids across rounds; partitions split episodes by first stamp.
     """
-    from .direct import episode_key
+    from thinkmem_ros.consolidator.direct import episode_key
 
     histories = store.episode_events()
     infos = sorted(store.episodes(), key=lambda i: (i.first_stamp, i.robot_id, i.episode_id))
@@ -158,8 +159,8 @@ class ConsolidatorService:
     """The offboard consolidator; ``run_round()`` for one round, ``serve()`` for the loop."""
 
     def __init__(self, config: ConsolidatorConfig) -> None:
-        from ..hotswap import resolve_bundle_path
-        from .publish import PublishConfig, Publisher
+        from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
+        from thinkmem_ros.core.paths import resolve_bundle_path
 
         self.config = config
         self.stop_event = threading.Event()
@@ -175,7 +176,7 @@ class ConsolidatorService:
     def start(self) -> ConsolidatorService:
         """Bind the receiver and start ingesting on its thread."""
         cfg = self.config
-        self.receiver = ExperienceReceiver(ReceiverConfig(
+        self.receiver = open_receiver(ReceiverConfig(
             bind=cfg.bind, db_path=cfg.db_path, curve=cfg.curve,
             server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
             max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored)).start()
@@ -250,9 +251,14 @@ class ConsolidatorService:
             raise RoundAborted("stop requested")
 
     def _round(self, report: RoundReport) -> None:
-        from .gate import validate
-        from .rehearsal import cap, install, load_rehearsal, save_rehearsal
-        from .retrain import assemble, export_candidate, retrain
+        from thinkmem_ros.consolidator.gate import validate
+        from thinkmem_ros.consolidator.rehearsal import (
+            cap,
+            install,
+            load_rehearsal,
+            save_rehearsal,
+        )
+        from thinkmem_ros.consolidator.retrain import assemble, export_candidate, retrain
 
         cfg = self.config
         t = time.perf_counter()

@@ -20,7 +20,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..experience import Experience, ExperienceError, decode_experience, decode_experiences
+from thinkmem_ros.link.experience import (
+    Experience,
+    ExperienceError,
+    decode_experience,
+    decode_experiences,
+)
+from thinkmem_ros.link.receiver import SinkError
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1: the experience table with its idempotency key
@@ -43,7 +49,7 @@ SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
 
 
-class StoreError(RuntimeError):
+class StoreError(SinkError):
     """The store file cannot be opened, is from a newer schema, or a write failed."""
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..experience import Experience
-from ..policy.runtime import PolicyRuntime
-from ..value import ValueConfig, ValueTable
+from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.policy.runtime import PolicyRuntime
+from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
 
 
 def embed_experiences(runtime: PolicyRuntime, experiences: list[Experience]) -> np.ndarray:

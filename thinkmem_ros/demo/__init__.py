@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .steps import DemoConfig, DemoContext, Step, insert_before, run_steps
+from thinkmem_ros.demo.steps import DemoConfig, DemoContext, Step, insert_before, run_steps
 
 __all__ = ["DemoConfig", "DemoContext", "Step", "insert_before", "run_steps", "run_demo",
            "default_steps"]
@@ -20,14 +20,14 @@ __all__ = ["DemoConfig", "DemoContext", "Step", "insert_before", "run_steps", "r
 def default_steps(config: DemoConfig) -> list[Step]:
     """Return the steps of the configured mode (ROS unless ``config.offline``)."""
     if config.offline:
-        from .offline import offline_steps
+        from thinkmem_ros.demo.offline import offline_steps
 
         return offline_steps()
     if config.consolidation:
-        from .round import round_steps
+        from thinkmem_ros.demo.round import round_steps
 
         return round_steps()
-    from .ros import ros_steps
+    from thinkmem_ros.demo.ros import ros_steps
 
     return ros_steps()
 

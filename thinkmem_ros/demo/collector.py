@@ -7,8 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..bag import GROUND_TRUTH_TOPIC
-from ..node_config import ACTIVATION_TOPIC, DIAGNOSTICS_TOPIC
+from thinkmem_ros.playback.bag_files import GROUND_TRUTH_TOPIC
+from thinkmem_ros.robot.node_config import ACTIVATION_TOPIC, DIAGNOSTICS_TOPIC
 
 LEVELS = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .plot import plot_timeline
-from .scoring import score
-from .steps import DemoContext, Step
+from thinkmem_ros.demo.plot import plot_timeline
+from thinkmem_ros.demo.scoring import score
+from thinkmem_ros.demo.steps import DemoContext, Step
 
 
 def load_bundle_step(ctx: DemoContext) -> None:
     """Verify the bundle (sha256, shapes) up front so a bad one fails before anything runs."""
-    from ..paths import default_bundle
-    from ..policy.runtime import PolicyRuntime
+    from thinkmem_ros.core.paths import default_bundle
+    from thinkmem_ros.policy.runtime import PolicyRuntime
 
     path = ctx.config.bundle or default_bundle()
     runtime = PolicyRuntime(path, threads=1)
@@ -31,7 +31,7 @@ def load_bundle_step(ctx: DemoContext) -> None:
 
 def generate_step(ctx: DemoContext) -> None:
     """Render the scenario stream at the bundle's frame rate (or the configured one)."""
-    from ..world.streams import SCENARIOS, generate_stream
+    from thinkmem_ros.world.streams import SCENARIOS, generate_stream
 
     cfg = ctx.config
     if cfg.scenario not in SCENARIOS:

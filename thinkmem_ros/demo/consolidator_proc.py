@@ -31,11 +31,11 @@ import sys
 import threading
 from dataclasses import replace
 
-from ..consolidator.gate import MIN_HELDOUT_ROWS
-from ..consolidator.knowledge import KnowledgeStore
-from ..consolidator.retrain import RetrainConfig
-from ..consolidator.service import ConsolidatorService, add_arguments, config_from_args
-from ..consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.gate import MIN_HELDOUT_ROWS
+from thinkmem_ros.consolidator.knowledge import KnowledgeStore
+from thinkmem_ros.consolidator.retrain import RetrainConfig
+from thinkmem_ros.consolidator.service import ConsolidatorService, add_arguments, config_from_args
+from thinkmem_ros.consolidator.store import ExperienceStore
 
 log = logging.getLogger("thinkmem_ros.demo.consolidator")
 
@@ -113,7 +113,7 @@ def gate_overrides(items: list[str]) -> dict[str, float | int | bool]:
     """Parse ``KEY=VALUE`` gate overrides; a bad item raises ValueError naming it."""
     from dataclasses import fields
 
-    from ..consolidator.gate import GateConfig
+    from thinkmem_ros.consolidator.gate import GateConfig
 
     known = {f.name: f.type for f in fields(GateConfig)}
     out: dict[str, float | int | bool] = {}

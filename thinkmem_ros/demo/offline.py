@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from .common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
-from .scoring import build_timeline, label_matrix, percentiles
-from .steps import DemoContext, Step
+from thinkmem_ros.demo.common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
+from thinkmem_ros.demo.scoring import build_timeline, label_matrix, percentiles
+from thinkmem_ros.demo.steps import DemoContext, Step
 
 
 def _bundle_event_ids(windows, runtime) -> np.ndarray:
@@ -31,7 +31,7 @@ def infer_step(ctx: DemoContext) -> None:
     """One single-situation query per frame (as the node would), timed, with progress."""
     from rich.progress import Progress
 
-    from ..world.streams import stream_windows
+    from thinkmem_ros.world.streams import stream_windows
 
     runtime = ctx.artefacts["runtime"]
     stream = ctx.artefacts["stream"]

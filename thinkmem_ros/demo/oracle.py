@@ -24,8 +24,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..bag import GROUND_TRUTH_TOPIC
-from ..node_config import ACTIVATION_TOPIC
+from thinkmem_ros.playback.bag_files import GROUND_TRUTH_TOPIC
+from thinkmem_ros.robot.node_config import ACTIVATION_TOPIC
 
 FEEDBACK_TOPIC = "/thinking/feedback"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .scoring import Timeline
+from thinkmem_ros.demo.scoring import Timeline
 
 
 def plot_timeline(timeline: Timeline, path: Path | str, title: str = "",

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bag import GROUND_TRUTH_TOPIC, read_bag, write_stream
-from ..bag_player import BagPlayer, PlayConfig, Published
-from ..node_config import ACTIVATION_TOPIC
-from .common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
-from .scoring import build_timeline, label_matrix, match_frames, percentiles
-from .steps import DemoContext, Step
+from thinkmem_ros.demo.common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
+from thinkmem_ros.demo.scoring import build_timeline, label_matrix, match_frames, percentiles
+from thinkmem_ros.demo.steps import DemoContext, Step
+from thinkmem_ros.playback.bag_files import GROUND_TRUTH_TOPIC, read_bag, write_stream
+from thinkmem_ros.playback.player import BagPlayer, PlayConfig, Published
+from thinkmem_ros.robot.node_config import ACTIVATION_TOPIC
 
 COUNTERS = ("frames", "samples", "stale_frames", "invalid", "duplicate", "out_of_order",
             "frames_skipped", "inference_errors", "unknown_events")
@@ -59,7 +59,7 @@ def start_ros_step(ctx: DemoContext) -> None:
     """Init rclpy in a private context and start the collector node."""
     import rclpy
 
-    from .collector import Collector
+    from thinkmem_ros.demo.collector import Collector
 
     domain = isolate_dds(ctx.config.ros_domain_id)
     context = rclpy.Context()
@@ -93,7 +93,7 @@ def node_command() -> tuple[list[str], dict[str, str]]:
         return [str(script)], env
     env["PYTHONPATH"] = os.pathsep.join(
         [str(package_root), *filter(None, [env.get("PYTHONPATH")])])
-    return [sys.executable, "-m", "thinkmem_ros.node"], env
+    return [sys.executable, "-m", "thinkmem_ros.robot.node"], env
 
 
 def start_node_step(ctx: DemoContext) -> None:

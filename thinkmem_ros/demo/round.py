@@ -31,10 +31,18 @@ import time
 
 import numpy as np
 
-from .common import GENERATE, LOAD_BUNDLE, REPORT, SCORE
-from .ros import LATE_FACTOR, MATCH, START_NODE, START_ROS, STOP_NODE, WRITE_BAG, play_step
-from .rule import DemoRule, anticipation, mission_kinds, plant_rule
-from .steps import DemoContext, Step
+from thinkmem_ros.demo.common import GENERATE, LOAD_BUNDLE, REPORT, SCORE
+from thinkmem_ros.demo.ros import (
+    LATE_FACTOR,
+    MATCH,
+    START_NODE,
+    START_ROS,
+    STOP_NODE,
+    WRITE_BAG,
+    play_step,
+)
+from thinkmem_ros.demo.rule import DemoRule, anticipation, mission_kinds, plant_rule
+from thinkmem_ros.demo.steps import DemoContext, Step
 
 RULE = DemoRule()
 """The planted regularity (coolant_low ... duty_cycle_high ... overheat_alarm)."""
@@ -70,7 +78,7 @@ def plant_before_step(ctx: DemoContext) -> None:
 
 def _after_stream(ctx: DemoContext):
     """Render a fresh stream (new seed, same scenario) with its own planted missions."""
-    from ..world.streams import generate_stream
+    from thinkmem_ros.world.streams import generate_stream
 
     cfg = ctx.config
     rate = ctx.summary["rate_hz"]
@@ -83,7 +91,7 @@ def _after_stream(ctx: DemoContext):
 
 def write_after_bag_step(ctx: DemoContext) -> None:
     """Render and record the after bag now, so nothing heavy runs between round and replay."""
-    from ..bag import DEFAULT_START_NS, write_stream
+    from thinkmem_ros.playback.bag_files import DEFAULT_START_NS, write_stream
 
     stream, missions, seed = _after_stream(ctx)
     path = ctx.config.out_dir / "bag_after"
@@ -104,7 +112,7 @@ def write_after_bag_step(ctx: DemoContext) -> None:
 
 def keys_step(ctx: DemoContext) -> None:
     """Fresh signing keys; wipe the previous run's consolidator and node state."""
-    from ..security import write_signing_keypair
+    from thinkmem_ros.link.security import write_signing_keypair
 
     out = ctx.config.out_dir
     for name in ("keys", "consolidator", "node_state"):
@@ -118,7 +126,7 @@ def keys_step(ctx: DemoContext) -> None:
 
 def start_consolidator_step(ctx: DemoContext) -> None:
     """Start the consolidator process and point the node's shipping parameters at it."""
-    from .consolidator_client import ConsolidatorProcess
+    from thinkmem_ros.demo.consolidator_client import ConsolidatorProcess
 
     cfg = ctx.config
     folder = cfg.out_dir / "consolidator"
@@ -153,7 +161,7 @@ def start_consolidator_step(ctx: DemoContext) -> None:
 
 def start_oracle_step(ctx: DemoContext) -> None:
     """Start the hindsight oracle and wait until the node subscribes to its feedback."""
-    from .oracle import HindsightOracle
+    from thinkmem_ros.demo.oracle import HindsightOracle
 
     cfg = ctx.config
     period_s = 1.0 / ctx.summary["rate_hz"]
@@ -326,7 +334,7 @@ def begin_after_step(ctx: DemoContext) -> None:
 
 def round_plot_step(ctx: DemoContext) -> None:
     """timeline.png (before | swap | after) and before_after.png (scores side by side)."""
-    from .plot import plot_before_after, plot_round_timeline
+    from thinkmem_ros.demo.plot import plot_before_after, plot_round_timeline
 
     out = ctx.config.out_dir
     summary = ctx.summary

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..data import SignalStream
-from ..experience_builder import EPISODE_START_EVENT
+from thinkmem_ros.core.data import SignalStream
+from thinkmem_ros.robot.experience_builder import EPISODE_START_EVENT
 
 KINDS = ("rule", "prefix", "reversed", "isolated", "neutral")
 """Kinds of rule evidence a mission can carry (see the module docstring)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..metrics import micro_scores
+from thinkmem_ros.core.metrics import micro_scores
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 

@@ -1,6 +1,8 @@
 """The thinking policy: situation window -> which kinds of thinking the LLM should activate.
 
-``config`` (no torch) holds the architecture presets; ``model``, ``train`` and ``export``
-need torch and run offboard; ``runtime`` is the robot side (numpy + ONNX Runtime only).
-Nothing is imported here so ``import thinkmem_ros.policy.runtime`` never pulls in torch.
+Without torch (robot side and offboard): ``config`` (architecture presets), ``bundle``
+(the shipped model folder and its manifest), ``runtime`` (ONNX Runtime inference),
+``value_table`` and ``memctl_heads`` (the learned artefacts shipped beside the model).
+With torch, offboard only: ``training`` (model, training loop, export). Nothing is imported
+here so ``import thinkmem_ros.policy.runtime`` never pulls in torch.
 """

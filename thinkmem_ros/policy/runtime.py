@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..bundle import Bundle, BundleError, BundleManifest, load_bundle
+from thinkmem_ros.policy.bundle import Bundle, BundleError, BundleManifest, load_bundle
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

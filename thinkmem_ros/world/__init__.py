@@ -5,7 +5,7 @@ probe; ``streams.generate_stream`` renders continuous robot signals with per-fra
 from the rule table in ``streams``. Randomness always comes from a Generator passed in.
 """
 
-from .families import (
+from thinkmem_ros.world.families import (
     FAMILIES,
     mixed_windows,
     order_only,
@@ -14,7 +14,7 @@ from .families import (
     rare_onset_split,
     same_final_state,
 )
-from .streams import (
+from thinkmem_ros.world.streams import (
     EVENT_VOCABULARY,
     SCENARIOS,
     generate_stream,

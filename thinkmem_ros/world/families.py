@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..data import SituationSet
-from ..vocabulary import SIGNALS, THINKING
-from .shapes import CH, NOMINAL, clip_physical, nominal_windows, sensor_noise
-from .streams import generate_stream, stream_windows
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.world.shapes import CH, NOMINAL, clip_physical, nominal_windows, sensor_noise
+from thinkmem_ros.world.streams import generate_stream, stream_windows
 
 
 def _label_rows(label_sets: Sequence[Sequence[str]], classes: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..vocabulary import SIGNALS
+from thinkmem_ros.core.vocabulary import SIGNALS
 
 NOMINAL: dict[str, tuple[float, float]] = {
     "temperature": (38.0, 45.0),  # degC, motor housing at work

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..data import SignalStream, SituationSet
-from ..vocabulary import SIGNALS, THINKING
-from .shapes import CH, clip_physical, nominal_levels, render_knots, sensor_noise
+from thinkmem_ros.core.data import SignalStream, SituationSet
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+from thinkmem_ros.world.shapes import CH, clip_physical, nominal_levels, render_knots, sensor_noise
 
 RULE_RATE_HZ = 10.0
 """Frame rate the label rules are stated at."""

@@ -36,9 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
-from .protocol import ProtocolError, check_artefact_name, check_artefacts
-from .security import SIGNATURE_FILE, SignatureError, load_verify_key, verify_signed_bundle
+from thinkmem_ros.link.protocol import ProtocolError, check_artefact_name, check_artefacts
+from thinkmem_ros.link.security import (
+    SIGNATURE_FILE,
+    SignatureError,
+    load_verify_key,
+    verify_signed_bundle,
+)
+from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
 
 log = logging.getLogger(__name__)
 

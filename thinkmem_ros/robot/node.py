@@ -27,7 +27,7 @@ a signed bundle installed under ``bundles_dir`` that is newer than ``bundle_path
 used instead (a robot restarted after a push keeps the pushed model). Both paths report
 in ``/diagnostics`` as their own statuses ("shipping", "bundle push").
 
-Value-aware thinking and memory control (issue 5; ``thinking_gates``): when the running
+Value-aware thinking and memory control (``thinking_gates``): when the running
 bundle's folder carries ``values.npz`` the activation is reranked and low-value thinking
 suppressed (``value_mode`` deploy, the default; learn = decayed epsilon-greedy; off); hazard
 is never suppressed. When it carries ``memctl.npz`` each frame gets p_compress / p_recall
@@ -68,24 +68,29 @@ from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
 
-from .activation import FrameResult, activation_json, active_labels, probabilities_layout
-from .bundle import BundleError, read_manifest
-from .bundle_receiver import BundleReceiver, BundleReceiverConfig
-from .diagnostics import (
+from thinkmem_ros.core.paths import resolve_bundle_path
+from thinkmem_ros.link.security import (
+    SecurityError,
+    load_verify_key,
+)
+from thinkmem_ros.policy.bundle import BundleError, read_manifest
+from thinkmem_ros.policy.situation import BufferConfig, Frame, SituationBuffer, Verdict
+from thinkmem_ros.robot.activation import (
+    FrameResult,
+    activation_json,
+    active_labels,
+    probabilities_layout,
+)
+from thinkmem_ros.robot.diagnostics import (
     GateSnapshot,
     HealthSnapshot,
-    PushSnapshot,
-    ShippingSnapshot,
     StatusReport,
     build_status,
     gate_status,
-    push_status,
-    shipping_status,
 )
-from .experience_builder import BuilderConfig, ExperienceBuilder, FeedbackError, parse_feedback
-from .hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy, resolve_bundle_path
-from .msg_fields import FieldError, FieldPath, extract_stamp, message_class
-from .node_config import (
+from thinkmem_ros.robot.hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy
+from thinkmem_ros.robot.msg_fields import FieldError, FieldPath, extract_stamp, message_class
+from thinkmem_ros.robot.node_config import (
     ACTIVATION_TOPIC,
     DIAGNOSTICS_TOPIC,
     EVIDENCE_TOPIC,
@@ -96,17 +101,14 @@ from .node_config import (
     ParamSpec,
     signal_params,
 )
-from .recall import BackgroundRecall, RecallClient
-from .security import (
-    SecurityError,
-    load_curve_keypair,
-    load_curve_public,
-    load_verify_key,
-    verify_signed_bundle,
+from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
+from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
+from thinkmem_ros.robot.thinking_gates import (
+    GateArtefacts,
+    GateConfig,
+    ThinkingGates,
+    load_gate_artefacts,
 )
-from .situation import BufferConfig, Frame, SituationBuffer, Verdict
-from .thinking_gates import GateArtefacts, GateConfig, ThinkingGates, load_gate_artefacts
-from .transport import ExperienceShipper, ShipperConfig, TransportError
 
 FrameListener = Callable[[FrameResult], None]
 
@@ -168,183 +170,6 @@ class _Stats:
                 self.all_latency_us.append((inputs_stamp, latency_us))
 
 
-def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | None:
-    """Return the signed bundle in ``bundles_dir/current`` if newer than ``bundle_path``'s.
-
-    A robot restarted after a push keeps the pushed model instead of rolling back. The
-    installed bundle is verified again (signature and hash): files on disk may have changed.
-    """
-    current = config.bundles_folder() / "current"
-    if verify_key is None or not current.exists():
-        return None
-    try:
-        installed = verify_signed_bundle(current.resolve(), verify_key)
-    except BundleError as exc:
-        logger.error(f"ignoring the installed bundle {current}: {exc}")
-        return None
-    configured = read_manifest(resolve_bundle_path(config.bundle_path)).model_version
-    if installed.version <= configured:
-        return None
-    logger.info(f"using the installed pushed bundle v{installed.version} at {installed.path} "
-                f"(newer than bundle_path's v{configured})")
-    return installed.path
-
-
-class _ShippingLink:
-    """Builder -> shipper for experiences, shipper -> receiver -> hot-swap for pushed bundles.
-
-    Plain Python (no rclpy): the node hands it frames, events and feedback, and asks it for
-    the two diagnostic statuses. Nothing here runs on the tick except O(1) appends.
-    """
-
-    def __init__(self, config: NodeConfig, policy: LoadedPolicy, frame_rate_hz: float,
-                 verify_key, request_swap: Callable[[Path], object], logger) -> None:
-        self.config = config
-        self.log = logger
-        self.failure = ""
-        self._lock = threading.Lock()
-        self._previous: dict = {}
-        self._previous_builder: dict = {}
-        self.rejected_unconfigured = 0
-        self.last_outcome = ""
-        self.last_reason = ""
-        self.receiver: BundleReceiver | None = None
-        if verify_key is not None:
-            try:
-                self.receiver = BundleReceiver(BundleReceiverConfig(
-                    config.bundles_folder(), verify_key, current_version=policy.version,
-                    current_sha256=policy.sha256), on_install=request_swap)
-            except OSError as exc:
-                raise ValueError(f"bundles_dir {str(config.bundles_folder())!r}: {exc}") from None
-        self.builder = ExperienceBuilder(
-            BuilderConfig(config.robot_id, 1.0 / frame_rate_hz, config.feedback_window_s,
-                          config.ship_every_n_frames, config.episode_gap_s), self._sink)
-        shipper_config = ShipperConfig(
-            endpoint=config.consolidator_endpoint, robot_id=config.robot_id,
-            spool_path=config.spool_file(), spool_max_bytes=config.spool_max_mb << 20,
-            curve=config.curve, server_public_key=config.server_public_key or None,
-            client_secret_file=config.client_secret_key or None, on_bundle_push=self._on_push)
-        self.curve = shipper_config.use_curve
-        if self.curve:  # unreadable keys are a configuration error: refuse to start
-            for key, loader in (("client_secret_key", load_curve_keypair),
-                                ("server_public_key", load_curve_public)):
-                try:
-                    loader(getattr(config, key))
-                except SecurityError as exc:
-                    raise ValueError(f"{key}: {exc}") from None
-        self.shipper: ExperienceShipper | None = None
-        try:
-            config.spool_file().parent.mkdir(parents=True, exist_ok=True)
-            self.shipper = ExperienceShipper(shipper_config).start()
-        except (TransportError, OSError) as exc:  # the robot keeps thinking without shipping
-            self.failure = str(exc)
-            logger.error(f"experience shipping disabled: {exc}")
-        self._stop = threading.Event()
-        self._period = min(0.1, max(0.01, config.feedback_window_s / 4.0))
-        self._thread = threading.Thread(target=self._release_loop, name="thinkmem-experience",
-                                        daemon=True)
-        self._thread.start()
-
-    # ---- inputs
-    def on_frame(self, result: FrameResult) -> None:
-        """Frame listener: hold the frame for feedback (O(1))."""
-        self.builder.add_frame(result, now=time.monotonic())
-
-    def on_event(self, name: str, stamp: float) -> None:
-        """Events-topic message: episode history, or an episode boundary."""
-        self.builder.add_event(name, stamp)
-
-    def on_feedback(self, text: str) -> None:
-        """Feedback-topic message: parse and attach; a bad one is counted and logged."""
-        try:
-            feedback = parse_feedback(text)
-        except FeedbackError as exc:
-            self.builder.feedback_invalid()
-            self.log.warning(f"feedback refused: {exc}", throttle_duration_sec=5.0)
-            return
-        self.builder.add_feedback(feedback, now=time.monotonic())
-
-    def on_swapped(self, policy: LoadedPolicy) -> None:
-        """Keep the receiver's 'running' version >= what the node runs (no rollback)."""
-        if self.receiver is not None and policy.version > self.receiver.version:
-            self.receiver.set_running(policy.version, policy.sha256)
-
-    # ---- shipper thread and release thread
-    def _sink(self, experience) -> bool:
-        return self.shipper is not None and self.shipper.ship(experience)
-
-    def _release_loop(self) -> None:
-        while not self._stop.wait(self._period):
-            try:
-                self.builder.release(time.monotonic())
-            except Exception as exc:  # noqa: BLE001 - shipping must never stop the node
-                self.log.error(f"experience release failed: {exc}", throttle_duration_sec=5.0)
-
-    def _on_push(self, body: dict) -> None:
-        """BUNDLE_PUSH on the shipper's thread: verify and install, or refuse with a reason."""
-        if self.receiver is None:
-            with self._lock:
-                self.rejected_unconfigured += 1
-                self.last_outcome = "rejected"
-                self.last_reason = ("unconfigured: no bundle_signing_public_key is set, so no "
-                                    "pushed bundle can be verified")
-            self.log.warning(f"REFUSED a pushed bundle: {self.last_reason}")
-            return
-        replayed = self.receiver.stats()["replayed"]
-        path = self.receiver.handle_push(body)  # on success calls request_swap(path)
-        with self._lock:
-            if path is not None:
-                self.last_outcome, self.last_reason = "accepted", f"installed {path}"
-            elif self.receiver.stats()["replayed"] > replayed:
-                self.last_outcome, self.last_reason = "replayed", self.receiver.last_reason
-            else:
-                self.last_outcome, self.last_reason = "rejected", self.receiver.last_reason
-        if path is not None:
-            self.log.info(f"pushed bundle v{self.receiver.version} verified and installed at "
-                          f"{path}; hot-swapping")
-        elif self.last_outcome == "rejected":
-            self.log.warning(f"REFUSED a pushed bundle ({self.last_reason}); keeping "
-                             f"v{self.receiver.version}")
-
-    # ---- diagnostics
-    def statuses(self, running_version: int, swap_error: str) -> list[StatusReport]:
-        """Build the "shipping" and "bundle push" reports for this diagnostics tick."""
-        builder = self.builder.stats()
-        if self.shipper is not None:
-            stats = dict(self.shipper.stats())
-            if not self.shipper.alive() \
-                    and not self.failure:
-                self.failure = "shipper thread stopped (see the log)"
-        else:
-            stats = {}
-        stats["dropped"] = (int(stats.get("dropped_queue_full", 0)) + builder["sink_refused"]
-                            + builder["dropped_pending"])
-        shipping = shipping_status(ShippingSnapshot(
-            self.config.consolidator_endpoint, self.curve, stats, self._previous, builder,
-            self._previous_builder, self.failure))
-        self._previous, self._previous_builder = stats, builder
-        with self._lock:
-            outcome, reason = self.last_outcome, self.last_reason
-            counters: dict = {"rejected_unconfigured": self.rejected_unconfigured,
-                              "pushes": self.rejected_unconfigured}
-        installed = running_version
-        if self.receiver is not None:
-            counters.update(self.receiver.stats())
-            counters["pushes"] += self.rejected_unconfigured
-            installed = self.receiver.version
-        push = push_status(PushSnapshot(self.receiver is not None, counters, outcome, reason,
-                                        installed, running_version, swap_error))
-        return [shipping, push]
-
-    def close(self) -> None:
-        """Hand every held frame to the shipper, which spools what it could not send."""
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        self.builder.release(time.monotonic(), everything=True)
-        if self.shipper is not None:
-            self.shipper.close(timeout_s=5.0)
-
-
 def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
     desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
     if spec.min is not None and isinstance(spec.default, float):
@@ -373,7 +198,7 @@ class ThinkingNode(Node):
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs) -> None:
         super().__init__(node_name, **kwargs)
-        self._shipping: _ShippingLink | None = None
+        self._shipping: ShippingLink | None = None
         self.frame_listeners: list[FrameListener] = []
         """Called on the inference thread after each activation is published (experience
         shipping hooks in here); a listener must not block and must not raise."""
@@ -502,7 +327,7 @@ class ThinkingNode(Node):
         return load(self.config.bundle_path)
 
     def _start_shipping(self, policy: LoadedPolicy) -> None:
-        link = _ShippingLink(self.config, policy, self.frame_rate_hz, self._verify_key,
+        link = ShippingLink(self.config, policy, self.frame_rate_hz, self._verify_key,
                              self._swapper.request, self.get_logger())
         self._shipping = link
         self.frame_listeners.append(link.on_frame)
@@ -788,15 +613,24 @@ class ThinkingNode(Node):
         Path(path).write_text(json.dumps(data), encoding="utf-8")
 
     def destroy_node(self) -> None:
-        """Stop the worker and the hot-swap thread (bounded waits), then write stats."""
-        self._mailbox.close()
-        self._worker.join(timeout=2.0)
-        if self._shipping is not None:
+        """Stop the worker and the hot-swap thread (bounded waits), then write stats.
+
+        Also called by rclpy's context clean-up on a node whose ``__init__`` was cut short
+        (Ctrl-C while it was still loading): whatever was not built yet is skipped, so the
+        interrupt ends the process quietly instead of in a second traceback.
+        """
+        parts = vars(self)
+        if parts.get("_mailbox") is not None:
+            self._mailbox.close()
+        if parts.get("_worker") is not None:
+            self._worker.join(timeout=2.0)
+        if parts.get("_shipping") is not None:
             self._shipping.close()  # held frames go to the spool, nothing is lost
-        self._swapper.stop(timeout=2.0)
-        if self._recall is not None:
+        if parts.get("_swapper") is not None:
+            self._swapper.stop(timeout=2.0)
+        if parts.get("_recall") is not None:
             self._recall.close(timeout_s=2.0)
-        if self.config.stats_file:
+        if "_stats" in parts and self.config.stats_file:
             try:
                 self.write_stats(self.config.stats_file)
             except OSError as exc:

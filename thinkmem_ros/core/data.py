@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .vocabulary import SIGNALS, THINKING
+from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
 
 
 @dataclass

@@ -42,15 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .memctl import (
+from thinkmem_ros.policy.memctl_heads import (
     MEMCTL_JSON,
     MEMCTL_NPZ,
     MemctlArtefactError,
     MemctlHeads,
-    MemoryController,
-    Situation,
 )
-from .value import VALUES_JSON, VALUES_NPZ, ValueArtefactError, ValueTable
+from thinkmem_ros.policy.value_table import VALUES_JSON, VALUES_NPZ, ValueArtefactError, ValueTable
+from thinkmem_ros.robot.memory_control import MemoryController, Situation
 
 VALUE_MODES = ("off", "deploy", "learn")
 ARTEFACTS_KEY = "artefacts"
@@ -75,7 +74,7 @@ def attach_artefacts(bundle_folder: Path | str, artefact_folder: Path | str) -> 
     assembled in a sibling folder and swapped in by rename: the node never sees a manifest
     that lists files which are not there yet. Returns the {file: sha256} listed.
     """
-    from .bundle import load_bundle, write_bundle
+    from thinkmem_ros.policy.bundle import load_bundle, write_bundle
 
     bundle_folder, artefact_folder = Path(bundle_folder), Path(artefact_folder)
     hashes = artefact_hashes(artefact_folder)

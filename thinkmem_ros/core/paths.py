@@ -18,7 +18,7 @@ def share_dirs() -> list[Path]:
     prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
     prefixes.append(sys.prefix)
     dirs = [Path(prefix) / "share" / PACKAGE for prefix in prefixes]
-    dirs.append(Path(__file__).resolve().parent.parent)
+    dirs.append(Path(__file__).resolve().parents[2])  # checkout root
     return dirs
 
 
@@ -36,6 +36,11 @@ def find_data(relative: str) -> Path:
 def default_bundle() -> Path:
     """The shipped default model bundle (``models/default``)."""
     return find_data("models/default")
+
+
+def resolve_bundle_path(path: str | Path) -> Path:
+    """'' -> the shipped default bundle; anything else as given (made absolute)."""
+    return default_bundle() if str(path) == "" else Path(path).expanduser().resolve()
 
 
 def default_params() -> Path:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import PolicyConfig
-from .encoder import Encoder
+from thinkmem_ros.policy.config import PolicyConfig
+from thinkmem_ros.policy.training.encoder import Encoder
 
 SHAPE_EPS = 0.05
 """Floor of the window std in globally normalised units (~5% of the training spread).

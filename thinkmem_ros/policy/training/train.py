@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..bundle import Bundle, load_bundle
-from ..data import SituationSet
-from ..metrics import micro_scores
-from .config import PolicyConfig
-from .model import ThinkingPolicy
+from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.metrics import micro_scores
+from thinkmem_ros.policy.bundle import Bundle, load_bundle
+from thinkmem_ros.policy.config import PolicyConfig
+from thinkmem_ros.policy.training.model import ThinkingPolicy
 
 TAU_GRID = np.round(np.arange(0.1, 0.91, 0.05), 2)
 

@@ -65,8 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import read_hashed_artefact
-from .vocabulary import SAFETY_LABELS
+from thinkmem_ros.core.vocabulary import SAFETY_LABELS
+from thinkmem_ros.policy.bundle import read_hashed_artefact
 
 VALUES_NPZ = "values.npz"
 VALUES_JSON = "values.json"

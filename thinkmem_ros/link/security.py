@@ -32,7 +32,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from .bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
+from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
 
 log = logging.getLogger(__name__)
 

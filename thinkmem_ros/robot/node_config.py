@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .msg_fields import FieldPath, canonical_type, message_class
-from .security import CURVE_MODES, SecurityError, curve_enabled
-from .vocabulary import SIGNALS
+from thinkmem_ros.core.vocabulary import SIGNALS
+from thinkmem_ros.link.security import CURVE_MODES, SecurityError, curve_enabled
+from thinkmem_ros.robot.msg_fields import FieldPath, canonical_type, message_class
 
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
 TRIGGER_CHOICES = ("timer", "samples")
@@ -107,7 +107,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("inference_threads", 1, "ONNX Runtime intra-op threads", 1, 64),
     ParamSpec("stats_file", "", "write latency samples and counters here as JSON at "
               "shutdown (benchmarks); '' = off"),
-    # -- experience shipping and verified bundle pushes (issue 4)
+    # -- experience shipping and verified bundle pushes
     ParamSpec("consolidator_endpoint", "", "ZeroMQ endpoint of the consolidator, e.g. "
               "tcp://10.0.0.5:5755; '' = experience shipping off"),
     ParamSpec("curve", "auto", "CURVE encryption + client auth: auto (on for non-loopback "
@@ -132,7 +132,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "always)", 1, 1_000_000),
     ParamSpec("episode_gap_s", 5.0, "a gap between frames longer than this starts a new "
               "episode (so does an 'episode_start' event)", 0.001, 1e6),
-    # -- value-aware thinking and memory control (issue 5); used when the bundle carries
+    # -- value-aware thinking and memory control; used when the bundle carries
     #    values.npz / memctl.npz
     ParamSpec("value_mode", "deploy", "with a value table in the bundle: off | deploy "
               "(greedy rerank + suppression; never suppresses hazard) | learn (decayed "

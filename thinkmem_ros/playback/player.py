@@ -1,8 +1,8 @@
 """Republish a rosbag2 bag into ROS with its recorded timing, like ``ros2 bag play``.
 
 rosbag2 itself has no Python wheels, so this player reads bags with ``rosbags``
-(:mod:`thinkmem_ros.bag`) and publishes the recorded CDR bytes unchanged through rclpy
-publishers of the recorded types (``Publisher.publish`` accepts serialized bytes), so
+(:mod:`thinkmem_ros.playback.bag_files`) and publishes the recorded CDR bytes unchanged through
+rclpy publishers of the recorded types (``Publisher.publish`` accepts serialized bytes), so
 nothing is decoded or re-encoded on the way and any message type installed works.
 """
 
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .bag import BagError, RawMessage
+from thinkmem_ros.playback.bag_files import BagError, RawMessage
 
 LOG = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class PlayStats:
 
 def _message_class(msgtype: str) -> type:
     """Import the rclpy class of a recorded type, as a BagError naming it when missing."""
-    from .msg_fields import message_class
+    from thinkmem_ros.robot.msg_fields import message_class
 
     try:
         return message_class(msgtype)
@@ -214,7 +214,7 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
     import rclpy
     from rclpy.executors import ExternalShutdownException
 
-    from .bag import read_bag
+    from thinkmem_ros.playback.bag_files import read_bag
 
     _, messages = read_bag(path, topics=config.topics, start_offset_s=config.start_offset_s)
     with rclpy.init():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..bundle import Bundle, BundleManifest, write_bundle
-from .train import TrainedPolicy
+from thinkmem_ros.policy.bundle import Bundle, BundleManifest, write_bundle
+from thinkmem_ros.policy.training.train import TrainedPolicy
 
 OPSET = 17
 INPUTS = ("signals", "mask", "events")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
-from .paths import default_bundle
+from thinkmem_ros.core.paths import resolve_bundle_path
+from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
 
 LOG = logging.getLogger(__name__)
 
@@ -43,11 +43,6 @@ class LoadedPolicy:
     frame_rate_hz: float
 
 
-def resolve_bundle_path(path: str | Path) -> Path:
-    """'' -> the shipped default bundle; anything else as given (made absolute)."""
-    return default_bundle() if str(path) == "" else Path(path).expanduser().resolve()
-
-
 def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
                 thresholds: dict[str, float] | None = None, threads: int = 1,
                 like: LoadedPolicy | None = None) -> LoadedPolicy:
@@ -57,7 +52,7 @@ def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
     whose window and signal order a replacement must keep (changing them needs a restart).
     Raises BundleError naming the bundle and the reason.
     """
-    from .policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.runtime import PolicyRuntime
 
     folder = resolve_bundle_path(path)
     bundle = load_bundle(folder)

@@ -22,9 +22,6 @@ built first, the store commits them all at once, and only then are the raw block
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -34,84 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .bundle import read_hashed_artefact
-
-MEMCTL_NPZ = "memctl.npz"
-MEMCTL_JSON = "memctl.json"
-ARTEFACT_VERSION = 1
-HEADS = ("compress", "recall")
-
-
-class MemctlError(RuntimeError):
-    """A memory-control step failed; the caller keeps the original situation."""
-
-
-class MemctlArtefactError(ValueError):
-    """The probe artefact is missing, malformed or does not match its hash."""
-
-
-@dataclass
-class ProbeHead:
-    """A logistic probe on the (unnormalised) embedding: p = sigmoid(w . e + b)."""
-
-    weights: np.ndarray  # (d,) float64 (standardisation folded in)
-    bias: float
-    threshold: float = 0.5
-
-    def __post_init__(self) -> None:
-        self.weights = np.asarray(self.weights, dtype=np.float64).reshape(-1)
-        if not np.isfinite(self.weights).all() or not math.isfinite(self.bias):
-            raise MemctlArtefactError("probe weights/bias contain NaN or inf")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise MemctlArtefactError(f"probe threshold must be in [0, 1], got {self.threshold}")
-
-    def probability(self, embedding: np.ndarray) -> np.ndarray:
-        """P(head fires) for (d,) or (B, d) embeddings; raises MemctlError on bad input."""
-        e = np.asarray(embedding, dtype=np.float64)
-        if e.shape[-1:] != self.weights.shape or e.ndim not in (1, 2):
-            raise MemctlError(f"embedding shape {e.shape} does not fit a probe of "
-                              f"dimension {self.weights.shape[0]}")
-        if not np.isfinite(e).all():
-            raise MemctlError("embedding contains NaN or inf")
-        z = np.clip(e @ self.weights + self.bias, -60.0, 60.0)
-        return 1.0 / (1.0 + np.exp(-z))
-
-
-@dataclass
-class MemctlHeads:
-    """The COMPRESS and RECALL probes plus what they were fitted on."""
-
-    compress: ProbeHead
-    recall: ProbeHead
-    info: dict = field(default_factory=dict)
-
-    def save(self, folder: Path | str) -> Path:
-        """Write ``memctl.npz`` + ``memctl.json`` (with the npz's sha256) into ``folder``."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        npz = folder / MEMCTL_NPZ
-        tmp = folder / (MEMCTL_NPZ + ".tmp.npz")
-        np.savez(tmp, **{f"{h}_w": getattr(self, h).weights for h in HEADS},
-                 **{f"{h}_b": np.array([getattr(self, h).bias]) for h in HEADS})
-        tmp.replace(npz)
-        meta = {"artefact_version": ARTEFACT_VERSION,
-                "dim": int(self.compress.weights.shape[0]),
-                "thresholds": {h: getattr(self, h).threshold for h in HEADS},
-                "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(), "info": self.info}
-        (folder / MEMCTL_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        return npz
-
-    @classmethod
-    def load(cls, folder: Path | str) -> MemctlHeads:
-        """Read the probes (numpy only), verifying the npz against the recorded sha256."""
-        folder = Path(folder)
-        meta = read_hashed_artefact(folder, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
-                                    MemctlArtefactError, "memctl")
-        with np.load(folder / MEMCTL_NPZ) as data:
-            heads = {h: ProbeHead(data[f"{h}_w"], float(data[f"{h}_b"][0]),
-                                  float(meta["thresholds"][h])) for h in HEADS}
-        return cls(heads["compress"], heads["recall"], meta.get("info", {}))
-
+from thinkmem_ros.policy.memctl_heads import MemctlError, MemctlHeads
 
 # ---------------------------------------------------------------------------- local history
 

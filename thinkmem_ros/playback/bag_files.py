@@ -3,7 +3,7 @@
 Plain Python over the ``rosbags`` package, so bags can be written on a machine without a
 ROS install and read back as timed raw CDR messages that a player republishes as-is.
 Signals go out on exactly the topics and message types the thinking node subscribes to
-(taken from :mod:`thinkmem_ros.node_config`, the one place that defines them), with the
+(taken from :mod:`thinkmem_ros.robot.node_config`, the one place that defines them), with the
 ground-truth thinking labels on a topic of their own so a run can be scored afterwards.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import SignalStream
+from thinkmem_ros.core.data import SignalStream
 
 LOG = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ class BagInfo:
 
 def default_bindings() -> tuple[dict[str, TopicBinding], str]:
     """Return the node's default signal map and events topic (the one shared definition)."""
-    from . import node_config
-    from .msg_fields import canonical_type
+    from thinkmem_ros.robot import node_config
+    from thinkmem_ros.robot.msg_fields import canonical_type
 
     bindings = {name: TopicBinding(spec.topic, canonical_type(spec.msg_type), spec.field)
                 for name, spec in node_config.DEFAULT_SIGNAL_MAP.items()}

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .activation import FrameResult
-from .experience import LIMITS, Experience, ExperienceError
+from thinkmem_ros.link.experience import LIMITS, Experience, ExperienceError
+from thinkmem_ros.robot.activation import FrameResult
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ MAX_FRAME_BYTES = 32 * 1024 * 1024
 MAX_BATCH_ITEMS = 8192
 MAX_REASON = 512
 MAX_ARTEFACTS = 16
+MAX_RECALL_K = 64  # evidence items one RECALL_REQ may ask for
 """Most artefact files one BUNDLE_PUSH may carry (a bundle has four today)."""
 MAX_ARTEFACT_NAME = 64
 RESERVED_NAMES = frozenset({"bundle.json", "policy.onnx", "bundle.sig"})

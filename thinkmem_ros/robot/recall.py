@@ -1,0 +1,165 @@
+"""Episodic recall, robot end: ask the consolidator for past evidence within a deadline.
+
+The robot asks through a DEALER (``RecallClient``) that never waits longer than its
+deadline and raises ``RecallError`` otherwise, so the caller keeps the original situation;
+``BackgroundRecall`` moves even that wait off the control tick. The index and server live
+offboard (``consolidator.recall_server``); the wire format is in ``link.protocol``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+
+from thinkmem_ros.link.protocol import (
+    MAX_RECALL_K,
+    Kind,
+    ProtocolError,
+    decode_frame,
+    encode_frame,
+)
+from thinkmem_ros.link.sockets import context
+
+log = logging.getLogger(__name__)
+
+
+class RecallError(RuntimeError):
+    """Recall did not produce evidence in time (timeout, refusal, bad reply)."""
+
+
+class RecallClient:
+    """Robot-side requester: one outstanding request, a hard deadline, stale replies dropped."""
+
+    def __init__(self, endpoint: str, robot_id: str, deadline_s: float = 0.05, k: int = 4) -> None:
+        if deadline_s <= 0 or not 1 <= k <= MAX_RECALL_K:
+            raise ValueError(f"deadline_s must be > 0 and k in [1, {MAX_RECALL_K}], got "
+                             f"{deadline_s}, {k}")
+        self.endpoint = endpoint
+        self.robot_id = robot_id
+        self.deadline_s = deadline_s
+        self.k = k
+        self._socket = context().socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, 4)
+        self._socket.connect(endpoint)
+        self._next_id = 0
+        self.timeouts = 0
+
+    def recall(self, embedding: np.ndarray, robot_id: str | None = None) -> list[dict]:
+        """Top-k evidence for ``embedding`` within the deadline; raises RecallError otherwise."""
+        self._next_id += 1
+        req_id = self._next_id
+        emb = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
+        frame = encode_frame(Kind.RECALL_REQ, {"id": req_id, "robot_id": robot_id or
+                                               self.robot_id, "k": self.k,
+                                               "embedding": emb.tobytes()})
+        try:
+            self._socket.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            raise RecallError("recall request not sent: server unreachable (queue full)") \
+                from None
+        remaining_ms = int(self.deadline_s * 1000)
+        clock = _Deadline(self.deadline_s)
+        while remaining_ms > 0:
+            if not self._socket.poll(remaining_ms, zmq.POLLIN):
+                break
+            data = self._socket.recv()
+            try:
+                reply = decode_frame(data)
+            except ProtocolError as exc:
+                raise RecallError(f"bad recall reply: {exc}") from exc
+            if reply.kind is Kind.REFUSED:
+                raise RecallError(f"recall refused: {reply.body.get('reason')}")
+            if reply.kind is Kind.RECALL_REP and reply.body.get("id") == req_id:
+                items = reply.body.get("items")
+                if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                    raise RecallError("bad recall reply: items must be a list of maps")
+                return items
+            remaining_ms = clock.remaining_ms()  # a stale reply to an earlier request
+        self.timeouts += 1
+        raise RecallError(f"recall timed out after {self.deadline_s * 1000:.0f} ms")
+
+    def close(self) -> None:
+        """Close the socket without lingering."""
+        self._socket.close(0)
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+
+        self._clock = time.monotonic
+        self._end = self._clock() + seconds
+
+    def remaining_ms(self) -> int:
+        return max(0, int((self._end - self._clock()) * 1000))
+
+
+class BackgroundRecall:
+    """Runs recall off the control tick: ``submit`` never blocks, ``take`` polls results.
+
+    At most one request waits; a submit while one is waiting replaces it (the newest
+    situation matters). Each result is ``(tag, evidence | None, error | None)``.
+    The client is created inside the worker thread (ZeroMQ sockets are not thread-safe).
+    """
+
+    def __init__(self, make_client: Callable[[], RecallClient]) -> None:
+        self._make = make_client
+        self._requests: queue.Queue = queue.Queue(maxsize=1)
+        self._results: queue.Queue = queue.Queue(maxsize=64)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="recall-client", daemon=True)
+        self._thread.start()
+        self.dropped = 0
+
+    def submit(self, tag: object, embedding: np.ndarray) -> None:
+        """Queue a request for ``embedding`` (copied); replaces a still-waiting one."""
+        item = (tag, np.array(embedding, dtype=np.float32))
+        while True:
+            try:
+                self._requests.put_nowait(item)
+                return
+            except queue.Full:
+                try:
+                    self._requests.get_nowait()
+                    self.dropped += 1
+                except queue.Empty:
+                    pass
+
+    def take(self) -> list[tuple[object, list[dict] | None, str | None]]:
+        """Every finished result since the last call (never blocks)."""
+        out = []
+        while True:
+            try:
+                out.append(self._results.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _work(self) -> None:
+        client = self._make()
+        try:
+            while not self._stop.is_set():
+                try:
+                    tag, emb = self._requests.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                try:
+                    result = (tag, client.recall(emb), None)
+                except RecallError as exc:
+                    result = (tag, None, str(exc))
+                try:
+                    self._results.put_nowait(result)
+                except queue.Full:
+                    self.dropped += 1
+        finally:
+            client.close()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the worker (bounded wait)."""
+        self._stop.set()
+        self._thread.join(timeout_s)

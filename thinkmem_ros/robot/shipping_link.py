@@ -1,0 +1,222 @@
+"""The node's link to the consolidator: experiences out, signed bundles in.
+
+Plain Python (no rclpy), so it is tested without ROS: the node hands it frames, events and
+feedback, and asks it for two diagnostic statuses ("shipping", "bundle push"). Every
+published frame waits ``feedback_window_s`` in the ``ExperienceBuilder`` for hindsight
+feedback, is built into an ``Experience`` on a small release thread and handed to the
+``ExperienceShipper``; bundles the consolidator pushes over the same connection are
+verified by the ``BundleReceiver`` on the shipper's thread and handed to the hot-swap.
+Nothing here runs on the tick except O(1) appends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from thinkmem_ros.core.paths import resolve_bundle_path
+from thinkmem_ros.link.security import (
+    SecurityError,
+    load_curve_keypair,
+    load_curve_public,
+    verify_signed_bundle,
+)
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+from thinkmem_ros.link.sockets import TransportError
+from thinkmem_ros.policy.bundle import BundleError, read_manifest
+from thinkmem_ros.robot.activation import FrameResult
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.robot.diagnostics import (
+    PushSnapshot,
+    ShippingSnapshot,
+    StatusReport,
+    push_status,
+    shipping_status,
+)
+from thinkmem_ros.robot.experience_builder import (
+    BuilderConfig,
+    ExperienceBuilder,
+    FeedbackError,
+    parse_feedback,
+)
+from thinkmem_ros.robot.hotswap import LoadedPolicy
+from thinkmem_ros.robot.node_config import NodeConfig
+
+
+def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | None:
+    """Return the signed bundle in ``bundles_dir/current`` if newer than ``bundle_path``'s.
+
+    A robot restarted after a push keeps the pushed model instead of rolling back. The
+    installed bundle is verified again (signature and hash): files on disk may have changed.
+    """
+    current = config.bundles_folder() / "current"
+    if verify_key is None or not current.exists():
+        return None
+    try:
+        installed = verify_signed_bundle(current.resolve(), verify_key)
+    except BundleError as exc:
+        logger.error(f"ignoring the installed bundle {current}: {exc}")
+        return None
+    configured = read_manifest(resolve_bundle_path(config.bundle_path)).model_version
+    if installed.version <= configured:
+        return None
+    logger.info(f"using the installed pushed bundle v{installed.version} at {installed.path} "
+                f"(newer than bundle_path's v{configured})")
+    return installed.path
+
+
+class ShippingLink:
+    """Builder -> shipper for experiences, shipper -> receiver -> hot-swap for pushed bundles.
+
+    Plain Python (no rclpy): the node hands it frames, events and feedback, and asks it for
+    the two diagnostic statuses. Nothing here runs on the tick except O(1) appends.
+    """
+
+    def __init__(self, config: NodeConfig, policy: LoadedPolicy, frame_rate_hz: float,
+                 verify_key, request_swap: Callable[[Path], object], logger) -> None:
+        self.config = config
+        self.log = logger
+        self.failure = ""
+        self._lock = threading.Lock()
+        self._previous: dict = {}
+        self._previous_builder: dict = {}
+        self.rejected_unconfigured = 0
+        self.last_outcome = ""
+        self.last_reason = ""
+        self.receiver: BundleReceiver | None = None
+        if verify_key is not None:
+            try:
+                self.receiver = BundleReceiver(BundleReceiverConfig(
+                    config.bundles_folder(), verify_key, current_version=policy.version,
+                    current_sha256=policy.sha256), on_install=request_swap)
+            except OSError as exc:
+                raise ValueError(f"bundles_dir {str(config.bundles_folder())!r}: {exc}") from None
+        self.builder = ExperienceBuilder(
+            BuilderConfig(config.robot_id, 1.0 / frame_rate_hz, config.feedback_window_s,
+                          config.ship_every_n_frames, config.episode_gap_s), self._sink)
+        shipper_config = ShipperConfig(
+            endpoint=config.consolidator_endpoint, robot_id=config.robot_id,
+            spool_path=config.spool_file(), spool_max_bytes=config.spool_max_mb << 20,
+            curve=config.curve, server_public_key=config.server_public_key or None,
+            client_secret_file=config.client_secret_key or None, on_bundle_push=self._on_push)
+        self.curve = shipper_config.use_curve
+        if self.curve:  # unreadable keys are a configuration error: refuse to start
+            for key, loader in (("client_secret_key", load_curve_keypair),
+                                ("server_public_key", load_curve_public)):
+                try:
+                    loader(getattr(config, key))
+                except SecurityError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
+        self.shipper: ExperienceShipper | None = None
+        try:
+            config.spool_file().parent.mkdir(parents=True, exist_ok=True)
+            self.shipper = ExperienceShipper(shipper_config).start()
+        except (TransportError, OSError) as exc:  # the robot keeps thinking without shipping
+            self.failure = str(exc)
+            logger.error(f"experience shipping disabled: {exc}")
+        self._stop = threading.Event()
+        self._period = min(0.1, max(0.01, config.feedback_window_s / 4.0))
+        self._thread = threading.Thread(target=self._release_loop, name="thinkmem-experience",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- inputs
+    def on_frame(self, result: FrameResult) -> None:
+        """Frame listener: hold the frame for feedback (O(1))."""
+        self.builder.add_frame(result, now=time.monotonic())
+
+    def on_event(self, name: str, stamp: float) -> None:
+        """Events-topic message: episode history, or an episode boundary."""
+        self.builder.add_event(name, stamp)
+
+    def on_feedback(self, text: str) -> None:
+        """Feedback-topic message: parse and attach; a bad one is counted and logged."""
+        try:
+            feedback = parse_feedback(text)
+        except FeedbackError as exc:
+            self.builder.feedback_invalid()
+            self.log.warning(f"feedback refused: {exc}", throttle_duration_sec=5.0)
+            return
+        self.builder.add_feedback(feedback, now=time.monotonic())
+
+    def on_swapped(self, policy: LoadedPolicy) -> None:
+        """Keep the receiver's 'running' version >= what the node runs (no rollback)."""
+        if self.receiver is not None and policy.version > self.receiver.version:
+            self.receiver.set_running(policy.version, policy.sha256)
+
+    # ---- shipper thread and release thread
+    def _sink(self, experience) -> bool:
+        return self.shipper is not None and self.shipper.ship(experience)
+
+    def _release_loop(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self.builder.release(time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - shipping must never stop the node
+                self.log.error(f"experience release failed: {exc}", throttle_duration_sec=5.0)
+
+    def _on_push(self, body: dict) -> None:
+        """BUNDLE_PUSH on the shipper's thread: verify and install, or refuse with a reason."""
+        if self.receiver is None:
+            with self._lock:
+                self.rejected_unconfigured += 1
+                self.last_outcome = "rejected"
+                self.last_reason = ("unconfigured: no bundle_signing_public_key is set, so no "
+                                    "pushed bundle can be verified")
+            self.log.warning(f"REFUSED a pushed bundle: {self.last_reason}")
+            return
+        replayed = self.receiver.stats()["replayed"]
+        path = self.receiver.handle_push(body)  # on success calls request_swap(path)
+        with self._lock:
+            if path is not None:
+                self.last_outcome, self.last_reason = "accepted", f"installed {path}"
+            elif self.receiver.stats()["replayed"] > replayed:
+                self.last_outcome, self.last_reason = "replayed", self.receiver.last_reason
+            else:
+                self.last_outcome, self.last_reason = "rejected", self.receiver.last_reason
+        if path is not None:
+            self.log.info(f"pushed bundle v{self.receiver.version} verified and installed at "
+                          f"{path}; hot-swapping")
+        elif self.last_outcome == "rejected":
+            self.log.warning(f"REFUSED a pushed bundle ({self.last_reason}); keeping "
+                             f"v{self.receiver.version}")
+
+    # ---- diagnostics
+    def statuses(self, running_version: int, swap_error: str) -> list[StatusReport]:
+        """Build the "shipping" and "bundle push" reports for this diagnostics tick."""
+        builder = self.builder.stats()
+        if self.shipper is not None:
+            stats = dict(self.shipper.stats())
+            if not self.shipper.alive() \
+                    and not self.failure:
+                self.failure = "shipper thread stopped (see the log)"
+        else:
+            stats = {}
+        stats["dropped"] = (int(stats.get("dropped_queue_full", 0)) + builder["sink_refused"]
+                            + builder["dropped_pending"])
+        shipping = shipping_status(ShippingSnapshot(
+            self.config.consolidator_endpoint, self.curve, stats, self._previous, builder,
+            self._previous_builder, self.failure))
+        self._previous, self._previous_builder = stats, builder
+        with self._lock:
+            outcome, reason = self.last_outcome, self.last_reason
+            counters: dict = {"rejected_unconfigured": self.rejected_unconfigured,
+                              "pushes": self.rejected_unconfigured}
+        installed = running_version
+        if self.receiver is not None:
+            counters.update(self.receiver.stats())
+            counters["pushes"] += self.rejected_unconfigured
+            installed = self.receiver.version
+        push = push_status(PushSnapshot(self.receiver is not None, counters, outcome, reason,
+                                        installed, running_version, swap_error))
+        return [shipping, push]
+
+    def close(self) -> None:
+        """Hand every held frame to the shipper, which spools what it could not send."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self.builder.release(time.monotonic(), everything=True)
+        if self.shipper is not None:
+            self.shipper.close(timeout_s=5.0)
