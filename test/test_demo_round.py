@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from thinkmem_ros.core.data import SignalStream
+from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
 from thinkmem_ros.demo import DemoConfig, run_demo
 from thinkmem_ros.demo.consolidator_client import ConsolidatorProcess
 from thinkmem_ros.demo.consolidator_proc import gate_overrides
 from thinkmem_ros.demo.oracle import jaccard
 from thinkmem_ros.demo.rule import DemoRule, anticipation, mission_kinds, plant_rule
-from thinkmem_ros.robot.experience_builder import EPISODE_START_EVENT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RULE = DemoRule()

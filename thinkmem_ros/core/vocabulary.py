@@ -67,3 +67,7 @@ def label_index(name: str, labels: tuple[str, ...] = THINKING) -> int:
     except ValueError:
         raise ValueError(
             f"unknown thinking label {name!r}; expected one of {list(labels)}") from None
+
+
+EPISODE_START_EVENT = "episode_start"
+"""Event on the events topic that opens a new episode (mission) on the robot."""

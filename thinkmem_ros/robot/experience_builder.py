@@ -46,12 +46,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
 from thinkmem_ros.link.experience import LIMITS, Experience, ExperienceError
 from thinkmem_ros.robot.activation import FrameResult
 
 log = logging.getLogger(__name__)
 
-EPISODE_START_EVENT = "episode_start"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
 
 
