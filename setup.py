@@ -1,4 +1,11 @@
-"""Packaging for both a ROS 2 ament_python build (colcon) and a plain pip install."""
+"""Packaging for both a ROS 2 ament_python build (colcon) and a plain pip install.
+
+``colcon build --symlink-install`` runs this file through a symlink in its build folder
+(with that folder as the working directory), where only the packages and the data files
+are linked: every file is therefore found from the real location of this file (the
+symlink resolved), and data files are listed relative to it, which is also where colcon
+links them in the build folder.
+"""
 
 from glob import glob
 from pathlib import Path
@@ -6,6 +13,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 PACKAGE = "thinkmem_ros"
+HERE = Path(__file__).resolve().parent  # the source folder, also through colcon's symlink
 EXECUTABLES = {
     "thinkmem": "thinkmem_ros.cli:main",
     "thinking_node": "thinkmem_ros.robot.node:main",
@@ -15,7 +23,7 @@ EXECUTABLES = {
 
 def requirements(name: str) -> list[str]:
     """Read requirements/<name>.txt, skipping comments, so pip and the Makefile agree."""
-    path = Path(__file__).parent / "requirements" / f"{name}.txt"
+    path = HERE / "requirements" / f"{name}.txt"
     lines = (line.split("#")[0].strip() for line in path.read_text().splitlines())
     return [line for line in lines if line]
 
@@ -23,8 +31,8 @@ def requirements(name: str) -> list[str]:
 def model_files() -> list[tuple[str, list[str]]]:
     """Every shipped bundle folder under models/, installed to share/thinkmem_ros/models/."""
     out = []
-    for folder in sorted(Path("models").glob("*")):
-        files = [str(p) for p in sorted(folder.glob("*")) if p.is_file()]
+    for folder in sorted((HERE / "models").glob("*")):
+        files = [str(p.relative_to(HERE)) for p in sorted(folder.glob("*")) if p.is_file()]
         if folder.is_dir() and files:
             out.append((f"share/{PACKAGE}/models/{folder.name}", files))
     return out
@@ -41,8 +49,8 @@ setup(
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),
         (f"share/{PACKAGE}", ["package.xml"]),
-        (f"share/{PACKAGE}/launch", glob("launch/*.launch.py")),
-        (f"share/{PACKAGE}/config", glob("config/*.yaml")),
+        (f"share/{PACKAGE}/launch", sorted(glob("launch/*.launch.py", root_dir=HERE))),
+        (f"share/{PACKAGE}/config", sorted(glob("config/*.yaml", root_dir=HERE))),
         (f"lib/{PACKAGE}", [f"ros_launchers/{exe}" for exe in EXECUTABLES]),
         *model_files(),
     ],

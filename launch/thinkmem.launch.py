@@ -8,9 +8,19 @@
     ros2 launch thinkmem_ros thinkmem.launch.py consolidator_endpoint:=tcp://10.0.0.5:5755
 
 Playback runs ``thinkmem bag play`` (with ``--clock`` when use_sim_time is true, so the
-node's frame timer follows the bag); the consolidator runs ``thinkmem_consolidator``
-(it needs ``signing_key``: robots refuse unsigned bundles) bound to ``LOCAL_CONSOLIDATOR``.
-Both are found in ``<prefix>/lib/thinkmem_ros/`` like the node itself.
+node's frame timer follows the bag; with ``--namespace`` so a namespaced node hears it);
+the consolidator runs ``thinkmem_consolidator`` bound to ``LOCAL_CONSOLIDATOR``. All three
+are found as executables of this package (``ExecutableInPackage``, like ``ros2 run``).
+
+The node is the reason for the launch: when it exits (a refused configuration, a crash,
+Ctrl-C) the whole launch shuts down instead of leaving the player and the consolidator
+running without it. ``consolidator:=true`` without a readable ``signing_key`` is refused
+before anything starts, naming the argument: robots accept only signed bundles, so a
+consolidator without a key could never push one.
+
+The node's input topics are relative: with ``namespace:=robot1`` it reads
+``/robot1/sensors/...``, so two robots launched side by side never read each other's
+sensors.
 
 Experience shipping: ``consolidator_endpoint`` (when not empty) and
 ``signing_public_key`` (when not empty) override the params file; with
@@ -18,22 +28,27 @@ Experience shipping: ``consolidator_endpoint`` (when not empty) and
 Arguments left empty leave the params file's values alone.
 """
 
-from launch.actions import DeclareLaunchArgument, ExecuteProcess, OpaqueFunction
+import os
+
+from launch.actions import (
+    DeclareLaunchArgument,
+    ExecuteProcess,
+    LogInfo,
+    OpaqueFunction,
+    RegisterEventHandler,
+    Shutdown,
+)
 from launch.conditions import IfCondition
+from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
 from launch_ros.actions import Node
 from launch_ros.descriptions import ParameterValue
-from launch_ros.substitutions import FindPackagePrefix, FindPackageShare
+from launch_ros.substitutions import ExecutableInPackage, FindPackageShare
 
 from launch import LaunchDescription
 
 PACKAGE = "thinkmem_ros"
 LOCAL_CONSOLIDATOR = "tcp://127.0.0.1:5755"
-
-
-def _executable(name: str) -> PathJoinSubstitution:
-    """``<prefix>/lib/thinkmem_ros/<name>``: the colcon script or the pip launcher."""
-    return PathJoinSubstitution([FindPackagePrefix(PACKAGE), "lib", PACKAGE, name])
 
 
 def _shipping_overrides(context) -> dict[str, str]:
@@ -49,26 +64,70 @@ def _shipping_overrides(context) -> dict[str, str]:
     return out
 
 
-def _node(context) -> list[Node]:
-    """Build the thinking node with its parameters resolved at launch time."""
+def _node(context) -> list:
+    """The thinking node, and the handler that ends the launch when it exits."""
     params = [LaunchConfiguration("params_file"), {
         "bundle_path": ParameterValue(LaunchConfiguration("bundle"), value_type=str),
         "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool)}]
     overrides = _shipping_overrides(context)
     if overrides:
         params.append(overrides)
-    return [Node(package=PACKAGE, executable="thinking_node", name="thinking_node",
-                 namespace=LaunchConfiguration("namespace"), output="screen",
-                 emulate_tty=True, parameters=params)]
+    node = Node(package=PACKAGE, executable="thinking_node", name="thinking_node",
+                namespace=LaunchConfiguration("namespace"), output="screen",
+                emulate_tty=True, parameters=params)
+    end_with_node = RegisterEventHandler(OnProcessExit(
+        target_action=node,
+        on_exit=[Shutdown(reason="thinking_node exited; stopping playback and the "
+                                 "consolidator with it")]))
+    return [node, end_with_node]
+
+
+def signing_key_problem(key: str) -> str:
+    """Why ``signing_key`` cannot run a consolidator ('' when it can)."""
+    if not key:
+        return ("consolidator:=true needs signing_key:=<name>.sign.key (create one with "
+                "`thinkmem keys --out keys --name consolidator`): robots refuse unsigned "
+                "bundles, so a consolidator without a signing key could never push one")
+    if not os.path.isfile(key):
+        return f"signing_key:={key}: no such file"
+    if not os.access(key, os.R_OK):
+        return f"signing_key:={key}: not readable"
+    return ""
+
+
+def _playback() -> list:
+    """``thinkmem bag play`` into the node's namespace, with /clock under sim time."""
+    play_bag = LaunchConfiguration("play_bag")
+    playing = ["'", play_bag, "' != ''"]
+    sim = ["'", LaunchConfiguration("use_sim_time"), "'.lower() == 'true'"]
+    play_cmd = [ExecutableInPackage("thinkmem", PACKAGE), "bag", "play", play_bag,
+                "--rate", LaunchConfiguration("play_rate"),
+                "--namespace", LaunchConfiguration("namespace")]
+    return [ExecuteProcess(cmd=[*play_cmd, "--clock"], output="screen",
+                           name="thinkmem_bag_play",
+                           condition=IfCondition(PythonExpression([*playing, " and ", *sim]))),
+            ExecuteProcess(cmd=play_cmd, output="screen", name="thinkmem_bag_play",
+                           condition=IfCondition(PythonExpression(
+                               [*playing, " and not ", *sim])))]
+
+
+def _processes(context) -> list:
+    """Everything that runs: refused as a whole when the consolidator cannot start."""
+    processes = []
+    if LaunchConfiguration("consolidator").perform(context).lower() == "true":
+        key = LaunchConfiguration("signing_key").perform(context)
+        problem = signing_key_problem(key)
+        if problem:
+            return [LogInfo(msg=f"ERROR: {problem}"), Shutdown(reason=problem)]
+        processes.append(ExecuteProcess(
+            cmd=[ExecutableInPackage("thinkmem_consolidator", PACKAGE), "--signing-key", key,
+                 "--bind", LOCAL_CONSOLIDATOR],
+            output="screen", name="thinkmem_consolidator"))
+    return [*processes, *_node(context), *_playback()]
 
 
 def generate_launch_description() -> LaunchDescription:
-    """Declare the arguments and the processes they switch on."""
-    use_sim_time = LaunchConfiguration("use_sim_time")
-    play_bag = LaunchConfiguration("play_bag")
-    play_rate = LaunchConfiguration("play_rate")
-    consolidator = LaunchConfiguration("consolidator")
-
+    """Declare the arguments; the processes are chosen once they are known."""
     arguments = [
         DeclareLaunchArgument("bundle", default_value="",
                               description="model bundle folder; '' = the shipped default"),
@@ -78,7 +137,7 @@ def generate_launch_description() -> LaunchDescription:
                                                 "thinkmem.yaml"]),
             description="node parameters (YAML)"),
         DeclareLaunchArgument("namespace", default_value="",
-                              description="namespace of the node and its outputs"),
+                              description="namespace of the node, its inputs and outputs"),
         DeclareLaunchArgument("use_sim_time", default_value="false",
                               choices=["true", "false", "True", "False"],
                               description="follow /clock (bag playback with --clock)"),
@@ -93,26 +152,11 @@ def generate_launch_description() -> LaunchDescription:
                               description="ship experiences there; '' = the params file's "
                               "value (or the local consolidator with consolidator:=true)"),
         DeclareLaunchArgument("signing_key", default_value="",
-                              description="the local consolidator's Ed25519 .sign.key"),
+                              description="the local consolidator's Ed25519 .sign.key "
+                              "(required with consolidator:=true)"),
         DeclareLaunchArgument("signing_public_key", default_value="",
                               description="accept pushed bundles signed by this .sign.pub; "
                               "'' = the params file's bundle_signing_public_key"),
     ]
 
-    node = OpaqueFunction(function=_node)
-
-    playing = ["'", play_bag, "' != ''"]
-    sim = ["'", use_sim_time, "'.lower() == 'true'"]
-    play_cmd = [_executable("thinkmem"), "bag", "play", play_bag, "--rate", play_rate]
-    play_with_clock = ExecuteProcess(
-        cmd=[*play_cmd, "--clock"], output="screen", name="thinkmem_bag_play",
-        condition=IfCondition(PythonExpression([*playing, " and ", *sim])))
-    play_plain = ExecuteProcess(
-        cmd=play_cmd, output="screen", name="thinkmem_bag_play",
-        condition=IfCondition(PythonExpression([*playing, " and not ", *sim])))
-    consolidator_proc = ExecuteProcess(
-        cmd=[_executable("thinkmem_consolidator"), "--signing-key",
-             LaunchConfiguration("signing_key"), "--bind", LOCAL_CONSOLIDATOR], output="screen",
-        name="thinkmem_consolidator", condition=IfCondition(consolidator))
-
-    return LaunchDescription([*arguments, node, play_with_clock, play_plain, consolidator_proc])
+    return LaunchDescription([*arguments, OpaqueFunction(function=_processes)])

@@ -156,3 +156,49 @@ def test_bad_inputs_raise_naming_the_problem(written, tmp_path):
     with pytest.raises(ValueError, match="storage"):
         write_stream(stream, tmp_path / "x", storage="rosbag1")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_player_streams_the_bag_instead_of_listing_it(written):
+    """A pass pulls messages as it publishes them: memory does not grow with the bag."""
+    from thinkmem_ros.playback.bag_files import BagStream
+    from thinkmem_ros.playback.player import BagPlayer, PlayConfig
+
+    _, out, info = written
+    stream = BagStream(out)
+    assert stream.count == info.message_count and set(stream.types) == set(info.topics)
+    pulled = 0
+    published = []
+
+    class CountingStream(BagStream):
+        def __iter__(self):
+            nonlocal pulled
+            for msg in super().__iter__():
+                pulled += 1
+                # never more than one message read ahead of what has been published
+                assert pulled <= len(published) + 1, "the player read ahead of playback"
+                yield msg
+
+    class FakePublisher:
+        def __init__(self, topic):
+            self.topic = topic
+
+        def publish(self, data):
+            published.append((self.topic, data))
+
+    class FakeNode:
+        def create_publisher(self, cls, topic, qos):
+            return FakePublisher(topic)
+
+    player = BagPlayer(FakeNode(), CountingStream(out), PlayConfig(rate=1000.0))
+    stats = player.play()
+    assert stats.published == info.message_count == pulled
+    _, listed = read_bag(out)
+    assert [data for _, data in published] == [m.data for m in listed]
+
+
+def test_bag_stream_refuses_unknown_topics(written):
+    from thinkmem_ros.playback.bag_files import BagStream
+
+    _, out, _ = written
+    with pytest.raises(BagError, match="/no/such"):
+        BagStream(out, topics=["/no/such"])

@@ -179,3 +179,48 @@ def test_write_command_records_a_scenario(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (out / "metadata.yaml").is_file()
     assert f"{GROUND_TRUTH_TOPIC:<32} std_msgs/msg/String              50" in done.stdout
+
+
+# ---------------------------------------------------------------- signals, loops, memory
+
+@pytest.fixture
+def probe_ctx(tmp_path):
+    from thinkmem_ros.bench.fault_probes_node import ProbeContext
+
+    return ProbeContext(tmp_path / "probes", domain_id=int(DOMAIN), start_timeout_s=30.0)
+
+
+@pytest.mark.parametrize("probe", ["bag_play_sigint", "bag_play_sigterm"])
+def test_a_signal_while_playing_exits_quietly(probe, probe_ctx):
+    """Ctrl-C exits 130, SIGTERM 0, each with one summary line and no RCLError."""
+    from thinkmem_ros.bench.fault_probes_node import PROBES
+
+    record = PROBES[probe](probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]
+
+
+def test_looped_play_with_clock_keeps_stamped_signals_live(probe_ctx, source_bundle):
+    """Each loop sends /clock back; the node resets its window instead of going blind."""
+    from thinkmem_ros.bench.fault_probes_node import probe_bag_loop_clock
+
+    probe_ctx.bundle = source_bundle
+    record = probe_bag_loop_clock(probe_ctx, loops=2)
+    assert not record["crashed"] and record["ok"], record["detail"]
+
+
+def test_namespace_option_moves_topics_but_not_clock(ros, bags):
+    from rosgraph_msgs.msg import Clock
+    from sensor_msgs.msg import Temperature
+
+    recorder = Recorder(ros, {"/robot7/sensors/temperature": Temperature,
+                              "/sensors/temperature": Temperature, "/clock": Clock})
+    try:
+        done = _play(str(bags / "mcap"), "--namespace", "robot7", "--clock", "20",
+                     "--topics", _temperature_topic(), "--delay", "1.5")
+        time.sleep(0.3)
+    finally:
+        recorder.close()
+    assert done.returncode == 0, done.stderr
+    assert len(recorder.got["/robot7/sensors/temperature"]) >= FRAMES - 2
+    assert recorder.got["/sensors/temperature"] == []
+    assert recorder.got["/clock"]

@@ -140,3 +140,33 @@ def test_robot_side_does_not_import_torch():
     code = ("import sys, thinkmem_ros.robot.bundle_receiver, thinkmem_ros.link.shipper; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0
+
+
+def test_a_full_disk_while_installing_is_a_counted_rejection(source_bundle, tmp_path):
+    """Writes fail mid-install (a real EFBIG under RLIMIT_FSIZE): refused and counted."""
+    from thinkmem_ros.bench.fault_probes_node import ProbeContext, probe_bundle_push_disk_full
+
+    record = probe_bundle_push_disk_full(ProbeContext(tmp_path / "probe", bundle=source_bundle))
+    assert not record["crashed"] and record["ok"], record["detail"]
+    assert "rejected_install=1" in record["detail"]
+
+
+def test_disk_errors_on_metadata_operations_are_refusals_too(source_bundle, tmp_path, keys,
+                                                             receiver, monkeypatch):
+    """ENOSPC can hit a mkdir or a symlink as well as a write; none may escape."""
+    import errno
+    import os
+
+    folder = signed(source_bundle, tmp_path / "pub2", 2, keys["key"])
+    body = body_of(folder)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for target, name in ((os, "symlink"), (os, "mkdir")):
+        with monkeypatch.context() as patch:
+            patch.setattr(target, name, full)
+            assert receiver.handle_push(body) is None
+        assert "No space left" in receiver.last_reason
+    assert receiver.stats()["rejected_install"] == 2 and receiver.installed_paths == []
+    assert receiver.handle_push(body) is not None  # space again: the same push installs

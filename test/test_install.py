@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -119,3 +120,135 @@ def test_launch_description_builds():
 
     names = {a.name for a in description.entities if isinstance(a, DeclareLaunchArgument)}
     assert LAUNCH_ARGS <= names
+
+
+# ------------------------------------------------------------------ the launch file
+# launch / launch_ros have no wheels here, so the launch file runs against stand-ins that
+# only record what it builds. They provide exactly the documented names the file may use
+# (an import of anything else fails), and the assertions are about its structure: which
+# executables, which handlers, what happens without a signing key.
+
+class _Recorded:
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+class _LaunchConfiguration(_Recorded):
+    def perform(self, context):
+        return context[self.args[0]]
+
+
+def _stub_launch_modules(monkeypatch):
+    import types
+
+    names = {
+        "launch": ["LaunchDescription"],
+        "launch.actions": ["DeclareLaunchArgument", "ExecuteProcess", "LogInfo",
+                           "OpaqueFunction", "RegisterEventHandler", "Shutdown"],
+        "launch.conditions": ["IfCondition"],
+        "launch.event_handlers": ["OnProcessExit"],
+        "launch.substitutions": ["LaunchConfiguration", "PathJoinSubstitution",
+                                 "PythonExpression"],
+        "launch_ros": [],
+        "launch_ros.actions": ["Node"],
+        "launch_ros.descriptions": ["ParameterValue"],
+        "launch_ros.substitutions": ["ExecutableInPackage", "FindPackageShare"],
+    }
+    for module_name, classes in names.items():
+        module = types.ModuleType(module_name)
+        for cls in classes:
+            base = _LaunchConfiguration if cls == "LaunchConfiguration" else _Recorded
+            setattr(module, cls, type(cls, (base,), {}))
+        monkeypatch.setitem(sys.modules, module_name, module)
+
+
+def _launch_module(monkeypatch):
+    _stub_launch_modules(monkeypatch)
+    spec = importlib.util.spec_from_file_location("thinkmem_launch_stubbed",
+                                                  REPO / "launch" / LAUNCH_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _processes(module, **arguments):
+    context = {"consolidator": "false", "consolidator_endpoint": "", "signing_key": "",
+               "signing_public_key": "", **arguments}
+    description = module.generate_launch_description()
+    opaque = [e for e in description.args[0] if type(e).__name__ == "OpaqueFunction"]
+    assert len(opaque) == 1
+    return opaque[0].kwargs["function"](context)
+
+
+def _kinds(actions):
+    return [type(a).__name__ for a in actions]
+
+
+def test_launch_ends_when_the_node_exits(monkeypatch):
+    module = _launch_module(monkeypatch)
+    actions = _processes(module)
+    node = next(a for a in actions if type(a).__name__ == "Node")
+    assert node.kwargs["package"] == "thinkmem_ros"
+    assert node.kwargs["executable"] == "thinking_node"
+    handler = next(a for a in actions if type(a).__name__ == "RegisterEventHandler")
+    on_exit = handler.args[0]
+    assert type(on_exit).__name__ == "OnProcessExit"
+    assert on_exit.kwargs["target_action"] is node
+    assert _kinds(on_exit.kwargs["on_exit"]) == ["Shutdown"]
+
+
+def test_launch_finds_executables_in_the_package_not_by_joined_paths(monkeypatch, tmp_path):
+    module = _launch_module(monkeypatch)
+    key = tmp_path / "c.sign.key"
+    key.write_text("00" * 32)
+    actions = _processes(module, consolidator="true", signing_key=str(key))
+    processes = [a for a in actions if type(a).__name__ == "ExecuteProcess"]
+    executables = []
+    for proc in processes:
+        first = proc.kwargs["cmd"][0]
+        assert type(first).__name__ == "ExecutableInPackage", proc.kwargs["cmd"]
+        executables.append(first.args)
+    assert ("thinkmem_consolidator", "thinkmem_ros") in executables
+    assert executables.count(("thinkmem", "thinkmem_ros")) == 2  # bag play, with/without clock
+    source = (REPO / "launch" / LAUNCH_FILE).read_text()
+    assert "FindPackagePrefix" not in source and '"lib"' not in source
+    player = next(p for p in processes if p.kwargs["name"] == "thinkmem_bag_play")
+    assert "--namespace" in player.kwargs["cmd"]  # a namespaced node hears its playback
+
+
+@pytest.mark.parametrize("key, says", [("", "needs signing_key"),
+                                       ("/nonexistent/c.sign.key", "no such file")])
+def test_consolidator_without_a_signing_key_is_refused_clearly(monkeypatch, key, says):
+    module = _launch_module(monkeypatch)
+    actions = _processes(module, consolidator="true", signing_key=key)
+    assert _kinds(actions) == ["LogInfo", "Shutdown"], "nothing may start"
+    assert says in actions[0].kwargs["msg"] and says in actions[1].kwargs["reason"]
+
+
+# ------------------------------------------------------------------ colcon --symlink-install
+
+def _data_files_via(folder: Path) -> list:
+    """Run setup.py from ``folder`` with setup() stubbed; returns its data_files."""
+    runner = ("import json, runpy, setuptools\n"
+              "setuptools.setup = lambda **kw: print(json.dumps(kw['data_files']))\n"
+              "runpy.run_path('setup.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", runner], cwd=folder, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_setup_py_works_through_colcon_symlinks(tmp_path):
+    """colcon --symlink-install links setup.py and the data files into a build folder and
+    runs setup.py there; every file must be found as from the source folder."""
+    source = _data_files_via(REPO)
+    build = tmp_path / "build" / "thinkmem_ros"
+    links = ["setup.py", "setup.cfg", "thinkmem_ros",
+             *[path for _, files in source for path in files]]
+    for item in links:
+        (build / item).parent.mkdir(parents=True, exist_ok=True)
+        (build / item).symlink_to(REPO / item)
+    assert _data_files_via(build) == source
+    for _, files in source:
+        for path in files:
+            assert not Path(path).is_absolute() and (build / path).exists(), path

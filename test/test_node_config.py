@@ -22,7 +22,7 @@ def test_defaults_are_valid_and_cover_every_signal():
     assert set(config.signal_map) == set(SIGNALS)
     assert config.signal_map["temperature"].msg_type == "sensor_msgs/msg/Temperature"
     assert config.signal_map["distance"] == SignalSource(
-        "/sensors/distance", "sensor_msgs/msg/Range", "range")
+        "sensors/distance", "sensor_msgs/msg/Range", "range")
     assert config.signal_map["load"].msg_type == "std_msgs/msg/Float32"
 
 
@@ -113,3 +113,136 @@ def test_field_paths_reach_nested_numbers_and_stamps():
     assert arr.extract(Float32MultiArray(data=[1.0, 4.0])) == 4.0
     with pytest.raises(FieldError):
         arr.extract(Float32MultiArray(data=[1.0]))
+
+
+# ------------------------------------------------------------------ params files and names
+
+from thinkmem_ros.robot.node_config import (  # noqa: E402
+    SIGNAL_MAP_KEYS,
+    ParamsFileError,
+    check_parameter_names,
+    node_fqn_from_args,
+    params_files_from_args,
+    read_params_file,
+    selector_matches,
+    unknown_parameters,
+    validate_ros_args,
+)
+
+
+def test_signal_map_keys_are_the_declared_signal_parameters():
+    assert tuple(spec.name.rsplit(".", 1)[1] for spec in signal_params("load")) == \
+        SIGNAL_MAP_KEYS
+
+
+def test_default_topics_are_relative_and_resolve_to_the_documented_names():
+    for src in DEFAULT_SIGNAL_MAP.values():
+        assert not src.topic.startswith("/") and src.topic.startswith("sensors/")
+    config = NodeConfig()
+    assert config.events_topic == "sensors/events"
+    assert config.feedback_topic == "thinking/feedback"
+
+
+def test_the_shipped_params_file_passes_the_checks():
+    params = read_params_file(REPO / "config" / "thinkmem.yaml")
+    assert unknown_parameters(params, SIGNALS) == []
+    validate_ros_args(["x", "--ros-args", "--params-file", str(REPO / "config" / "thinkmem.yaml")])
+
+
+@pytest.mark.parametrize("name, says", [
+    ("frame_rate", "did you mean 'frame_rate_hz'"),
+    ("signals.vibrations.topic", "unknown signal 'vibrations'"),
+    ("signals.temperature.scael", "unknown key 'scael'"),
+    ("signals.temperature", "signals.<signal>.<key>"),
+    ("signals.temperature.topic.x", "signals.<signal>.<key>"),
+])
+def test_unknown_parameter_names_are_named(name, says):
+    errors = unknown_parameters([name, "frame_rate_hz", "use_sim_time"], SIGNALS)
+    assert len(errors) == 1 and says in errors[0]
+    with pytest.raises(ValueError, match="parameters: "):
+        check_parameter_names([name], SIGNALS, source="parameters")
+
+
+def test_signal_names_of_the_bundle_are_known_even_outside_the_vocabulary():
+    assert unknown_parameters(["signals.wheel_speed.topic"], ["wheel_speed"]) == []
+    assert unknown_parameters(["signals.wheel_speed.topic"], None) == []  # checked later
+    assert unknown_parameters(["signals.wheel_speed.topic"], SIGNALS) != []
+
+
+@pytest.mark.parametrize("selector, fqn, matches", [
+    ("/**", "/thinking_node", True), ("/**", "/a/b/thinking_node", True),
+    ("thinking_node", "/thinking_node", True), ("/thinking_node", "/ns/thinking_node", False),
+    ("/*", "/thinking_node", True), ("/*", "/ns/thinking_node", False),
+    ("/**/thinking_node", "/ns/thinking_node", True), ("/ns/*", "/ns/thinking_node", True),
+    ("other", "/thinking_node", False), ("thinking_*", "/thinking_node", True),
+])
+def test_node_selectors_follow_rcl(selector, fqn, matches):
+    assert selector_matches(selector, fqn) is matches
+
+
+def test_node_name_and_files_come_from_the_ros_arguments():
+    argv = ["prog", "--ros-args", "-r", "__ns:=/robot1", "--params-file", "a.yaml", "--",
+            "--params-file", "ignored.yaml", "--ros-args", "-r", "thinking_node:__node:=tn",
+            "--params-file", "b.yaml"]
+    assert node_fqn_from_args(argv) == "/robot1/tn"
+    assert params_files_from_args(argv) == ["a.yaml", "b.yaml"]
+    with pytest.raises(ParamsFileError, match="needs a file"):
+        params_files_from_args(["prog", "--ros-args", "--params-file"])
+
+
+# What rcl itself accepts or refuses, checked against the real parser: the pre-check must
+# refuse everything rcl refuses (or the node ends in an RCLError) and accept what it reads.
+RCL_CASES = {
+    "ok": ("/**:\n  ros__parameters:\n    a: 1\n", True),
+    "bare_name": ("thinking_node:\n  ros__parameters:\n    a: 4\n", True),
+    "nested": ("/**:\n  ros__parameters:\n    a: {b: {c: 2}}\n", True),
+    "other_node": ("other:\n  ros__parameters:\n    a: 7\n", True),
+    "namespaces": ("ns:\n  thinking_node:\n    ros__parameters:\n      a: 3\n", True),
+    "null_word": ("/**:\n  ros__parameters:\n    a: null\n", True),
+    "nested_list": ("/**:\n  ros__parameters:\n    a: [[1]]\n", True),
+    "empty_file": ("", True),
+    "not_yaml": ("{{{", False),
+    "list_top": ("[1, 2]\n", False),
+    "no_ros_parameters": ("/**:\n  params:\n    a: 1\n", False),
+    "value_beside": ("/**:\n  ros__parameters:\n    a: 1\n  other: 2\n", False),
+    "no_value": ("/**:\n  ros__parameters:\n    a:\n", False),
+    "scalar_params": ("/**:\n  ros__parameters: 5\n", False),
+    "no_node_name": ("ros__parameters:\n  a: 1\n", False),
+    "flat": ("a: 1\n", False),
+    "sequence_key": ("/**:\n  ros__parameters:\n    ? [a]\n    : 1\n", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RCL_CASES))
+def test_params_file_structure_agrees_with_rcl(case, tmp_path):
+    rclpy = pytest.importorskip("rclpy")
+    from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+
+    text, expected = RCL_CASES[case]
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    context = rclpy.Context()
+    try:
+        context.init(["x", "--ros-args", "--params-file", str(path)])
+        rcl_accepts = True
+    except _rclpy.RCLError:
+        rcl_accepts = False
+    finally:
+        if context.ok():
+            context.shutdown()
+    assert rcl_accepts is expected, "the case table is wrong about rcl"
+    try:
+        read_params_file(path)
+        ours = True
+    except ParamsFileError:
+        ours = False
+    assert ours is expected
+
+
+def test_missing_and_huge_params_files_are_refused(tmp_path):
+    with pytest.raises(ParamsFileError, match="cannot read"):
+        read_params_file(tmp_path / "nope.yaml")
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("/**:\n  ros__parameters:\n" + "    a: 1\n" * 200_000)
+    with pytest.raises(ParamsFileError, match="larger than"):
+        read_params_file(huge)

@@ -89,3 +89,55 @@ def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle
     rc = node.finish(timeout=30.0)
     assert rc == 2, node.output
     assert "refusing to start" in node.output and named in node.output, node.output
+
+
+# ---------------------------------------------------------------- hostile start-up input
+# The same probes `thinkmem bench faults` runs: each starts the real node as a process and
+# expects exit 2 with ONE line naming the problem, never a traceback or a silent start.
+
+REFUSALS = ["params_missing", "params_unparsable", "params_unknown_parameter",
+            "params_signal_key", "params_signal_name", "param_unknown_override",
+            "bundle_list_field", "bundle_deep_nesting", "bundle_not_object"]
+
+
+@pytest.fixture
+def probe_ctx(ros_env, source_bundle, tmp_path):
+    from thinkmem_ros.bench.fault_probes_node import ProbeContext
+
+    return ProbeContext(tmp_path / "probes", bundle=source_bundle, start_timeout_s=30.0)
+
+
+@pytest.mark.parametrize("probe", REFUSALS)
+def test_bad_start_input_exits_2_with_one_line(probe, probe_ctx):
+    from thinkmem_ros.bench.fault_probes_node import PROBES
+
+    record = PROBES[probe](probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]
+
+
+def test_shipped_params_file_is_accepted(ros_env, source_bundle):
+    from thinkmem_ros.core.paths import default_params
+
+    node = NodeProcess(node_cmd("--params-file", str(default_params()), "-p",
+                                f"bundle_path:={source_bundle}"), ros_env)
+    node.wait_for("ready:")
+    node.proc.send_signal(signal.SIGINT)
+    assert node.finish() == 0 and "Traceback" not in node.output, node.output
+
+
+# ---------------------------------------------------------------- hostile topic input
+
+@pytest.mark.parametrize("probe", ["feedback_deep_nesting", "feedback_malformed"])
+def test_hostile_feedback_is_counted_and_never_stops_the_node(probe, probe_ctx):
+    from thinkmem_ros.bench.fault_probes_node import PROBES
+
+    record = PROBES[probe](probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]
+    assert record["rss_growth_mb"] < 50, record
+
+
+def test_a_backward_sim_clock_jump_resets_the_window(probe_ctx):
+    from thinkmem_ros.bench.fault_probes_node import probe_sim_clock_backward
+
+    record = probe_sim_clock_backward(probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]

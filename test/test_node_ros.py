@@ -278,7 +278,148 @@ def test_tampered_bundle_is_refused_then_a_good_one_swapped_in(harness, bundles)
     with harness.lock:
         assert harness.activations[-1]["bundle_version"] == 2
 
-    harness.node.set_parameters([Parameter("bundle_path", value="/nonexistent/bundle")])
-    values = harness.wait_diag(lambda v: "not found" in v["bundle_error"])
-    assert values["bundle_version"] == "2"
+    # a set that would be refused fails at the parameter level, naming the reason
+    result = harness.node.set_parameters([Parameter("bundle_path",
+                                                    value="/nonexistent/bundle")])[0]
+    assert not result.successful and "not found" in result.reason, result
+    assert harness.node.get_parameter("bundle_path").value == str(bundles["v2"])
+    values = harness.wait_diag(lambda v: v["bundle_version"] == "2")
+    assert values["bundle_error"] == ""
     harness.assert_still_running()
+
+
+def _set_over_the_service(harness, value) -> object:
+    """What `ros2 param set /thinking_node bundle_path VALUE` gets back."""
+    from rcl_interfaces.srv import SetParameters
+
+    client = harness.helper.create_client(SetParameters, "/thinking_node/set_parameters")
+    try:
+        assert client.wait_for_service(timeout_sec=10.0)
+        request = SetParameters.Request(
+            parameters=[Parameter("bundle_path", value=value).to_parameter_msg()])
+        future = client.call_async(request)
+        deadline = time.monotonic() + 10.0
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert future.done(), "set_parameters service did not answer"
+        return future.result().results[0]
+    finally:
+        harness.helper.destroy_client(client)
+
+
+def test_param_set_of_an_unusable_bundle_path_fails_with_the_reason(harness, tmp_path):
+    before = harness.node.get_parameter("bundle_path").value
+    bad_json = tmp_path / "bad_json"
+    bad_json.mkdir()
+    (bad_json / "bundle.json").write_text("[" * 100000)
+    list_field = copy_bundle(harness.node._slot.peek().path, tmp_path / "list_field")
+    manifest = json.loads((list_field / "bundle.json").read_text())
+    manifest["normalisation"] = [1, 2]
+    (list_field / "bundle.json").write_text(json.dumps(manifest))
+    other_window = copy_bundle(harness.node._slot.peek().path, tmp_path / "other_window")
+    manifest = json.loads((other_window / "bundle.json").read_text())
+    manifest["window"] += 1
+    (other_window / "bundle.json").write_text(json.dumps(manifest))
+    for value, reason in (("/nonexistent/bundle", "not found"),
+                          (str(bad_json), "nested too deeply"),
+                          (str(list_field), "normalisation must be"),
+                          (str(other_window), "restart the node")):
+        result = _set_over_the_service(harness, value)
+        assert not result.successful, value
+        assert reason in result.reason, (value, result.reason)
+        assert harness.node.get_parameter("bundle_path").value == before
+    harness.assert_still_running()
+    assert harness.counter("inference_errors") == 0
+
+
+def test_a_far_future_stamp_is_refused_and_does_not_blind_the_sensor(harness):
+    future0, ooo0 = harness.counter("future"), harness.counter("out_of_order")
+    rogue = Temperature(temperature=99.0)
+    rogue.header.stamp.sec = 2_145_916_800  # 2038
+    harness.pubs["temperature"].publish(rogue)
+    values = harness.wait_diag(lambda v: int(v["future"]) >= future0 + 1)
+    assert "future stamps dropped" in harness.diag_message or int(values["future"]) > future0
+    time.sleep(1.0)  # genuine samples keep arriving at 40 Hz
+    values = harness.wait_diag(lambda v: "temperature" not in v["stale_signals"].split(","))
+    assert int(values["out_of_order"]) - ooo0 <= 2, "genuine samples refused after the rogue"
+    temperature = harness.node.buffer.signals.index("temperature")
+    with harness.lock:
+        recent = harness.frames[-5:]
+    assert all(f.mask[-1, temperature] == 1.0 and f.signals[-1, temperature] != 99.0
+               for f in recent)
+
+
+def test_hostile_event_messages_are_counted_and_the_node_goes_on(harness):
+    invalid0, unknown0 = harness.counter("invalid_events"), harness.counter("unknown_events")
+    events = harness.helper.create_publisher(String, "/sensors/events", 10)
+    try:
+        deadline = time.monotonic() + 5.0
+        while events.get_subscription_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        events.publish(String(data="[" * 100000))
+        events.publish(String(data="x" * 2_000_000))
+        events.publish(String(data="no_such_event\x00\n"))
+        harness.wait_diag(lambda v: int(v["invalid_events"]) >= invalid0 + 2
+                          and int(v["unknown_events"]) >= unknown0 + 1)
+    finally:
+        harness.helper.destroy_publisher(events)
+    assert harness.counter("input_errors") == 0
+    harness.assert_still_running()
+
+
+def test_no_fresh_input_claims_no_active_thinking(harness):
+    harness.paused.update(FED)
+    try:
+        harness.wait_diag(lambda v: int(v["stale_count"]) == len(harness.node.buffer.signals))
+        time.sleep(0.3)
+        with harness.lock:
+            recent = harness.activations[-5:]
+        assert recent and all(a["no_input"] and a["active"] == [] for a in recent), recent
+        assert all(len(a["stale"]) == len(harness.node.buffer.signals) for a in recent)
+        assert all(a["probabilities"] for a in recent)  # the policy output is still there
+        assert "no fresh input" in harness.diag_message and harness.diag_level == 2
+        assert harness.counter("no_input_frames") > 0
+    finally:
+        harness.paused.difference_update(FED)
+    harness.wait_diag(lambda v: "temperature" not in v["stale_signals"].split(","))
+    time.sleep(0.2)
+    with harness.lock:
+        assert not harness.activations[-1]["no_input"]
+
+
+def test_without_a_namespace_the_documented_topics_are_read(harness):
+    topics = {sub.topic_name for sub in harness.node._subs}
+    assert {"/sensors/temperature", "/sensors/distance", "/sensors/events"} <= topics
+
+
+def test_two_robots_in_namespaces_read_only_their_own_sensors(ros_env, bundles):
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    params = [Parameter("bundle_path", value=str(bundles["v2"])),
+              Parameter("frame_rate_hz", value=RATE), Parameter("watch_bundle", value=False)]
+    robots = {ns: ThinkingNode(context=context, namespace=ns, parameter_overrides=params)
+              for ns in ("robot1", "robot2")}
+    helper = rclpy.create_node("namespace_feeder", context=context)
+    pub = helper.create_publisher(Float32, "/robot1/sensors/current", 10)
+    executor = SingleThreadedExecutor(context=context)
+    for node in (*robots.values(), helper):
+        executor.add_node(node)
+    spin = threading.Thread(target=executor.spin, daemon=True)
+    spin.start()
+    try:
+        for ns, node in robots.items():
+            topics = {sub.topic_name for sub in node._subs}
+            assert f"/{ns}/sensors/current" in topics and "/sensors/current" not in topics
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and \
+                robots["robot1"].buffer.snapshot().accepted["current"] < 5:
+            pub.publish(Float32(data=1.0))
+            time.sleep(0.05)
+        assert robots["robot1"].buffer.snapshot().accepted["current"] >= 5
+        assert robots["robot2"].buffer.snapshot().accepted["current"] == 0
+    finally:
+        executor.shutdown(timeout_sec=2.0)
+        for node in (*robots.values(), helper):
+            node.destroy_node()
+        rclpy.shutdown(context=context)
+        spin.join(timeout=2.0)

@@ -59,7 +59,7 @@ def test_shipping_parameters_are_validated_naming_the_key(kwargs, key):
 def test_shipping_defaults_are_off_and_paths_live_in_the_state_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     config = NodeConfig(robot_id="r7")
-    assert not config.shipping and config.feedback_topic == "/thinking/feedback"
+    assert not config.shipping and config.feedback_topic == "thinking/feedback"
     assert config.spool_file() == tmp_path / "thinkmem_ros" / "r7" / "spool.db"
     assert config.bundles_folder() == tmp_path / "thinkmem_ros" / "r7" / "bundles"
     loopback = NodeConfig(consolidator_endpoint="tcp://127.0.0.1:5755")  # no CURVE needed

@@ -51,8 +51,8 @@ def test_stale_signal_is_masked_and_counted_not_reused():
     assert buf.assemble(now=1.1).mask[-1, 0] == 1.0
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_non_finite_samples_are_dropped_and_counted(bad):
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e39, -3.5e38])
+def test_non_finite_samples_are_dropped_and_counted(bad):  # > float32 max: inf in the window
     buf = make()
     buf.offer(0, 3.0, now=0.0)
     assert buf.offer(0, bad, now=0.1) is Verdict.INVALID
@@ -63,16 +63,69 @@ def test_non_finite_samples_are_dropped_and_counted(bad):
 
 def test_duplicate_and_out_of_order_stamps_never_move_the_window_back():
     buf = make()
-    assert buf.offer(0, 1.0, now=0.0, stamp=10.0) is Verdict.ACCEPTED
-    assert buf.offer(0, 2.0, now=0.1, stamp=10.0) is Verdict.DUPLICATE
-    assert buf.offer(0, 3.0, now=0.2, stamp=9.0) is Verdict.OUT_OF_ORDER
-    assert buf.assemble(now=0.3).signals[-1, 0] == 1.0
-    assert buf.offer(0, 4.0, now=0.4, stamp=11.0) is Verdict.ACCEPTED
-    frame = buf.assemble(now=0.5)
+    assert buf.offer(0, 1.0, now=10.0, stamp=10.0) is Verdict.ACCEPTED
+    assert buf.offer(0, 2.0, now=10.1, stamp=10.0) is Verdict.DUPLICATE
+    assert buf.offer(0, 3.0, now=10.2, stamp=9.0) is Verdict.OUT_OF_ORDER
+    assert buf.assemble(now=10.3).signals[-1, 0] == 1.0
+    assert buf.offer(0, 4.0, now=10.4, stamp=11.0) is Verdict.ACCEPTED
+    frame = buf.assemble(now=10.5)
     assert frame.signals[-1, 0] == 4.0 and frame.inputs_stamp == 11.0
     counters = buf.snapshot()
     counts = (counters.duplicate["a"], counters.out_of_order["a"], counters.accepted["a"])
     assert counts == (1, 1, 2)
+
+
+def test_a_far_future_stamp_is_refused_and_never_blinds_the_signal():
+    buf = make()
+    assert buf.offer(0, 1.0, now=100.0, stamp=100.0) is Verdict.ACCEPTED
+    assert buf.offer(0, 9.0, now=100.1, stamp=2_145_916_800.0) is Verdict.FUTURE  # 2038
+    assert buf.offer(0, 9.0, now=100.1, stamp=math.nan) is Verdict.FUTURE
+    for i in range(1, 6):  # genuine samples keep coming in afterwards
+        assert buf.offer(0, 1.0 + i, now=100.0 + 0.1 * i, stamp=100.0 + 0.1 * i) \
+            is Verdict.ACCEPTED
+    frame = buf.assemble(now=100.55)
+    assert frame.signals[-1, 0] == 6.0 and frame.mask[-1, 0] == 1.0
+    counters = buf.snapshot()
+    assert counters.future["a"] == 2 and counters.out_of_order["a"] == 0
+    # within the tolerance (a sensor clock slightly ahead) is still fine
+    assert buf.offer(0, 7.0, now=101.0, stamp=101.9) is Verdict.ACCEPTED
+
+
+def test_old_stamps_stay_legitimate():
+    buf = make()  # a recording played without sim time: stamps years behind the clock
+    for i in range(5):
+        assert buf.offer(0, float(i), now=1.8e9 + 0.1 * i, stamp=1.7e9 + 0.1 * i) \
+            is Verdict.ACCEPTED
+    assert buf.snapshot().future["a"] == 0
+
+
+def test_a_backward_clock_step_resets_the_window_cleanly():
+    buf = make(stale=0.5)
+    for t in range(10):  # first pass of a looped bag, sim time 50.0 .. 50.9
+        now = 50.0 + 0.1 * t
+        buf.offer(0, 1.0, now=now, stamp=now)
+        buf.offer_event("x", now=now)
+        buf.assemble(now=now)
+    # the loop restarts: clock and stamps go back to 50.0
+    assert buf.offer(0, 2.0, now=50.0, stamp=50.0) is Verdict.ACCEPTED
+    frame = buf.assemble(now=50.05)
+    assert frame.signals[-1, 0] == 2.0 and frame.mask[-1, 0] == 1.0
+    assert frame.mask[:-1].sum() == 0, "rows of the abandoned timeline must be gone"
+    assert frame.events.tolist() == [0, 0, 0]
+    assert frame.stale == ("b", "c")
+    counters = buf.snapshot()
+    assert counters.time_jumps == 1 and counters.out_of_order["a"] == 0
+
+
+def test_reset_time_forgets_clock_readings_so_dead_signals_go_stale():
+    buf = make(stale=0.5)
+    buf.offer(1, 3.0, now=80.0)
+    buf.reset_time(now=20.0)  # the node's jump callback, before any new sample
+    frame = buf.assemble(now=20.1)  # b was heard at 80.0, "in the future": must not be fresh
+    assert frame.mask[-1].sum() == 0 and frame.stale == SIGNALS
+    assert buf.snapshot().time_jumps == 1
+    buf.assemble(now=20.05)  # jitter below JUMP_BACK_S is no jump
+    assert buf.snapshot().time_jumps == 1
 
 
 def test_unstamped_samples_follow_arrival_order():
@@ -132,7 +185,8 @@ def test_last_arrival_is_newest_sample_of_the_frame():
 @pytest.mark.parametrize("kwargs, key", [
     ({"window": 0}, "window"), ({"stale_after_s": 0.0}, "stale_after_s"),
     ({"max_events": 0}, "max_events"), ({"signals": ()}, "signals"),
-    ({"signals": ("a", "a")}, "duplicates"), ({"event_horizon_s": -1.0}, "event_horizon_s")])
+    ({"signals": ("a", "a")}, "duplicates"), ({"event_horizon_s": -1.0}, "event_horizon_s"),
+    ({"future_tolerance_s": 0.0}, "future_tolerance_s")])
 def test_config_validation_names_the_key(kwargs, key):
     base = {"signals": SIGNALS, "window": 2, "stale_after_s": 0.5}
     with pytest.raises(ValueError, match=key):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from pathlib import Path
 
@@ -96,20 +97,24 @@ class PlayVerb:
         parser.add_argument("--wait-for-subscribers", type=non_negative_float, default=0.0,
                             metavar="S", help="first wait up to S seconds until every played "
                             "topic has a subscriber (nothing lost to discovery)")
+        parser.add_argument("--namespace", default="", metavar="NS",
+                            help="publish the recorded absolute topics under /NS (not "
+                            "/clock), for a node launched with namespace:=NS")
 
     def main(self, args: argparse.Namespace) -> int:
-        """Play and report how many messages went out."""
+        """Play and report how many messages went out; 130 after Ctrl-C, 0 after SIGTERM."""
         from thinkmem_ros.playback.player import PlayConfig, play_bag
 
         config = PlayConfig(rate=args.rate, loop=args.loop, clock_hz=args.clock,
                             topics=tuple(args.topics) if args.topics else None,
                             start_offset_s=args.start_offset, delay_s=args.delay,
-                            wait_for_subscribers_s=args.wait_for_subscribers)
+                            wait_for_subscribers_s=args.wait_for_subscribers,
+                            namespace=args.namespace)
         stats = play_bag(Path(args.bag), config)
         state = "stopped" if stats.stopped else "done"
         print(f"{state}: published {stats.published} messages in {stats.loops} pass(es), "
-              f"{stats.clock_ticks} /clock ticks")
-        return 0
+              f"{stats.clock_ticks} /clock ticks", flush=True)
+        return 130 if stats.signal == signal.SIGINT else 0
 
 
 class InfoVerb:

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,13 +85,22 @@ class BagInfo:
 
 
 def default_bindings() -> tuple[dict[str, TopicBinding], str]:
-    """Return the node's default signal map and events topic (the one shared definition)."""
+    """Return the node's default signal map and events topic (the one shared definition).
+
+    The node's names are relative (resolved in its namespace); a bag records absolute
+    names, the ones a node without a namespace reads.
+    """
     from thinkmem_ros.robot import node_config
     from thinkmem_ros.robot.msg_fields import canonical_type
 
-    bindings = {name: TopicBinding(spec.topic, canonical_type(spec.msg_type), spec.field)
+    bindings = {name: TopicBinding(_absolute(spec.topic), canonical_type(spec.msg_type),
+                                   spec.field)
                 for name, spec in node_config.DEFAULT_SIGNAL_MAP.items()}
-    return bindings, node_config.DEFAULT_EVENTS_TOPIC
+    return bindings, _absolute(node_config.DEFAULT_EVENTS_TOPIC)
+
+
+def _absolute(topic: str) -> str:
+    return topic if topic.startswith("/") else "/" + topic
 
 
 def _typestore():
@@ -267,33 +276,60 @@ def bag_info(path: Path | str) -> BagInfo:
         reader.close()
 
 
+class BagStream:
+    """The messages of a bag, read lazily in time order; each iteration is a new pass.
+
+    A player holds one message at a time instead of the whole bag (a list of 10^6
+    messages costs hundreds of MB), and a looping player simply iterates again. Within
+    one storage file rosbags yields messages in timestamp order; ``types`` (topic ->
+    message type) and ``count`` come from the bag's metadata, so publishers can be made
+    before the first message is read. Unknown topic names raise BagError naming them.
+    """
+
+    def __init__(self, path: Path | str, topics: Iterable[str] | None = None,
+                 start_offset_s: float = 0.0) -> None:
+        self.path = Path(path)
+        if start_offset_s < 0 or not math.isfinite(start_offset_s):
+            raise ValueError(f"start_offset_s must be >= 0, got {start_offset_s}")
+        self.info = bag_info(self.path)
+        wanted = set(self.info.topics) if topics is None else set(topics)
+        unknown = sorted(wanted - set(self.info.topics))
+        if unknown:
+            raise BagError(f"topics {unknown} not in bag {self.path}; it has "
+                           f"{sorted(self.info.topics)}")
+        self.types = {t: self.info.topics[t][0] for t in sorted(wanted)}
+        self.count = sum(self.info.topics[t][1] for t in wanted)
+        self.start_ns = self.info.start_ns + round(start_offset_s * 1e9)
+
+    def __iter__(self) -> Iterator[RawMessage]:
+        """One pass over the selected messages, opening the bag afresh."""
+        reader = _reader(self.path)
+        try:
+            conns = [c for c in reader.connections if c.topic in self.types]
+            messages = reader.messages(connections=conns, start=self.start_ns)
+            while True:
+                try:
+                    conn, stamp, data = next(messages)
+                except StopIteration:
+                    return
+                except Exception as exc:  # rosbags raises several types for corrupt bags
+                    raise BagError(f"cannot read bag {self.path}: {exc}") from exc
+                yield RawMessage(conn.topic, conn.msgtype, stamp, bytes(data))
+        finally:
+            reader.close()
+
+
 def read_bag(path: Path | str, topics: Iterable[str] | None = None,
              start_offset_s: float = 0.0) -> tuple[BagInfo, list[RawMessage]]:
     """All messages of ``topics`` (all when None) in time order, skipping the first seconds.
 
-    Unknown topic names raise, naming them and the bag's topics, rather than playing an
-    empty selection silently.
+    Holds the whole selection in memory (tests, small demo bags); a player streams with
+    ``BagStream``. Unknown topic names raise, naming them and the bag's topics, rather
+    than playing an empty selection silently.
     """
-    path = Path(path)
-    if start_offset_s < 0 or not math.isfinite(start_offset_s):
-        raise ValueError(f"start_offset_s must be >= 0, got {start_offset_s}")
-    info = bag_info(path)
-    wanted = set(info.topics) if topics is None else set(topics)
-    unknown = sorted(wanted - set(info.topics))
-    if unknown:
-        raise BagError(f"topics {unknown} not in bag {path}; it has {sorted(info.topics)}")
-    start = info.start_ns + round(start_offset_s * 1e9)
-    reader = _reader(path)
-    try:
-        conns = [c for c in reader.connections if c.topic in wanted]
-        messages = [RawMessage(conn.topic, conn.msgtype, stamp, bytes(data))
-                    for conn, stamp, data in reader.messages(connections=conns, start=start)]
-    except Exception as exc:
-        raise BagError(f"cannot read bag {path}: {exc}") from exc
-    finally:
-        reader.close()
-    messages.sort(key=lambda m: m.timestamp_ns)
-    return info, messages
+    stream = BagStream(path, topics, start_offset_s)
+    messages = sorted(stream, key=lambda m: m.timestamp_ns)
+    return stream.info, messages
 
 
 def decode(message: RawMessage) -> Any:

@@ -4,18 +4,24 @@ rosbag2 itself has no Python wheels, so this player reads bags with ``rosbags``
 (:mod:`thinkmem_ros.playback.bag_files`) and publishes the recorded CDR bytes unchanged through
 rclpy publishers of the recorded types (``Publisher.publish`` accepts serialized bytes), so
 nothing is decoded or re-encoded on the way and any message type installed works.
+
+Bags are streamed (``BagStream``): memory does not grow with the bag. ``play_bag`` handles
+SIGINT and SIGTERM itself (rclpy's handlers would shut the context down under a publish
+and end in an RCLError traceback): the signal stops playback at the next wait, and the
+command exits 130 after Ctrl-C, 0 after SIGTERM, with one summary line.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from thinkmem_ros.playback.bag_files import BagError, RawMessage
+from thinkmem_ros.playback.bag_files import BagError, BagStream, RawMessage
 
 LOG = logging.getLogger(__name__)
 
@@ -32,6 +38,7 @@ class PlayConfig:
     delay_s: float = 0.0
     wait_for_subscribers_s: float = 0.0  # wait up to this long for every topic to be heard
     qos_depth: int = 100
+    namespace: str = ""  # play absolute topics under /<namespace> (not /clock); '' = as recorded
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate) and self.rate > 0):
@@ -50,6 +57,17 @@ class PlayConfig:
             raise ValueError(f"qos_depth must be >= 1, got {self.qos_depth}")
         if self.topics is not None and not self.topics:
             raise ValueError("topics must name at least one topic (or be None for all)")
+        if self.namespace and not all(part.isidentifier()
+                                      for part in self.namespace.strip("/").split("/")):
+            raise ValueError(f"namespace must be names separated by '/', "
+                             f"got {self.namespace!r}")
+
+    def topic_name(self, recorded: str) -> str:
+        """Where a recorded topic is published: under ``namespace`` when it is absolute."""
+        ns = self.namespace.strip("/")
+        if not ns or not recorded.startswith("/") or recorded == "/clock":
+            return recorded
+        return f"/{ns}{recorded}"
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,7 @@ class PlayStats:
     loops: int = 0
     stopped: bool = False
     per_topic: dict[str, int] = field(default_factory=dict)
+    signal: int | None = None  # the signal that stopped playback (play_bag), if any
 
 
 def _message_class(msgtype: str) -> type:
@@ -85,24 +104,32 @@ def _message_class(msgtype: str) -> type:
 class BagPlayer:
     """Publish timed raw messages on an rclpy node; :meth:`play` blocks until done or stopped."""
 
-    def __init__(self, node, messages: Sequence[RawMessage], config: PlayConfig,
+    def __init__(self, node, messages: Sequence[RawMessage] | BagStream, config: PlayConfig,
                  on_publish: Callable[[Published], None] | None = None) -> None:
+        """``messages``: a list in time order, or a ``BagStream`` read one pass at a time."""
         from rclpy.qos import QoSProfile, ReliabilityPolicy
 
-        if not messages:
-            raise BagError("nothing to play: the selection has no messages")
         self._node = node
-        self._messages = list(messages)
         self._config = config
         self._on_publish = on_publish
         self._stop = threading.Event()
         qos = QoSProfile(depth=config.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
         types: dict[str, str] = {}
-        for msg in self._messages:
-            if types.setdefault(msg.topic, msg.msgtype) != msg.msgtype:
-                raise BagError(f"topic {msg.topic} carries two types: "
-                               f"{types[msg.topic]} and {msg.msgtype}")
-        self._publishers = {topic: node.create_publisher(_message_class(kind), topic, qos)
+        if isinstance(messages, BagStream):
+            if not messages.count:
+                raise BagError("nothing to play: the selection has no messages")
+            self._messages: Iterable[RawMessage] = messages
+            types = dict(messages.types)
+        else:
+            if not messages:
+                raise BagError("nothing to play: the selection has no messages")
+            self._messages = list(messages)
+            for msg in self._messages:
+                if types.setdefault(msg.topic, msg.msgtype) != msg.msgtype:
+                    raise BagError(f"topic {msg.topic} carries two types: "
+                                   f"{types[msg.topic]} and {msg.msgtype}")
+        self._publishers = {topic: node.create_publisher(_message_class(kind),
+                                                         config.topic_name(topic), qos)
                             for topic, kind in types.items()}
         self._clock_pub = None
         if config.clock_hz is not None:
@@ -150,13 +177,16 @@ class BagPlayer:
         self.stats.clock_ticks += 1
 
     def _play_once(self) -> bool:
-        """One pass over the messages; False when stopped."""
-        first_ns = self._messages[0].timestamp_ns
+        """One pass over the messages (read as they are played); False when stopped."""
+        first_ns: int | None = None
         wall0 = time.monotonic_ns()
         rate = self._config.rate
         clock_step = round(1e9 / self._config.clock_hz) if self._clock_pub else 0
-        next_clock = first_ns
+        next_clock = 0
         for msg in self._messages:
+            if first_ns is None:
+                first_ns = next_clock = msg.timestamp_ns
+                wall0 = time.monotonic_ns()
             while clock_step and next_clock <= msg.timestamp_ns:
                 if not self._wait_until(wall0 + round((next_clock - first_ns) / rate)):
                     return False
@@ -181,12 +211,17 @@ class BagPlayer:
         if self._config.delay_s and self._stop.wait(self._config.delay_s):
             self.stats.stopped = True
             return self.stats
+        count = (self._messages.count if isinstance(self._messages, BagStream)
+                 else len(self._messages))
         LOG.info("playing %d messages on %d topics at rate %.3g",
-                 len(self._messages), len(self._publishers), self._config.rate)
+                 count, len(self._publishers), self._config.rate)
         while True:
+            before = self.stats.published
             if not self._play_once():
                 self.stats.stopped = True
                 break
+            if self.stats.published == before:  # e.g. a start offset past the end
+                raise BagError("nothing to play: no message after the start offset")
             self.stats.loops += 1
             if not self._config.loop:
                 break
@@ -210,25 +245,42 @@ class BagPlayer:
 
 
 def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -> PlayStats:
-    """Read ``path`` and play it on a node of its own until done, stopped or interrupted."""
+    """Stream ``path`` onto a node of its own until done or stopped by SIGINT/SIGTERM.
+
+    rclpy's own signal handlers are not installed: they would shut the context down
+    while a publish is under way. Ours are installed first thing, so a signal during
+    start-up (opening the bag, starting rclpy) stops the player before it plays instead
+    of killing it or raising out of an rclpy call; ``PlayStats.signal`` says which one.
+    """
     import rclpy
-    from rclpy.executors import ExternalShutdownException
+    from rclpy.signals import SignalHandlerOptions
 
-    from thinkmem_ros.playback.bag_files import read_bag
+    caught: list[int] = []
+    players: list[BagPlayer] = []
 
-    _, messages = read_bag(path, topics=config.topics, start_offset_s=config.start_offset_s)
-    with rclpy.init():
-        node = rclpy.create_node(node_name)
-        player = BagPlayer(node, messages, config)
-        try:
-            stats = player.play()
-            if not player.flush():
-                LOG.warning("some messages were not acknowledged before exit")
-            return stats
-        except (KeyboardInterrupt, ExternalShutdownException):
+    def on_signal(signum, _frame) -> None:
+        caught.append(signum)
+        for player in players:
             player.stop()
-            player.stats.stopped = True
-            return player.stats
-        finally:
-            player.destroy()
-            node.destroy_node()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        source = BagStream(path, topics=config.topics, start_offset_s=config.start_offset_s)
+        with rclpy.init(signal_handler_options=SignalHandlerOptions.NO):
+            node = rclpy.create_node(node_name)
+            player = BagPlayer(node, source, config)
+            players.append(player)
+            if caught:
+                player.stop()
+            try:
+                stats = player.play()
+                if not stats.stopped and not player.flush():
+                    LOG.warning("some messages were not acknowledged before exit")
+            finally:
+                player.destroy()
+                node.destroy_node()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stats.signal = caught[0] if caught else None
+    return stats

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +22,8 @@ FORMAT_VERSION = 1
 SUPPORTED_FORMATS = (1,)
 MANIFEST = "bundle.json"
 ONNX_FILE = "policy.onnx"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+"""Largest ``bundle.json`` read; real ones are a few kilobytes (metrics included)."""
 
 
 class BundleError(RuntimeError):
@@ -76,16 +80,71 @@ class BundleManifest:
             raise BundleError(f"{source}: expected a JSON object")
         if "format_version" in data and data["format_version"] not in SUPPORTED_FORMATS:
             raise BundleError(
-                f"{source}: format_version {data['format_version']!r} is not supported; "
+                f"{source}: format_version {_kind(data['format_version'])} is not supported; "
                 f"this thinkmem_ros reads {list(SUPPORTED_FORMATS)}")
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        unknown = sorted(map(str, set(data) - known))
         if unknown:
-            raise BundleError(f"{source}: unknown keys {unknown}")
+            raise BundleError(f"{source}: unknown keys {unknown[:8]}")
+        for key, value in data.items():
+            _check_field(source, key, value)
         try:
             return cls(**data)
         except TypeError as exc:
             raise BundleError(f"{source}: {exc}") from exc
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+_FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "model_version": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "sha256": (lambda v: isinstance(v, str), "a string"),
+    "labels": (_is_names, "a list of strings"),
+    "signals": (_is_names, "a list of strings"),
+    "window": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "frame_rate_hz": (lambda v: _is_number(v) and v > 0, "a finite number > 0"),
+    "normalisation": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(xs, list) and all(_is_number(x) for x in xs)
+        for k, xs in v.items()), "an object of number lists {mean: [..], std: [..]}"),
+    "thresholds": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and _is_number(x) for k, x in v.items()),
+        "an object {label: number}"),
+    "event_vocabulary": (_is_names, "a list of strings"),
+    "max_events": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "training_fingerprint": (lambda v: isinstance(v, str), "a string"),
+    "created_at": (lambda v: isinstance(v, str), "a string"),
+    "preset": (lambda v: isinstance(v, str), "a string"),
+    "model_config": (lambda v: isinstance(v, dict), "an object"),
+    "metrics": (lambda v: isinstance(v, dict), "an object"),
+    "extras": (lambda v: isinstance(v, dict), "an object"),
+    "format_version": (_is_int, "an integer"),
+}
+"""What each ``bundle.json`` key must hold: a manifest is outside input (a file on disk, a
+push), so a wrong type is refused naming the key instead of failing later in a traceback."""
+
+
+def _check_field(source: str, key: str, value: object) -> None:
+    check, expected = _FIELD_TYPES[key]
+    if not check(value):
+        raise BundleError(f"{source}: {key} must be {expected}, got {_kind(value)}")
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, (dict, list)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -121,10 +180,26 @@ def read_manifest(folder: Path | str) -> BundleManifest:
     if not manifest_path.is_file():
         raise BundleError(f"bundle manifest not found: {manifest_path}")
     try:
-        data = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{manifest_path}: cannot parse JSON: {exc}") from exc
-    return BundleManifest.from_dict(data, source=str(manifest_path))
+        size = manifest_path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise BundleError(f"{manifest_path}: {size} bytes exceed {MAX_MANIFEST_BYTES}")
+        text = manifest_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{manifest_path}: cannot read: {exc}") from exc
+    return parse_manifest(text, source=str(manifest_path))
+
+
+def parse_manifest(text: str | bytes, source: str = MANIFEST) -> BundleManifest:
+    """Parse manifest text; anything malformed (deep nesting included) is a BundleError."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{source}: {len(text)} bytes exceed {MAX_MANIFEST_BYTES}")
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise BundleError(f"{source}: cannot parse JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long int literals
+        raise BundleError(f"{source}: cannot parse JSON: {exc}") from None
+    return BundleManifest.from_dict(data, source=source)
 
 
 def load_bundle(folder: Path | str) -> Bundle:

@@ -8,9 +8,18 @@ ROS, so every rule below is unit-tested without DDS:
 - a frame takes the latest accepted sample of each signal;
 - a signal whose latest sample arrived more than ``stale_after_s`` ago (or never) is
   masked (value 0, mask 0) and counted: a dead sensor is never reused forever;
-- NaN/inf samples are dropped and counted;
+- NaN/inf samples, and finite ones beyond float32 range (the window's type, where they
+  would become inf and fail every inference while they stay in it), are dropped and
+  counted as invalid;
 - a stamped sample whose stamp is not newer than the signal's latest accepted stamp is
   dropped and counted as a duplicate or out-of-order: the window only moves forward;
+- a stamp more than ``future_tolerance_s`` ahead of ``now`` is dropped and counted as
+  ``future`` and never becomes the high-water mark, so one sample stamped in 2038 cannot
+  make every later genuine sample "out of order"; old stamps (a recording played without
+  sim time) stay legitimate;
+- a backward step of the clock (a looped bag or a restarted simulation with sim time) by
+  more than ``JUMP_BACK_S`` resets the window: latest samples, stamps, the ring and the
+  events belong to the abandoned timeline and would otherwise blind or fake freshness;
 - events keep their arrival order; the last M known events form the event history.
 
 Times: ``now`` is the node clock (ROS time, so sim time works with bag playback) and
@@ -28,6 +37,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+JUMP_BACK_S = 0.1
+"""A clock step backwards larger than this resets the window (smaller steps only delay
+stamps by at most that much, which the staleness limit already tolerates)."""
+
 
 class Verdict(enum.Enum):
     """What happened to one offered sample or event."""
@@ -36,6 +50,7 @@ class Verdict(enum.Enum):
     INVALID = "invalid"
     DUPLICATE = "duplicate"
     OUT_OF_ORDER = "out_of_order"
+    FUTURE = "future"
     UNKNOWN_EVENT = "unknown_event"
 
 
@@ -49,6 +64,7 @@ class BufferConfig:
     max_events: int = 1
     event_vocabulary: tuple[str, ...] = ()
     event_horizon_s: float = 0.0  # 0 = events never expire, only the last M are kept
+    future_tolerance_s: float = 1.0  # stamps further ahead of the clock are refused
 
     def __post_init__(self) -> None:
         self.signals = tuple(self.signals)
@@ -65,6 +81,8 @@ class BufferConfig:
             raise ValueError(f"max_events must be >= 1, got {self.max_events}")
         if not (self.event_horizon_s >= 0.0 and math.isfinite(self.event_horizon_s)):
             raise ValueError(f"event_horizon_s must be >= 0, got {self.event_horizon_s}")
+        if not self.future_tolerance_s > 0.0:  # math.inf turns the check off
+            raise ValueError(f"future_tolerance_s must be > 0, got {self.future_tolerance_s}")
 
 
 @dataclass
@@ -90,15 +108,18 @@ class BufferCounters:
     duplicate: dict[str, int] = field(default_factory=dict)
     out_of_order: dict[str, int] = field(default_factory=dict)
     stale_frames: dict[str, int] = field(default_factory=dict)
+    future: dict[str, int] = field(default_factory=dict)
     events_accepted: int = 0
     unknown_events: int = 0
     frames: int = 0
+    time_jumps: int = 0
 
     def copy(self) -> BufferCounters:
         """Independent snapshot for a reader on another thread."""
         return BufferCounters(dict(self.accepted), dict(self.invalid), dict(self.duplicate),
                               dict(self.out_of_order), dict(self.stale_frames),
-                              self.events_accepted, self.unknown_events, self.frames)
+                              dict(self.future), self.events_accepted, self.unknown_events,
+                              self.frames, self.time_jumps)
 
 
 class SituationBuffer:
@@ -120,9 +141,11 @@ class SituationBuffer:
         self._events: deque[tuple[str, float]] = deque(maxlen=config.max_events)
         self._event_ids = {name: i + 1 for i, name in enumerate(config.event_vocabulary)}
         self._last_event: tuple[str, float | None] | None = None
+        self._last_now = -math.inf  # newest clock reading seen, to notice backward steps
         self.counters = BufferCounters(
             **{key: {s: 0 for s in config.signals}
-               for key in ("accepted", "invalid", "duplicate", "out_of_order", "stale_frames")})
+               for key in ("accepted", "invalid", "duplicate", "out_of_order", "stale_frames",
+                           "future")})
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -134,9 +157,13 @@ class SituationBuffer:
         """Offer one sample of signal ``index``; only ACCEPTED samples change the window."""
         name = self.config.signals[index]
         with self._lock:
-            if not math.isfinite(value):
+            self._see_clock(now)
+            if not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
                 self.counters.invalid[name] += 1
                 return Verdict.INVALID
+            if stamp is not None and not stamp <= now + self.config.future_tolerance_s:
+                self.counters.future[name] += 1  # NaN stamps land here too
+                return Verdict.FUTURE
             if stamp is not None and self._has_stamp[index]:
                 if stamp == self._stamp[index]:
                     self.counters.duplicate[name] += 1
@@ -157,6 +184,7 @@ class SituationBuffer:
     def offer_event(self, name: str, *, now: float, stamp: float | None = None) -> Verdict:
         """Append a discrete event; unknown names and exact repeats (same stamp) are dropped."""
         with self._lock:
+            self._see_clock(now)
             if name not in self._event_ids:
                 self.counters.unknown_events += 1
                 return Verdict.UNKNOWN_EVENT
@@ -166,6 +194,38 @@ class SituationBuffer:
             self._events.append((name, now))
             self.counters.events_accepted += 1
             return Verdict.ACCEPTED
+
+    def reset_time(self, now: float) -> None:
+        """Forget everything tied to the old timeline after the clock jumped backwards.
+
+        Latest samples, their stamps and clock readings, the ring and the events all refer
+        to times the clock has left: kept, the stamps would refuse every genuine sample as
+        out of order and the clock readings would keep dead signals "fresh". Counters stay.
+        """
+        with self._lock:
+            self._reset(now)
+
+    def _reset(self, now: float) -> None:
+        self._value[:] = 0.0
+        self._received_at[:] = -math.inf
+        self._stamp[:] = -math.inf
+        self._has_stamp[:] = False
+        self._arrival[:] = math.nan
+        self._updated[:] = False
+        self._ring_values[:] = 0.0
+        self._ring_mask[:] = 0.0
+        self._head = 0
+        self._events.clear()
+        self._last_event = None
+        self._last_now = now
+        self.counters.time_jumps += 1
+
+    def _see_clock(self, now: float) -> None:
+        """Reset on a backward clock step the node's jump callback did not report first."""
+        if now < self._last_now - JUMP_BACK_S:
+            self._reset(now)
+        elif now > self._last_now:
+            self._last_now = now
 
     def set_event_vocabulary(self, vocabulary: tuple[str, ...]) -> None:
         """Adopt a new bundle's event ids; held events are re-mapped by name, not by id."""
@@ -191,6 +251,7 @@ class SituationBuffer:
         """Write the newest row from the latest samples and return the whole window."""
         cfg = self.config
         with self._lock:
+            self._see_clock(now)
             fresh = self._fresh(now)
             row = self._head
             self._ring_values[row] = np.where(fresh, self._value, 0.0)

@@ -2,7 +2,10 @@
 
 ``/thinking/activation`` carries one compact JSON object per frame: the LLM side and the
 demo read the active labels, the bag engineer scores every frame, and benchmarks read the
-timings. When the bundle carries a value table or memory-control probes, ``active`` is
+timings. ``no_input`` is true when every signal was stale for the frame: the probabilities
+are still published (they are what the policy says about an empty window) but ``active``
+is empty, so nothing downstream acts on thinking that no input supports. When the bundle
+carries a value table or memory-control probes, ``active`` is
 what the gates kept, in rank order, and the record adds ``policy_active`` (what the policy
 activated), ``ranked``, ``suppressed`` {label: reason}, ``values``, ``uncertainties``,
 ``value_mode`` and ``memctl`` {p_compress, p_recall, compress, recall, error} (see
@@ -40,6 +43,7 @@ class FrameResult:
     stale: tuple[str, ...]
     inputs_stamp: float | None
     gate: dict | None = None  # ThinkingGates decisions (GateOutcome.record()), if any
+    no_input: bool = False  # every signal stale: nothing is claimed active
 
 
 def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,
@@ -61,9 +65,12 @@ def activation_record(result: FrameResult, robot_id: str) -> dict:
         "stamp": result.stamp,
         "inputs_stamp": result.inputs_stamp,
         "bundle_version": result.bundle_version,
-        "active": [{"label": label, "probability": by_label[label]} for label in active],
+        # a label the gates added without a policy output (a shipped rule's consider:C
+        # the policy was not trained on) has no probability: null
+        "active": [{"label": label, "probability": by_label.get(label)} for label in active],
         "probabilities": by_label,
         "stale": list(result.stale),
+        "no_input": result.no_input,
         "inference_us": round(result.inference_us, 1),
         "latency_us": None if result.latency_us is None else round(result.latency_us, 1),
     }

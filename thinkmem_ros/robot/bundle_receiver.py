@@ -195,8 +195,9 @@ class BundleReceiver:
         if version <= self.version:  # cheap check first; re-checked on the signed manifest
             raise PushRejected("version", f"v{version} is not newer than the running "
                                           f"v{self.version} (rollback/replay)")
-        staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=self.bundles_dir))
-        try:
+        staging: Path | None = None
+        try:  # a full or failing disk is a counted refusal, never an escaping OSError
+            staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=self.bundles_dir))
             for name, data in ((MANIFEST, manifest), (ONNX_FILE, onnx),
                                (SIGNATURE_FILE, signature)):
                 _write_synced(staging / name, data)
@@ -208,11 +209,17 @@ class BundleReceiver:
             for name in _check_artefacts(artefacts, bundle.manifest.extras, version):
                 _write_synced(staging / name, artefacts[name])
             target = self._publish(staging, version)
+        except OSError as exc:
+            raise PushRejected("install", f"cannot stage v{version} under "
+                                          f"{self.bundles_dir}: {exc}") from exc
         finally:
-            if staging.exists():
+            if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         self.version, self.sha256 = version, bundle.manifest.sha256
-        self._prune()
+        try:
+            self._prune()
+        except OSError as exc:  # installed and linked already: pruning can wait
+            log.warning("cannot prune old bundles in %s: %s", self.bundles_dir, exc)
         return target
 
     def _publish(self, staging: Path, version: int) -> Path:

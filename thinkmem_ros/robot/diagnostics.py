@@ -16,8 +16,16 @@ OK, WARN, ERROR = 0, 1, 2
 LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR"}
 
 COUNTERS = ("frames", "invalid", "duplicate", "out_of_order", "unknown_events",
-            "frames_skipped", "inference_errors", "stale_frames", "samples")
-"""Cumulative counters the node reports, in the order they appear in the values."""
+            "frames_skipped", "inference_errors", "stale_frames", "samples", "future",
+            "time_jumps", "invalid_events", "input_errors", "no_input_frames")
+"""Cumulative counters the node reports, in the order they appear in the values.
+
+``future``: samples refused because their stamp was further ahead of the node's clock
+than ``future_stamp_tolerance_s``; ``time_jumps``: backward clock steps that reset the
+window; ``invalid_events``: events-topic messages refused (too long); ``input_errors``:
+input messages whose handling raised (the node counts them and goes on);
+``no_input_frames``: frames published with every signal stale and so no active thinking.
+"""
 
 
 @dataclass
@@ -83,6 +91,10 @@ def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
     for key, what in (("invalid", "NaN/inf messages dropped"),
                       ("duplicate", "duplicate stamps dropped"),
                       ("out_of_order", "out-of-order stamps dropped"),
+                      ("future", "future stamps dropped (sensor clock ahead of ours?)"),
+                      ("time_jumps", "backward clock jumps (window reset)"),
+                      ("invalid_events", "invalid event messages dropped"),
+                      ("input_errors", "input messages that could not be handled"),
                       ("frames_skipped", "frames skipped (inference too slow)")):
         if delta[key]:
             warns.append(f"{delta[key]} {what}")
@@ -131,7 +143,7 @@ SHIPPING_VALUES = ("queue", "spool_rows", "spool_bytes", "inflight", "sent", "re
 
 BUILDER_VALUES = ("frames", "pending", "shipped", "skipped", "feedback", "feedback_matched",
                   "feedback_late", "feedback_unmatched", "feedback_invalid", "episodes",
-                  "build_errors")
+                  "build_errors", "events_invalid")
 """Experience-builder counters reported (prefixed ``experiences_``) in the same status."""
 
 
@@ -178,7 +190,8 @@ def shipping_status(snap: ShippingSnapshot) -> StatusReport:
         if delta(key):
             warns.append(f"{delta(key)} {what}")
     for key, what in (("build_errors", "frames could not become experiences"),
-                      ("feedback_invalid", "malformed feedback messages")):
+                      ("feedback_invalid", "malformed feedback messages"),
+                      ("events_invalid", "malformed event names")):
         count = int(snap.builder.get(key, 0)) - int(snap.previous_builder.get(key, 0))
         if count:
             warns.append(f"{count} {what}")

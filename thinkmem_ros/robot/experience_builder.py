@@ -68,21 +68,37 @@ class Feedback:
     reward: float | None = None
 
 
+MAX_FEEDBACK_CHARS = 65536
+"""Longest feedback text parsed: a stamp, up to ``max_labels`` labels and a reward fit in a
+few kilobytes, so anything longer is refused before the JSON parser spends time on it."""
+
+
 def parse_feedback(text: str) -> Feedback:
-    """Parse ``{"stamp": s, "required": [labels], "reward": r|null}``; FeedbackError naming it."""
+    """Parse ``{"stamp": s, "required": [labels], "reward": r|null}``; FeedbackError naming it.
+
+    The text comes from any publisher on the feedback topic, so nothing it holds may raise
+    anything but FeedbackError: its length is bounded, nesting too deep for the parser, huge
+    integers and numbers beyond float range are refused like any other malformed value.
+    """
+    if not isinstance(text, str):
+        raise FeedbackError(f"feedback: expected text, got {type(text).__name__}")
+    if len(text) > MAX_FEEDBACK_CHARS:
+        raise FeedbackError(f"feedback: {len(text)} characters exceed {MAX_FEEDBACK_CHARS}")
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as exc:
+    except RecursionError:
+        raise FeedbackError("feedback: not JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, and int strings beyond Python's digit limit
         raise FeedbackError(f"feedback: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise FeedbackError(f"feedback: expected an object, got {type(data).__name__}")
     unknown = sorted(set(data) - {"stamp", "required", "reward"})
     if unknown:
-        raise FeedbackError(f"feedback: unknown keys {unknown}")
-    stamp = data.get("stamp")
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not (
-            math.isfinite(stamp) and stamp >= 0):
-        raise FeedbackError(f"feedback.stamp: expected a finite number >= 0, got {stamp!r}")
+        raise FeedbackError(f"feedback: unknown keys {unknown[:8]}")
+    stamp = _finite(data.get("stamp"))
+    if stamp is None or stamp < 0:
+        raise FeedbackError("feedback.stamp: expected a finite number >= 0, got "
+                            f"{_short(data.get('stamp'))}")
     required = data.get("required")
     if required is not None:
         if not isinstance(required, list) or len(required) > LIMITS["max_labels"]:
@@ -90,15 +106,34 @@ def parse_feedback(text: str) -> Feedback:
                                 f"{LIMITS['max_labels']} labels")
         for label in required:
             if not _valid_name(label):
-                raise FeedbackError(f"feedback.required: bad label {label!r}")
+                raise FeedbackError(f"feedback.required: bad label {_short(label)}")
         required = tuple(dict.fromkeys(required))
     reward = data.get("reward")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
-                               or not math.isfinite(reward)):
-        raise FeedbackError(f"feedback.reward: expected a finite number or null, got {reward!r}")
+    if reward is not None:
+        reward = _finite(reward)
+        if reward is None:
+            raise FeedbackError("feedback.reward: expected a finite number or null, got "
+                                f"{_short(data.get('reward'))}")
     if required is None and reward is None:
         raise FeedbackError("feedback: carries neither 'required' nor 'reward'")
-    return Feedback(float(stamp), required, None if reward is None else float(reward))
+    return Feedback(stamp, required, reward)
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or None (bools, non-numbers, overflow, NaN, inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer literal beyond float range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _short(value: object) -> str:
+    """The repr of a refused value, cut so a log line stays one line."""
+    text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _valid_name(name: object) -> bool:

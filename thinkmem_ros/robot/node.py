@@ -33,12 +33,22 @@ suppressed (``value_mode`` deploy, the default; learn = decayed epsilon-greedy; 
 is never suppressed. When it carries ``memctl.npz`` each frame gets p_compress / p_recall
 from the embedding; RECALL sends a non-blocking request to ``recall_endpoint`` and the
 evidence that comes back (within ``recall_deadline_s``) is published on
-``/thinking/evidence`` with the next activation. The artefacts are loaded on the hot-swap
-thread with their bundle; a gate failure never stops activations. Status "memory" in
-``/diagnostics`` counts suppressions, recalls, evidence and failures.
+``/thinking/evidence`` with the next activation. When it carries ``rules.json``, every
+event also feeds the anticipation tracker and ``consider:C`` of each shipped A...B...C rule is
+held from A...B until C or the rule's horizon (``robot/anticipation.py``). The artefacts
+are loaded on the hot-swap thread with their bundle; a gate failure never stops
+activations. Status "memory" in ``/diagnostics`` counts suppressions, recalls, evidence and
+failures.
 
 Latency, as reported: from the ``perf_counter`` reading taken on entry to the callback of
 the newest sample used by a frame to the return of the activation ``publish()``.
+
+Outside input cannot stop the node: every subscription callback is guarded and counts what
+it could not handle (``input_errors``); feedback and events are size-bounded; header stamps
+too far ahead of the node's clock are refused (``future_stamp_tolerance_s``); a backward
+ROS-time jump (a looped bag, a restarted simulation) resets the window; with every signal
+stale a frame claims no active thinking (``no_input``). Parameters are checked before rcl
+reads them and a set of ``bundle_path`` that cannot work is refused with its reason.
 """
 
 from __future__ import annotations
@@ -61,8 +71,11 @@ from rcl_interfaces.msg import (
     ParameterDescriptor,
     SetParametersResult,
 )
-from rclpy.exceptions import ParameterException
+from rclpy.clock import ClockChange, JumpThreshold, TimeJump
+from rclpy.duration import Duration
+from rclpy.exceptions import NameValidationException, ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -73,8 +86,14 @@ from thinkmem_ros.link.security import (
     SecurityError,
     load_verify_key,
 )
-from thinkmem_ros.policy.bundle import BundleError, read_manifest
-from thinkmem_ros.policy.situation import BufferConfig, Frame, SituationBuffer, Verdict
+from thinkmem_ros.policy.bundle import ONNX_FILE, BundleError, read_manifest
+from thinkmem_ros.policy.situation import (
+    JUMP_BACK_S,
+    BufferConfig,
+    Frame,
+    SituationBuffer,
+    Verdict,
+)
 from thinkmem_ros.robot.activation import (
     FrameResult,
     activation_json,
@@ -98,8 +117,11 @@ from thinkmem_ros.robot.node_config import (
     PARAMETERS,
     PROBABILITIES_TOPIC,
     NodeConfig,
+    ParamsFileError,
     ParamSpec,
+    check_parameter_names,
     signal_params,
+    validate_ros_args,
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
 from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
@@ -157,6 +179,9 @@ class _Stats:
         self.published = 0
         self.frames_skipped = 0
         self.inference_errors = 0
+        self.input_errors = 0  # input messages whose handling raised (counted, node goes on)
+        self.invalid_events = 0  # events-topic messages refused (too long)
+        self.no_input_frames = 0  # frames with every signal stale: nothing claimed active
 
     def record(self, inference_us: float, latency_us: float | None,
                inputs_stamp: float | None) -> None:
@@ -168,6 +193,27 @@ class _Stats:
             if self.all_latency_us is not None and len(self.all_latency_us) < 2_000_000:
                 self.all_inference_us.append(inference_us)
                 self.all_latency_us.append((inputs_stamp, latency_us))
+
+
+MAX_EVENT_CHARS = 256
+"""Longest events-topic message handled; event names are short words, and anything longer
+is refused (counted as ``invalid_events``) before it is stripped, matched or shipped."""
+
+
+def _input_callback(method: Callable) -> Callable:
+    """Guard a subscription callback: nothing one message holds may stop the node.
+
+    An exception escaping a callback ends ``executor.spin()`` and with it the node, so
+    whatever a handler raises is counted (``input_errors`` in /diagnostics), logged at
+    most every 5 s, and the next message is handled as usual.
+    """
+    @functools.wraps(method)
+    def guarded(self, *args) -> None:
+        try:
+            method(self, *args)
+        except Exception as exc:  # noqa: BLE001 - one message must never stop the node
+            self._input_error(method.__name__, exc)
+    return guarded
 
 
 def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
@@ -213,7 +259,14 @@ class ThinkingNode(Node):
             signals=policy.signals, window=policy.window,
             stale_after_s=self.config.stale_after_s, max_events=policy.max_events,
             event_vocabulary=policy.event_vocabulary,
-            event_horizon_s=self.config.event_horizon_s))
+            event_horizon_s=self.config.event_horizon_s,
+            future_tolerance_s=self.config.future_stamp_tolerance_s))
+        # A backward jump of ROS time (a looped bag with --clock, a restarted simulation)
+        # resets the window before the next sample; the buffer also notices jumps itself.
+        self._jump_handle = self.get_clock().create_jump_callback(
+            JumpThreshold(min_forward=None, min_backward=Duration(
+                nanoseconds=-int(JUMP_BACK_S * 1e9)), on_clock_change=True),
+            post_callback=self._on_time_jump)
         self._stats = _Stats(keep_all=bool(self.config.stats_file))
         self._slot = PolicySlot(policy)
         self._layout = self._make_layout(policy)
@@ -265,6 +318,10 @@ class ThinkingNode(Node):
             for spec in signal_params(name):
                 self.declare_parameter(spec.name, spec.default, _descriptor(spec))
                 specs.append(spec)
+        # A typo (an unknown parameter, signal or signal-map key) must stop the node, not
+        # be ignored: rcl hands over every override meant for this node, declared or not.
+        check_parameter_names(getattr(self, "_parameter_overrides", {}), signals,
+                              source="parameters")
         values = {spec.name: self.get_parameter(spec.name).value for spec in specs}
         return NodeConfig.from_parameters(values, signals)
 
@@ -342,16 +399,53 @@ class ThinkingNode(Node):
             + (f"verified into {self.config.bundles_folder()}" if link.receiver is not None
                else "refused (no bundle_signing_public_key)"))
 
+    @_input_callback
     def _on_feedback(self, msg: String) -> None:
         if self._shipping is not None:
-            self._shipping.on_feedback(msg.data)
+            self._shipping.on_feedback(msg.data)  # bounded, parsed, invalid ones counted
 
     def _check_parameters(self, params: list[Parameter]) -> SetParametersResult:
+        """Refuse a set that cannot work, with the reason, before the parameter changes.
+
+        Only cheap checks run here (the executor waits for them): the folder, its manifest
+        and that it fits the running window. Hashing and loading the graph stay on the
+        hot-swap thread, whose refusals show in /diagnostics as ``bundle_error``.
+        """
         for param in params:
-            if param.name == "bundle_path" and param.type_ != Parameter.Type.STRING:
+            if param.name != "bundle_path":
+                continue
+            if param.type_ != Parameter.Type.STRING:
                 return SetParametersResult(successful=False,
                                            reason="bundle_path must be a string")
+            problem = self._bundle_path_problem(param.value)
+            if problem:
+                self.get_logger().warning(f"bundle_path {param.value!r} refused: {problem}")
+                return SetParametersResult(successful=False, reason=problem)
         return SetParametersResult(successful=True)
+
+    def _bundle_path_problem(self, value: str) -> str:
+        """Why ``value`` cannot become the running bundle ('' when the cheap checks pass)."""
+        try:
+            folder = resolve_bundle_path(value)
+        except FileNotFoundError as exc:  # '' and no shipped default installed
+            return str(exc)
+        if not folder.is_dir():
+            return f"bundle folder not found: {folder}"
+        try:
+            manifest = read_manifest(folder)
+        except BundleError as exc:
+            return str(exc)
+        if not (folder / ONNX_FILE).is_file():
+            return f"bundle model not found: {folder / ONNX_FILE}"
+        running = self._slot.peek()
+        if tuple(manifest.signals) != running.signals:
+            return (f"{folder}: signals {manifest.signals} differ from the running "
+                    f"{list(running.signals)}; restart the node to change them")
+        if (manifest.window, manifest.max_events) != (running.window, running.max_events):
+            return (f"{folder}: window K={manifest.window}, M={manifest.max_events} differ "
+                    f"from the running K={running.window}, M={running.max_events}; restart "
+                    "the node to change them")
+        return ""
 
     def _apply_parameters(self, params: list[Parameter]) -> None:
         for param in params:
@@ -376,6 +470,29 @@ class ThinkingNode(Node):
     def _now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
+    def _input_error(self, handler: str, exc: BaseException) -> None:
+        with self._stats.lock:
+            self._stats.input_errors += 1
+        self.get_logger().error(f"{handler}: message dropped: {type(exc).__name__}: "
+                                f"{str(exc)[:200]}", throttle_duration_sec=5.0)
+
+    def _on_time_jump(self, jump: TimeJump) -> None:
+        """ROS time jumped back (or switched source): start the window afresh."""
+        try:
+            if jump.clock_change not in (ClockChange.ROS_TIME_ACTIVATED,
+                                         ClockChange.ROS_TIME_DEACTIVATED) \
+                    and jump.delta.nanoseconds >= 0:
+                return
+            now = self._now()
+            self.buffer.reset_time(now)
+            self._last_frame_at = -float("inf")  # the 'samples' watchdog restarts too
+            self.get_logger().info(f"clock jumped by {jump.delta.nanoseconds * 1e-9:+.3f} s "
+                                   f"to {now:.3f}: situation window reset",
+                                   throttle_duration_sec=1.0)
+        except Exception as exc:  # noqa: BLE001 - rcl calls this; it must not raise
+            self.get_logger().error(f"time jump handling failed: {exc}")
+
+    @_input_callback
     def _on_sample(self, index: int, path: FieldPath, msg) -> None:
         arrival = time.perf_counter()
         now = self._now()
@@ -389,10 +506,18 @@ class ThinkingNode(Node):
                 and self.buffer.complete(now)):
             self._emit(now)
 
+    @_input_callback
     def _on_event(self, msg: String) -> None:
+        if len(msg.data) > MAX_EVENT_CHARS:
+            with self._stats.lock:
+                self._stats.invalid_events += 1
+            self.get_logger().warning(f"event of {len(msg.data)} characters dropped (more "
+                                      f"than {MAX_EVENT_CHARS})", throttle_duration_sec=5.0)
+            return
         now = self._now()
         name = msg.data.strip()
         self.buffer.offer_event(name, now=now, stamp=None)
+        self._gates.on_event(name, now)  # A...B progress of the bundle's rules (event times)
         if self._shipping is not None:
             self._shipping.on_event(name, now)
 
@@ -444,14 +569,21 @@ class ThinkingNode(Node):
             return
         inference_us = (time.perf_counter() - start) * 1e6
         probs = np.asarray(pred.probabilities[0], dtype=np.float32)
+        # Every signal stale: the policy still answers (an empty window looks like
+        # something to it), but no input supports any thinking, so none is claimed active.
+        no_input = len(frame.stale) == frame.signals.shape[1]
         result = FrameResult(
             seq=frame.seq, stamp=frame.stamp, signals=frame.signals, mask=frame.mask,
             events=events, labels=policy.labels, probabilities=probs,
-            active=active_labels(policy.labels, probs, policy.thresholds),
+            active=() if no_input else active_labels(policy.labels, probs, policy.thresholds),
             embedding=np.asarray(pred.embedding[0]), inference_us=inference_us,
             latency_us=None, bundle_version=policy.version, bundle_sha256=policy.sha256,
-            stale=frame.stale, inputs_stamp=frame.inputs_stamp)
-        result.gate = self._apply_gates(result)
+            stale=frame.stale, inputs_stamp=frame.inputs_stamp, no_input=no_input)
+        if no_input:
+            with self._stats.lock:
+                self._stats.no_input_frames += 1
+        else:
+            result.gate = self._apply_gates(result)
         if frame.last_arrival is not None:
             result.latency_us = (time.perf_counter() - frame.last_arrival) * 1e6
         self._act_pub.publish(String(data=activation_json(result, self.config.robot_id)))
@@ -468,14 +600,14 @@ class ThinkingNode(Node):
                                         throttle_duration_sec=5.0)
 
     def _apply_gates(self, result: FrameResult) -> dict | None:
-        """Value rerank + memory control for one frame; None when the bundle has neither."""
+        """Anticipation, value rerank, memory control for one frame; None when none applies."""
         arts = self._gates.artefacts
-        if arts.table is None and arts.heads is None:
+        if arts.table is None and arts.heads is None and arts.rules is None:
             return None
         try:
             outcome = self._gates.apply(result.seq, result.active, result.embedding,
                                         dict(zip(result.labels, result.probabilities.tolist(),
-                                                 strict=True)))
+                                                 strict=True)), now=result.stamp)
             return outcome.record()
         except Exception as exc:  # noqa: BLE001 - a gate failure must not stop activations
             self.get_logger().error(f"value/memory gates failed on frame {result.seq}: {exc}",
@@ -524,20 +656,25 @@ class ThinkingNode(Node):
         stats = self._stats
         with stats.lock:
             skipped, errors = stats.frames_skipped, stats.inference_errors
+            input_errors, invalid_events = stats.input_errors, stats.invalid_events
+            no_input = stats.no_input_frames
         return {"frames": stats.published, "invalid": sum(counters.invalid.values()),
                 "duplicate": sum(counters.duplicate.values()),
                 "out_of_order": sum(counters.out_of_order.values()),
                 "unknown_events": counters.unknown_events, "frames_skipped": skipped,
                 "inference_errors": errors, "stale_frames": sum(counters.stale_frames.values()),
-                "samples": sum(counters.accepted.values())}
+                "samples": sum(counters.accepted.values()),
+                "future": sum(counters.future.values()), "time_jumps": counters.time_jumps,
+                "invalid_events": invalid_events, "input_errors": input_errors,
+                "no_input_frames": no_input}
 
     def type_mismatches(self) -> dict[str, list[str]]:
         """Topics of the signal map that also carry publishers of another message type."""
         out: dict[str, list[str]] = {}
-        expected = {self.config.signal_map[s].topic: self.config.signal_map[s].msg_type
-                    for s in self.buffer.signals}
+        expected = {self.resolve_topic_name(self.config.signal_map[s].topic):
+                    self.config.signal_map[s].msg_type for s in self.buffer.signals}
         if self.config.events_topic:
-            expected[self.config.events_topic] = "std_msgs/msg/String"
+            expected[self.resolve_topic_name(self.config.events_topic)] = "std_msgs/msg/String"
         for topic, msg_type in expected.items():
             foreign = sorted({info.topic_type for info in self.get_publishers_info_by_topic(topic)
                               if info.topic_type != msg_type})
@@ -638,15 +775,36 @@ class ThinkingNode(Node):
         super().destroy_node()
 
 
+def _refuse(reason: object) -> int:
+    """One line on stderr naming what is wrong; exit status 2."""
+    text = " ".join(str(reason).split())
+    text = text.split(", at /")[0]  # rcl appends C source locations; they name nothing useful
+    print(f"{NODE_NAME}: refusing to start: {text}", file=sys.stderr, flush=True)
+    return 2
+
+
 def main(args: list[str] | None = None) -> int:
-    """Run the node until Ctrl-C or SIGTERM (exit 0); exit 2 on an invalid configuration."""
+    """Run the node until Ctrl-C or SIGTERM (exit 0); exit 2 on an invalid configuration.
+
+    Params files are checked before rcl parses them (``validate_ros_args``) so a missing,
+    unparsable or misspelt one is refused in one line; whatever rcl still refuses is
+    reported the same way instead of as a traceback.
+    """
     try:
-        with rclpy.init(args=args):
+        validate_ros_args(sys.argv if args is None else args)
+    except ParamsFileError as exc:
+        return _refuse(exc)
+    try:
+        init = rclpy.init(args=args)
+    except _rclpy.RCLError as exc:
+        return _refuse(exc)
+    try:
+        with init:
             try:
                 node = ThinkingNode()
-            except (ValueError, BundleError, ParameterException, FileNotFoundError) as exc:
-                print(f"{NODE_NAME}: refusing to start: {exc}", file=sys.stderr, flush=True)
-                return 2
+            except (ValueError, BundleError, ParameterException, OSError,
+                    NameValidationException, _rclpy.RCLError) as exc:
+                return _refuse(exc)
             executor = SingleThreadedExecutor()
             executor.add_node(node)
             try:

@@ -8,15 +8,23 @@ the node shell turns ``ParamSpec`` into descriptors, tests use the dataclass dir
 
 ``DEFAULT_SIGNAL_MAP`` and ``DEFAULT_EVENTS_TOPIC`` are the one definition of where each
 signal travels; bag writing and the demo import them, and ``config/thinkmem.yaml`` must
-agree with them (a test checks).
+agree with them (a test checks). Input topics are relative names, as ROS users expect: a
+node without a namespace reads ``/sensors/<signal>``, one launched in ``robot1`` reads
+``/robot1/sensors/<signal>``, so two robots never read each other's sensors.
+
+Parameter files are outside input too: ``validate_ros_args`` checks every ``--params-file``
+before rcl parses it (readable, YAML, ``ros__parameters`` structure, no parameter this
+node does not declare, no unknown signal-map key), and ``unknown_parameters`` names
+overrides that match no declared parameter (a typo must not be silently ignored).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,20 +63,26 @@ class SignalSource:
 
 
 def _float32(name: str) -> SignalSource:
-    return SignalSource(f"/sensors/{name}", "std_msgs/msg/Float32", "data")
+    return SignalSource(f"sensors/{name}", "std_msgs/msg/Float32", "data")
 
 
 DEFAULT_SIGNAL_MAP: dict[str, SignalSource] = {
     name: _float32(name) for name in SIGNALS}
 DEFAULT_SIGNAL_MAP["temperature"] = SignalSource(
-    "/sensors/temperature", "sensor_msgs/msg/Temperature", "temperature")
+    "sensors/temperature", "sensor_msgs/msg/Temperature", "temperature")
 DEFAULT_SIGNAL_MAP["distance"] = SignalSource(
-    "/sensors/distance", "sensor_msgs/msg/Range", "range")
-DEFAULT_EVENTS_TOPIC = "/sensors/events"
+    "sensors/distance", "sensor_msgs/msg/Range", "range")
+DEFAULT_EVENTS_TOPIC = "sensors/events"
 ACTIVATION_TOPIC = "thinking/activation"
 PROBABILITIES_TOPIC = "thinking/probabilities"
 DIAGNOSTICS_TOPIC = "/diagnostics"
-DEFAULT_FEEDBACK_TOPIC = "/thinking/feedback"
+DEFAULT_FEEDBACK_TOPIC = "thinking/feedback"
+SIGNAL_MAP_KEYS: tuple[str, ...] = ("topic", "type", "field")
+"""Keys of one signal's map entry (``signals.<name>.<key>``): the parameters declared per
+signal and the only keys a params file may give; extend it together with
+``signal_params`` and ``NodeConfig.from_parameters``."""
+ROS_PARAMETERS: tuple[str, ...] = ("use_sim_time", "start_type_description_service")
+"""Parameters rclpy declares on every node; a params file may set them."""
 EVIDENCE_TOPIC = "thinking/evidence"
 VALUE_MODE_CHOICES = ("off", "deploy", "learn")
 
@@ -99,6 +113,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("qos", "sensor_data", "input QoS: sensor_data | reliable | best_effort"),
     ParamSpec("qos_depth", 10, "input queue depth", 1, 1000),
     ParamSpec("events_topic", DEFAULT_EVENTS_TOPIC, "std_msgs/String discrete events; '' = none"),
+    ParamSpec("future_stamp_tolerance_s", 1.0, "a header stamp further ahead of the node's "
+              "clock is refused (counted as 'future'), so one bad stamp cannot make later "
+              "samples out of order", 0.001, 1e9),
     ParamSpec("event_horizon_s", 0.0, "events older than this leave the history; 0 = keep "
               "the last M regardless of age", 0.0, 1e6),
     ParamSpec("diagnostics_period_s", 1.0, "period of /diagnostics", 0.05, 60.0),
@@ -148,12 +165,13 @@ PARAMETERS: tuple[ParamSpec, ...] = (
 
 
 def signal_params(name: str) -> tuple[ParamSpec, ...]:
-    """Return the three parameters of signal ``name`` (defaults from DEFAULT_SIGNAL_MAP)."""
+    """Return the parameters of signal ``name``, one per ``SIGNAL_MAP_KEYS`` entry."""
     src = DEFAULT_SIGNAL_MAP.get(name, _float32(name))
     prefix = f"signals.{name}"
-    return (ParamSpec(f"{prefix}.topic", src.topic, f"topic carrying {name}"),
-            ParamSpec(f"{prefix}.type", src.msg_type, f"message type of {name}'s topic"),
-            ParamSpec(f"{prefix}.field", src.field, f"dotted numeric field holding {name}"))
+    specs = {"topic": (src.topic, f"topic carrying {name} (relative to the namespace)"),
+             "type": (src.msg_type, f"message type of {name}'s topic"),
+             "field": (src.field, f"dotted numeric field holding {name}")}
+    return tuple(ParamSpec(f"{prefix}.{key}", *specs[key]) for key in SIGNAL_MAP_KEYS)
 
 
 def parse_thresholds(text: str) -> dict[str, float]:
@@ -188,6 +206,7 @@ class NodeConfig:
     qos: str = "sensor_data"
     qos_depth: int = 10
     events_topic: str = DEFAULT_EVENTS_TOPIC
+    future_stamp_tolerance_s: float = 1.0
     event_horizon_s: float = 0.0
     diagnostics_period_s: float = 1.0
     watch_bundle: bool = True
@@ -217,6 +236,7 @@ class NodeConfig:
         _positive_or_zero("frame_rate_hz", self.frame_rate_hz, upper=1000.0)
         _positive("stale_after_s", self.stale_after_s)
         _positive_or_zero("event_horizon_s", self.event_horizon_s)
+        _positive("future_stamp_tolerance_s", self.future_stamp_tolerance_s)
         _positive("diagnostics_period_s", self.diagnostics_period_s)
         _positive("watch_period_s", self.watch_period_s)
         _choice("frame_trigger", self.frame_trigger, TRIGGER_CHOICES)
@@ -231,11 +251,11 @@ class NodeConfig:
         if not self.signal_map:
             raise ValueError("signal_map must name at least one signal")
         self.signal_map = {name: src.validated(name) for name, src in self.signal_map.items()}
-        topics = [src.topic for src in self.signal_map.values()]
+        topics = [_topic_key(src.topic) for src in self.signal_map.values()]
         dup = sorted({t for t in topics if topics.count(t) > 1})
         if dup:
             raise ValueError(f"signals share topics {dup}; each signal needs its own topic")
-        if self.events_topic and self.events_topic in topics:
+        if self.events_topic and _topic_key(self.events_topic) in topics:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
         self._validate_shipping(topics)
         self._validate_memory()
@@ -260,7 +280,8 @@ class NodeConfig:
         _integer("ship_every_n_frames", self.ship_every_n_frames, 1)
         _integer("spool_max_mb", self.spool_max_mb, 1)
         _choice("curve", self.curve, CURVE_MODES)
-        if self.feedback_topic and self.feedback_topic in (*topics, self.events_topic):
+        if self.feedback_topic and _topic_key(self.feedback_topic) in (
+                *topics, _topic_key(self.events_topic)):
             raise ValueError(f"feedback_topic {self.feedback_topic!r} is also an input topic")
         endpoint = self.consolidator_endpoint
         if not endpoint:
@@ -340,3 +361,248 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def _integer(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _topic_key(topic: str) -> str:
+    """Compare topics as a node without a namespace resolves them ('/a/b' == 'a/b')."""
+    return topic.lstrip("/")
+
+
+# ------------------------------------------------------------------ parameter names
+
+class ParamsFileError(ValueError):
+    """A ``--params-file`` this node cannot use; the message names the file and the key."""
+
+
+def _suggest(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parameter_name_error(name: str, signals: Iterable[str] | None = None) -> str:
+    """Why ``name`` is no parameter of this node ('' when it is one).
+
+    ``signals`` are the signal names the node knows (the bundle's and the base
+    vocabulary's); None checks only the shape of ``signals.<name>.<key>``, for a caller
+    that does not know the bundle yet.
+    """
+    plain = {spec.name for spec in PARAMETERS} | set(ROS_PARAMETERS)
+    if name in plain:
+        return ""
+    if name == "signals" or name.startswith("signals."):
+        parts = name.split(".")
+        if len(parts) != 3:
+            return (f"{name!r} must be signals.<signal>.<key> with key one of "
+                    f"{list(SIGNAL_MAP_KEYS)}")
+        _, signal, key = parts
+        if signals is not None:
+            known = sorted(set(signals) | set(SIGNALS))
+            if signal not in known:
+                return (f"unknown signal {signal!r} in {name!r}{_suggest(signal, known)}; "
+                        f"known signals: {known}")
+        if key not in SIGNAL_MAP_KEYS:
+            return (f"unknown key {key!r} in {name!r}{_suggest(key, SIGNAL_MAP_KEYS)}; a "
+                    f"signal map takes {list(SIGNAL_MAP_KEYS)}")
+        return ""
+    return f"unknown parameter {name!r}{_suggest(name, plain)}"
+
+
+def unknown_parameters(names: Iterable[str], signals: Iterable[str] | None = None
+                       ) -> list[str]:
+    """Reasons for every name in ``names`` that this node does not declare, sorted."""
+    signals = None if signals is None else tuple(signals)
+    return [error for error in (parameter_name_error(n, signals) for n in sorted(names))
+            if error]
+
+
+def check_parameter_names(names: Iterable[str], signals: Iterable[str] | None = None,
+                          source: str = "parameter overrides") -> None:
+    """Raise ValueError naming the first unknown parameter (and how many there are)."""
+    errors = unknown_parameters(names, signals)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(f"{source}: {errors[0]}{more}")
+
+
+# ------------------------------------------------------------------ params files
+
+MAX_PARAMS_FILE_BYTES = 1024 * 1024
+"""A parameter file larger than this is refused before it is parsed."""
+
+
+def _selector_regex(selector: str) -> re.Pattern:
+    """The rcl node-name pattern (``/**``, ``/*``, ``/ns/node``) as a regex over a full name."""
+    parts = [p for p in selector.strip("/").split("/") if p]
+    regex = ""
+    for part in parts:
+        if part == "**":
+            regex += "(?:/[^/]+)*"
+        else:
+            regex += "/" + "[^/]*".join(re.escape(piece) for piece in part.split("*"))
+    return re.compile(regex or "/")
+
+
+def selector_matches(selector: str, node_fqn: str) -> bool:
+    """Whether a params-file node key (``/**``, ``thinking_node``, ``/a/*``) names ``node_fqn``."""
+    return _selector_regex(selector).fullmatch(node_fqn) is not None
+
+
+def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[str, str]:
+    """Flat ``{name: raw value}`` of the parameters ``path`` gives ``node_fqn``.
+
+    Structure is checked for the whole file the way rcl will read it (a mapping of node
+    names, optionally nested in namespaces, each holding ``ros__parameters``; no value
+    outside it, none empty), so rcl never refuses it later with a traceback; names are
+    collected only from the sections that match ``node_fqn``. Values stay raw YAML text:
+    the node validates them after rcl has typed them. Raises ParamsFileError.
+    """
+    import yaml
+
+    path = Path(path)
+    where = f"params file {str(path)!r}"
+    try:
+        if path.stat().st_size > MAX_PARAMS_FILE_BYTES:
+            raise ParamsFileError(f"{where}: larger than {MAX_PARAMS_FILE_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ParamsFileError(f"{where}: cannot read: {reason}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ParamsFileError(f"{where}: not YAML{at}: {problem}") from None
+    except RecursionError:
+        raise ParamsFileError(f"{where}: nested too deeply") from None
+    if root is None:
+        return {}
+    out: dict[str, str] = {}
+    _walk_nodes(root, [], node_fqn, out, where)
+    return out
+
+
+def _line(node) -> str:
+    return f"line {node.start_mark.line + 1}"
+
+
+def _key_text(key, where: str) -> str:
+    import yaml
+
+    if not isinstance(key, yaml.ScalarNode) or not key.value:
+        raise ParamsFileError(f"{where}: {_line(key)}: keys must be plain names")
+    return key.value
+
+
+def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str], where: str) -> None:
+    """Node-name levels: mappings down to ``ros__parameters``."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        what = "/".join(path) or "the file"
+        raise ParamsFileError(f"{where}: {_line(node)}: {what} must map node names to "
+                              "'ros__parameters:' (got a value outside ros__parameters)")
+    keys = [_key_text(k, where) for k, _ in node.value]
+    if "ros__parameters" in keys and len(keys) > 1 and path:
+        other = next(k for k in keys if k != "ros__parameters")
+        raise ParamsFileError(f"{where}: {'/'.join(path)}: {other!r} beside "
+                              "ros__parameters (every parameter goes inside it)")
+    for (key_node, value), key in zip(node.value, keys, strict=True):
+        if key == "ros__parameters":
+            if not path:
+                raise ParamsFileError(f"{where}: {_line(key_node)}: ros__parameters needs a "
+                                      "node name above it (e.g. '/**:')")
+            if not isinstance(value, yaml.MappingNode):
+                raise ParamsFileError(f"{where}: {'/'.join(path)}: ros__parameters must be "
+                                      "a mapping of parameter names")
+            params: dict[str, str] = {}
+            _flatten(value, "", params, where)
+            if selector_matches("/".join(path), node_fqn):
+                out.update(params)
+        else:
+            _walk_nodes(value, [*path, key], node_fqn, out, where)
+
+
+def _flatten(node, prefix: str, out: dict[str, str], where: str) -> None:
+    import yaml
+
+    for key_node, value in node.value:
+        name = prefix + _key_text(key_node, where)
+        if isinstance(value, yaml.MappingNode):
+            _flatten(value, name + ".", out, where)
+        elif isinstance(value, yaml.SequenceNode):
+            out[name] = _raw(value)
+        elif value.tag.endswith(":null") and value.value == "":
+            raise ParamsFileError(f"{where}: {_line(value)}: parameter {name!r} has no value")
+        else:
+            out[name] = value.value
+
+
+def _raw(node) -> str:
+    """Source-like text of a YAML node (values are only named in messages, never used)."""
+    if isinstance(node.value, str):
+        return node.value
+    return "[" + ", ".join(_raw(item) if not isinstance(item, tuple) else "{...}"
+                           for item in node.value) + "]"
+
+
+def _pairs(section: list[str]) -> list[tuple[str, str]]:
+    """Each argument with the one after it ('' after the last): flag/value pairs."""
+    return list(zip(section, [*section[1:], ""][:len(section)], strict=True))
+
+
+def _ros_sections(argv: Sequence[str]) -> list[list[str]]:
+    """The argument lists between ``--ros-args`` and ``--`` (or the end), in order."""
+    sections: list[list[str]] = []
+    current: list[str] | None = None
+    for arg in argv:
+        if arg == "--ros-args":
+            current = []
+            sections.append(current)
+        elif arg == "--" and current is not None:
+            current = None
+        elif current is not None:
+            current.append(arg)
+    return sections
+
+
+def node_fqn_from_args(argv: Sequence[str], default_name: str = NODE_NAME) -> str:
+    """Fully qualified node name after ``-r __node:=`` / ``-r __ns:=`` remaps in ``argv``."""
+    name, namespace = default_name, "/"
+    for section in _ros_sections(argv):
+        for flag, value in _pairs(section):
+            if flag not in ("-r", "--remap"):
+                continue
+            lhs, sep, rhs = value.partition(":=")
+            if not sep:
+                continue
+            lhs = lhs.rsplit(":", 1)[-1]  # 'node:__ns:=/x' names the node it applies to
+            if lhs in ("__node", "__name"):
+                name = rhs
+            elif lhs == "__ns":
+                namespace = rhs if rhs.startswith("/") else "/" + rhs
+    return namespace.rstrip("/") + "/" + name
+
+
+def params_files_from_args(argv: Sequence[str]) -> list[str]:
+    """Every ``--params-file F`` inside the ``--ros-args`` sections of ``argv``."""
+    files = []
+    for section in _ros_sections(argv):
+        for flag, value in _pairs(section):
+            if flag == "--params-file":
+                if not value or value.startswith("-"):
+                    raise ParamsFileError("--params-file needs a file name")
+                files.append(value)
+    return files
+
+
+def validate_ros_args(argv: Sequence[str], signals: Iterable[str] | None = None) -> None:
+    """Check every params file in ``argv`` before rcl reads it; ParamsFileError naming it."""
+    fqn = node_fqn_from_args(argv)
+    for path in params_files_from_args(argv):
+        params = read_params_file(path, fqn)
+        errors = unknown_parameters(params, signals)
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise ParamsFileError(f"params file {path!r}: {errors[0]}{more}")

@@ -1,10 +1,24 @@
-"""Value rerank and memory-control gates between the policy and the activation, numpy only.
+"""Anticipation, value rerank and memory-control gates between the policy and the activation.
 
-Why a module of its own: the node is a thin rclpy shell; what it does with a bundle's value
-table (``values.npz``) and memory-control probes (``memctl.npz``) after each inference is
-plain Python, tested here without ROS.
+Why a module of its own: the node is a thin rclpy shell; what it does with a bundle's rules
+(``rules.json``), value table (``values.npz``) and memory-control probes (``memctl.npz``)
+after each inference is plain Python (numpy only), tested here without ROS.
 
 Per frame (``ThinkingGates.apply``, on the inference thread, no I/O, no waits):
+  * anticipation (when the bundle ships ``rules.json`` and ``anticipation`` is not
+    ``off``): the ``AnticipationTracker`` (``robot/anticipation.py``), fed every event by
+    ``on_event``, says which ``consider:C`` labels have an open A...B prefix within its
+    horizon at the frame's time. ``rules`` (the default) makes the tracker decide the labels
+    its rules cover: an anticipated label is added, and the policy's own activation of a
+    covered label without an open prefix is dropped (``suppressed``: ``not_anticipated``).
+    Why not OR the policy in (``or``): replayed through the node's SituationBuffer on
+    episodes with 2..300 s gaps (``bench/anticipation.compare_with_policy``, a round's
+    retrained bundle, live signals), the policy's ``consider:C`` covered 5 % of the B..C
+    frames, fired in every B...A episode and on 1.3 % of the frames with no open prefix;
+    OR-ing it in raised frame recall only from 0.80 to 0.82 and brought those false fires
+    with it. Labels no rule covers keep the policy's decision. This runs first, so the
+    value table still ranks and may suppress an anticipated label; the record carries
+    ``anticipating`` {label: {rule, since, remaining_s}}.
   * values (when the bundle has a table and ``value_mode`` is not ``off``): ``deploy``
     applies ``ValueTable.rerank`` (greedy: the documented suppression rule, which never
     suppresses a ``SAFETY_LABELS`` label the policy activated); ``learn`` uses
@@ -42,6 +56,14 @@ from pathlib import Path
 
 import numpy as np
 
+from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
+from thinkmem_ros.policy.anticipation_rules import (
+    RULES_FILES,
+    RULES_JSON,
+    RULES_META,
+    RulesArtefactError,
+    RuleSet,
+)
 from thinkmem_ros.policy.memctl_heads import (
     MEMCTL_JSON,
     MEMCTL_NPZ,
@@ -49,21 +71,23 @@ from thinkmem_ros.policy.memctl_heads import (
     MemctlHeads,
 )
 from thinkmem_ros.policy.value_table import VALUES_JSON, VALUES_NPZ, ValueArtefactError, ValueTable
+from thinkmem_ros.robot.anticipation import AnticipationTracker, TrackerConfig
 from thinkmem_ros.robot.memory_control import MemoryController, Situation
 
 VALUE_MODES = ("off", "deploy", "learn")
+ANTICIPATION_MODES = ("off", "rules", "or")
 ARTEFACTS_KEY = "artefacts"
 
 
 def artefact_hashes(folder: Path | str) -> dict[str, str]:
-    """Return {file: sha256} of the value/memctl artefacts present in ``folder``.
+    """Return {file: sha256} of the value/memctl/rules artefacts present in ``folder``.
 
     Put this under ``extras["artefacts"]`` of a bundle's manifest so its signature covers
     them (``policy.export.export_bundle(..., extras={"artefacts": ...})``).
     """
     folder = Path(folder)
     return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
-            for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON)
+            for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON, *RULES_FILES)
             if (folder / name).is_file()}
 
 
@@ -113,15 +137,16 @@ def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> 
 
 @dataclass
 class GateArtefacts:
-    """What one bundle folder carries besides the policy (either may be None)."""
+    """What one bundle folder carries besides the policy (any may be None)."""
 
     table: ValueTable | None = None
     heads: MemctlHeads | None = None
+    rules: RuleSet | None = None
     errors: list[str] = field(default_factory=list)
 
 
 def load_gate_artefacts(folder: Path | str, extras: dict | None = None) -> GateArtefacts:
-    """Load the value table and probes next to a bundle; a bad artefact is skipped, noted."""
+    """Load the value table, probes and rules next to a bundle; a bad one is skipped, noted."""
     folder = Path(folder)
     listed = (extras or {}).get(ARTEFACTS_KEY)
     if listed is not None and not isinstance(listed, dict):
@@ -139,7 +164,32 @@ def load_gate_artefacts(folder: Path | str, extras: dict | None = None) -> GateA
             out.heads = MemctlHeads.load(folder)
         except (MemctlArtefactError, ValueError, OSError) as exc:
             out.errors.append(f"memctl: {exc}")
+    if (folder / RULES_META).exists() or (folder / RULES_JSON).exists():
+        try:
+            _check_listed(folder, RULES_FILES, listed)
+            out.rules = RuleSet.load(folder)
+        except (RulesArtefactError, ValueError, OSError) as exc:
+            out.errors.append(f"rules: {exc}")
     return out
+
+
+def merge_anticipation(active: list[str], held: list[str], covered: frozenset[str] | set[str],
+                       mode: str = "rules") -> tuple[list[str], list[str], list[str]]:
+    """The activation after anticipation: (active, dropped, added), order kept.
+
+    ``held``: labels the tracker holds now; ``covered``: labels the rules decide. ``rules``
+    drops a covered label the tracker does not hold and appends held ones; ``or`` only
+    appends; ``off`` changes nothing. Benchmarks replaying the node call this too.
+    """
+    if mode not in ANTICIPATION_MODES:
+        raise ValueError(f"anticipation must be one of {list(ANTICIPATION_MODES)}, "
+                         f"got {mode!r}")
+    if mode == "off":
+        return list(active), [], []
+    dropped = [g for g in active if g in covered and g not in held] if mode == "rules" else []
+    kept = [g for g in active if g not in dropped]
+    added = [g for g in held if g not in kept]
+    return kept + added, dropped, added
 
 
 @dataclass
@@ -149,6 +199,7 @@ class GateConfig:
     value_mode: str = "deploy"
     value_horizon: int = 10_000
     seed: int = 0
+    anticipation: str = "rules"
 
     def __post_init__(self) -> None:
         if self.value_mode not in VALUE_MODES:
@@ -158,6 +209,9 @@ class GateConfig:
                 or self.value_horizon < 1:
             raise ValueError(f"value_horizon must be an integer >= 1, got "
                              f"{self.value_horizon!r}")
+        if self.anticipation not in ANTICIPATION_MODES:
+            raise ValueError(f"anticipation must be one of {list(ANTICIPATION_MODES)}, "
+                             f"got {self.anticipation!r}")
 
 
 @dataclass
@@ -176,6 +230,7 @@ class GateOutcome:
     compress: bool = False
     recall: bool = False
     memctl_error: str = ""
+    anticipating: dict[str, dict] | None = None  # None: no rules (the key is left out)
 
     def record(self) -> dict:
         """JSON-ready fields added to the activation record."""
@@ -192,6 +247,8 @@ class GateOutcome:
                 "p_recall": None if self.p_recall is None else round(self.p_recall, 5),
                 "compress": self.compress, "recall": self.recall,
                 "error": self.memctl_error}
+        if self.anticipating is not None:
+            out["anticipating"] = dict(self.anticipating)
         return out
 
 
@@ -213,29 +270,54 @@ class ThinkingGates:
         self.last_recall_error = ""  # '' while the latest recall succeeded (or none ran)
         self.counters = {"value_suppressed": 0, "value_explored": 0, "memctl_compress": 0,
                          "memctl_recall": 0, "memctl_head_errors": 0,
-                         "memctl_missing_id": 0, "recall_evidence": 0, "recall_errors": 0}
+                         "memctl_missing_id": 0, "recall_evidence": 0, "recall_errors": 0,
+                         "anticipation_added": 0, "anticipation_dropped": 0}
+        self.tracker = AnticipationTracker(TrackerConfig(reset_events=(EPISODE_START_EVENT,)))
 
     def use(self, artefacts: GateArtefacts) -> None:
-        """Adopt a (newly swapped-in) bundle's artefacts."""
+        """Adopt a (newly swapped-in) bundle's artefacts; new rules replay the event history."""
         self.artefacts = artefacts
         self._controller = (MemoryController(artefacts.heads)
                             if artefacts.heads is not None else None)
+        self.tracker.set_rules(artefacts.rules)
+
+    def on_event(self, name: str, stamp: float) -> None:
+        """Feed one event of the events topic (node clock) to the anticipation tracker."""
+        self.tracker.observe(name, stamp)
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.counters[key] += n
 
     def apply(self, seq: int, active: tuple[str, ...] | list[str], embedding: np.ndarray,
-              probabilities: dict[str, float]) -> GateOutcome:
-        """Decide what to keep and whether to compress/recall for one frame (never raises)."""
+              probabilities: dict[str, float], now: float | None = None) -> GateOutcome:
+        """Decide what to keep and whether to compress/recall for one frame (never raises).
+
+        ``now`` is the frame's node-clock stamp; without it anticipation is skipped.
+        """
         out = GateOutcome(active=list(active))
+        if now is not None and self.artefacts.rules is not None \
+                and self.config.anticipation != "off":
+            self._anticipate(out, now)
         table = self.artefacts.table
         if table is not None and self.config.value_mode != "off":
             out.value_mode = self.config.value_mode
-            self._values(out, table, active, embedding, probabilities)
+            self._values(out, table, list(out.active), embedding, probabilities)
         if self._controller is not None:
             self._memory(out, seq, embedding)
         return out
+
+    def _anticipate(self, out: GateOutcome, now: float) -> None:
+        held = self.tracker.active(now)
+        out.anticipating = {label: a.record(now) for label, a in held.items()}
+        out.active, dropped, added = merge_anticipation(
+            out.active, list(held), self.tracker.labels, self.config.anticipation)
+        for label in dropped:
+            out.suppressed[label] = "not_anticipated"
+        if dropped:
+            self._count("anticipation_dropped", len(dropped))
+        if added:
+            self._count("anticipation_added", len(added))
 
     def epsilon(self, table: ValueTable) -> float:
         """eps_t = eps0 * exp(-beta * t / value_horizon) (eps0, beta from the table's config)."""
@@ -259,7 +341,8 @@ class ThinkingGates:
             out.active = ranked.kept + [g for g in active if g in ranked.suppressed]
             self._count("value_explored")
             return
-        out.active, out.suppressed = ranked.kept, ranked.suppressed
+        out.active = ranked.kept
+        out.suppressed = {**out.suppressed, **ranked.suppressed}
         if ranked.suppressed:
             self._count("value_suppressed", len(ranked.suppressed))
 
@@ -295,5 +378,6 @@ class ThinkingGates:
 
     def stats(self) -> dict:
         """Cumulative counters for /diagnostics, plus the latest recall error ('' = none)."""
+        tracker = {f"anticipation_{k}": v for k, v in self.tracker.stats().items()}
         with self._lock:
-            return {**self.counters, "last_recall_error": self.last_recall_error}
+            return {**self.counters, **tracker, "last_recall_error": self.last_recall_error}
