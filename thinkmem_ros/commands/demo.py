@@ -31,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the consolidation round (one bag, the bundle as shipped)")
     parser.add_argument("--missions", type=int, default=8,
                         help="episodes of the before stream, for discovery (default 8)")
-    parser.add_argument("--after-duration", type=positive_float, default=60.0,
-                        help="seconds of the after stream (default 60)")
-    parser.add_argument("--after-missions", type=int, default=5,
-                        help="episodes of the after stream (default 5)")
+    parser.add_argument("--after-duration", type=positive_float, default=96.0,
+                        help="seconds of the after stream (default 96)")
+    parser.add_argument("--after-missions", type=int, default=8,
+                        help="episodes of the after stream (default 8)")
     parser.add_argument("--epochs", type=int, default=30,  # = DemoConfig.retrain_epochs
                         help="retraining epochs of the round (default 30, ~65 s here)")
     parser.add_argument("--lr", type=float, default=2e-3,  # = DemoConfig.retrain_lr

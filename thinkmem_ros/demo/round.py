@@ -18,7 +18,10 @@ The job (``round_steps()``) keeps every step of the plain ROS demo and adds:
 6. it waits until the node's activations carry the new bundle version, plays a fresh
    "after" bag (another seed, same scenario, its own planted missions) and scores it,
    including whether ``consider:C`` fired after A...B and before C;
-7. the summary holds before/after scores, the knowledge units, the gate decision, bundle
+7. both bundles replay the after stream through the node's path and are scored on the
+   base labels (``after_v1.base_micro_f1`` shipped, ``after.base_micro_f1`` new): the one
+   comparison on the same data, so it says what the round did;
+8. the summary holds before/after scores, the knowledge units, the gate decision, bundle
    versions, shipping counters and timings; ``timeline.png`` marks the swap and
    ``before_after.png`` compares the two phases.
 """
@@ -278,6 +281,8 @@ def consolidate_step(ctx: DemoContext) -> None:
     ctx.summary["knowledge_units"] = units
     planted = [u for u in units if tuple(u["pattern"]) == RULE.pattern]
     summary["planted_rule_found"] = bool(planted)
+    summary["spurious_promoted"] = sorted(
+        key for key in report["promoted"] if key != ">".join(RULE.pattern))
     for unit in units:
         ctx.console.print(f"  unit {' ... '.join(unit['pattern'])} ({unit['relation']}) -> "
                           f"{unit['thinking']}: confidence {unit['confidence']:.2f}, "
@@ -330,6 +335,51 @@ def begin_after_step(ctx: DemoContext) -> None:
     ctx.artefacts["collector"].new_phase()
 
 
+def compare_bundles_step(ctx: DemoContext) -> None:
+    """Score the shipped and the new bundle on the SAME after stream, base labels only.
+
+    The live after phase runs only the new bundle, and the before phase ran the shipped one
+    on other missions, so those two figures cannot say what the round did. Here both
+    bundles replay the after stream through the node's own path (``policy/replay.py``:
+    SituationBuffer at the bundle's rate, then the policy) and are scored on the labels the
+    shipped bundle knows, minus discovered ``consider:*`` thinking: ``after_v1`` is the
+    shipped bundle, ``after`` the one the round published (the shipped one again when
+    nothing was published).
+    """
+    from pathlib import Path
+
+    from thinkmem_ros.core.metrics import micro_scores
+    from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
+    from thinkmem_ros.policy.replay import predict_frames, replay_for
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
+    stream = ctx.artefacts["after"]["stream"]
+    shipped = Path(ctx.summary["bundle"]["path"])
+    published = ctx.config.out_dir / "consolidator" / "published" / "current"
+    new = published.resolve() if _round_summary(ctx).get("swapped") else shipped
+    base = [name for name in PolicyRuntime(shipped).labels
+            if not name.startswith(DISCOVERED_PREFIX)]
+    for key, folder in (("after_v1", shipped), ("after", new)):
+        runtime = PolicyRuntime(folder)
+        frames = replay_for(stream, runtime.manifest)
+        active = predict_frames(runtime, frames) >= runtime.thresholds
+        labels = list(runtime.labels)
+        truth = frames.truth[:, [frames.label_names.index(n) for n in base]] > 0.5
+        scores = micro_scores(truth, active[:, [labels.index(n) for n in base]])
+        phase = ctx.summary.setdefault(key, {})
+        phase.update(base_micro_f1=scores["f1"], base_precision=scores["precision"],
+                     base_recall=scores["recall"], base_frames=len(frames),
+                     base_bundle_version=runtime.version,
+                     base_scored_by="replay of the after stream (policy/replay.py)")
+    delta = ctx.summary["after"]["base_micro_f1"] - ctx.summary["after_v1"]["base_micro_f1"]
+    ctx.summary["after_vs_shipped"] = {"base_micro_f1_delta": delta, "labels": base}
+    ctx.console.print(f"  same after stream, base labels: shipped "
+                      f"v{ctx.summary['after_v1']['base_bundle_version']} micro-F1 "
+                      f"{ctx.summary['after_v1']['base_micro_f1']:.4f}, new "
+                      f"v{ctx.summary['after']['base_bundle_version']} "
+                      f"{ctx.summary['after']['base_micro_f1']:.4f} ({delta:+.4f})")
+
+
 # ------------------------------------------------------------------ plot and report
 
 def round_plot_step(ctx: DemoContext) -> None:
@@ -367,6 +417,12 @@ def round_report_step(ctx: DemoContext) -> None:
                       f"{micro['f1']:.3f}", f"{ant['anticipated']}/{ant['rule_missions']}",
                       f"{ant['false_fire_rate']:.3f}")
     ctx.console.print(table)
+    if "after_v1" in summary:
+        ctx.console.print(f"  same after stream, base labels (replayed): shipped "
+                          f"{summary['after_v1']['base_micro_f1']:.4f} -> new "
+                          f"{summary['after']['base_micro_f1']:.4f}; rule missions held "
+                          f"(>= 80 % of B..C frames) {after['anticipation'].get('held')}/"
+                          f"{after['anticipation']['rule_missions']}")
     rnd = summary.get("round", {})
     ship = summary.get("diagnostics", {}).get("shipping", {})
     ctx.console.print(f"  shipping: sent {ship.get('sent')}, acked {ship.get('acked')}, "
@@ -398,6 +454,8 @@ MATCH_AFTER = Step("match after", MATCH.run, MATCH.description)
 SCORE_AFTER = Step("score after", SCORE.run, SCORE.description)
 ANTICIPATE_AFTER = Step("anticipation after", anticipation_step, "consider:C before C?")
 KEEP_AFTER = Step("keep after", _keep_phase("after"), "")
+COMPARE = Step("compare bundles", compare_bundles_step,
+               "shipped vs new bundle on the same after stream (base labels)")
 ROUND_PLOT = Step("plot", round_plot_step, "timeline with the swap, before/after bars")
 ROUND_REPORT = Step("round report", round_report_step, "before vs after")
 
@@ -408,4 +466,4 @@ def round_steps() -> list[Step]:
             START_ROS, START_NODE, START_ORACLE, PLAY_BEFORE, MATCH_BEFORE, SCORE_BEFORE,
             ANTICIPATE_BEFORE, KEEP_BEFORE, WAIT_STORE, CONSOLIDATE, WAIT_SWAP, BEGIN_AFTER,
             PLAY_AFTER, MATCH_AFTER, SCORE_AFTER, ANTICIPATE_AFTER, KEEP_AFTER, STOP_NODE,
-            ROUND_PLOT, ROUND_REPORT, REPORT]
+            COMPARE, ROUND_PLOT, ROUND_REPORT, REPORT]

@@ -38,8 +38,8 @@ class DemoConfig:
     # one consolidation round (ROS mode only): before bag -> round -> v2 -> after bag
     consolidation: bool = True
     missions: int = 8  # episodes of the before stream (repeated evidence for discovery)
-    after_duration_s: float = 60.0
-    after_missions: int = 5
+    after_duration_s: float = 96.0  # 8 missions of 12 s, 5 of them carrying the rule
+    after_missions: int = 8
     # ~65 s of retraining on D U D_dir U D_disc (~2600 rows) on the loaded 2-core box;
     # 15 epochs (34 s) published too, but left trend recall at 0.78 after the swap
     retrain_epochs: int = 30

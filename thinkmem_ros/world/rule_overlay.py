@@ -34,6 +34,8 @@ from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX, EPISODE_START_EVENT
 
 KINDS = ("rule", "prefix", "reversed", "isolated", "neutral")
 """Kinds of rule evidence a mission can carry (see the module docstring)."""
+HELD_SHARE = 0.8
+"""A rule mission is *held* when ``consider:C`` is active on this share of its B..C frames."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ def anticipation(missions: list[Mission], rule: PlantedRule, times_s: np.ndarray
     ``fired`` (T,) says whether the activation matched to each frame held the rule's
     thinking; ``evaluated`` (T,) which frames got an activation at all. Only missions of
     ``rule`` count (a mission planted with another rule is "elsewhere"). A rule mission
-    counts as *anticipated* when any evaluated frame strictly between B and C fired. The
+    counts as *anticipated* when any evaluated frame strictly between B and C fired, and as
+    *held* when at least ``HELD_SHARE`` of those frames did (a flicker is not held). The
     false-fire rate is over evaluated frames outside every B..C interval of a rule mission
     and outside the rest of prefix missions after B (where A...B did occur, so the
     thinking is what the rule asks for even though C never came).
@@ -172,6 +175,8 @@ def anticipation(missions: list[Mission], rule: PlantedRule, times_s: np.ndarray
                          "c_s": round(m.times[c], 3), "frames": int(window.sum()),
                          "fired_frames": int((window & fired).sum()),
                          "anticipated": bool(lead.size),
+                         "held": bool(window.any()
+                                      and (window & fired).sum() >= HELD_SHARE * window.sum()),
                          "lead_s": round(float(m.times[c] - lead.min()), 3)
                          if lead.size else 0.0})
         elif m.kind == "prefix":
@@ -182,6 +187,7 @@ def anticipation(missions: list[Mission], rule: PlantedRule, times_s: np.ndarray
         "pattern": list(rule.pattern), "thinking": rule.thinking, "rule_missions": n_rule,
         "anticipated": sum(r["anticipated"] for r in rows),
         "anticipation_rate": (sum(r["anticipated"] for r in rows) / n_rule) if n_rule else 0.0,
+        "held": sum(r["held"] for r in rows),
         "frame_recall": (float((expected & fired).sum() / expected.sum())
                          if expected.any() else 0.0),
         "expected_frames": int(expected.sum()),
