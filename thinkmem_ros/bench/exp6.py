@@ -2,24 +2,34 @@
 
 Reproduce: ``thinkmem bench exp6 [--quick] --json bench_results/exp6.json --plot ...png``.
 
-Per seed and repetitions r in (1, 2, 4, 8) a history is generated with three hidden rules,
-the paper's counter-evidence and two decoys (``world/event_episodes.py``). Methods:
+Two kinds of worlds:
 
-- ``statistics_only``: one discovery pass over the whole history (``discovery.py``).
-- ``proposed``: periodic consolidation. After each temporal partition p >= 1 a round runs
-  discovery over the history so far and folds it into knowledge units
-  (c <- rho*c + (1-rho)*Support, promotion/demotion/retirement, ``knowledge.py``); the
-  relations are the promoted units after the last round. The optional LLM step is OFF here
-  (no endpoint offline); it can only phrase or drop relations, never add one. What differs
-  from statistics-only is therefore only the round-to-round persistence of confidence.
-- ablations at r = 8: ``no_consolidation`` (every episode analysed alone, no
-  cross-episode aggregation), ``unordered`` (each episode's events re-ordered by code, i.e.
-  only set co-occurrence survives, then the same miner), ``local`` (gaps limited to
-  ``LOCAL_GAP`` time units).
-- ``future_thinking_accuracy``: a small policy is trained on the material of the promoted
-  units (``material.py``) and must pick, on held-out A...B prefixes of the three TRUE
-  rules, the right ``consider:C`` by argmax (chance 1/3). A source with no promoted unit
-  has no consider label and scores chance, 1/3.
+- the paper's (``world/event_episodes.py``: 300 codes, sparse background, gaps of 20-60),
+  r in (1, 2, 4, 8): ``curves.candidate_recall`` / ``statistics_only_f1`` /
+  ``proposed_f1`` and the ablations at r = 8;
+- the harder conditions (``world/event_worlds.py``: 48 codes, 120 episodes, ~20 background
+  events per episode, log-uniform gaps of 2-300 s, counter-evidence at a quarter of the
+  repetitions), r in (1, 2, 4, 8, 16): ``curves.proposed_f1_<condition>``,
+  ``curves.statistics_only_f1_<condition>`` and ``results.false_relations_<condition>``
+  (false triples per run, over every r: an accepted or promoted triple that was not
+  planted, or that holds the heartbeat code).
+
+Methods: ``statistics_only`` is one discovery pass over the whole history
+(``discovery.py``); ``proposed`` runs a consolidation round after each temporal partition
+p >= 1 over the history so far and folds it into knowledge units (``knowledge.py``); its
+relations are the promoted units after the last round (the LLM step is off). Ablations at
+r = 8 (paper world): ``no_consolidation`` (each episode alone), ``unordered`` (each
+episode's codes shuffled over its own time slots: co-occurrence kept, order gone), ``local``
+(gaps limited to ``LOCAL_GAP``).
+
+Also: ``null_stream_relations`` (everything accepted, pairs included, on a 1,000-episode
+stream without rules; and after the consolidation rounds), the 10^6-event run
+(``discovery_s_1e6`` with the default configuration a consolidator uses, the recall of its
+rules planted 8-16 times and its false relations), and, on the ``sparse`` condition at
+r = 8, a small policy trained on the promoted units' material: ``future_thinking_accuracy``
+(argmax on held-out A...B prefixes of the true rules, chance 1/3) and
+``reversed_order_fire_rate`` (share of reversed B...A prefixes on which consider:C passes
+the policy's threshold).
 """
 
 from __future__ import annotations
@@ -32,10 +42,19 @@ from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, disco
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeUnit, consolidate
 from thinkmem_ros.core.metrics import mean_std
 from thinkmem_ros.world.event_episodes import EventWorldConfig, generate_event_history
+from thinkmem_ros.world.event_worlds import (
+    WorldConfig,
+    condition_config,
+    generate_world,
+    score_triples,
+)
 
 REPETITIONS = (1, 2, 4, 8)
+CONDITION_REPETITIONS = (1, 2, 4, 8, 16)
+CONDITIONS = ("sparse", "zipf", "heartbeat", "shared")
+EXTRA_CONDITIONS = ("chain", "decoy", "sparse_300")  # full runs only
 LOCAL_GAP = 5.0
-PERMUTATIONS = 100
+NULL_EPISODES = 1000
 
 
 def _progress():
@@ -54,29 +73,27 @@ def proposed_rounds(log: EventLog, cfg: DiscoveryConfig, kcfg: KnowledgeConfig,
     return units
 
 
-def _unordered(log: EventLog) -> EventLog:
-    """Each episode's events sorted by code with unit spacing: order gone, sets kept."""
-    order = np.lexsort((log.code, log.episode))
-    ep = log.episode[order]
-    starts = np.searchsorted(ep, ep)
-    rank = np.arange(ep.size) - starts
-    return EventLog(ep, rank.astype(np.float64), log.code[order], log.partition,
-                    log.episode_ids, log.codes)
+def _unordered(log: EventLog, rng: np.random.Generator) -> EventLog:
+    """Each episode's codes shuffled over its own time slots: sets kept, order gone."""
+    code = log.code.copy()
+    bounds = np.searchsorted(log.episode, np.arange(len(log.episode_ids) + 1))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        code[lo:hi] = rng.permutation(code[lo:hi])
+    return log.with_codes(code)
 
 
 def _no_consolidation(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator) -> set:
     found: set = set()
-    single = DiscoveryConfig(**{**cfg.__dict__, "permutations": 10})
     for row in range(len(log.episode_ids)):
-        found |= discover(log.select(np.array([row])), single, rng).accepted_patterns(3)
+        found |= discover(log.select(np.array([row])), cfg, rng).accepted_patterns(3)
     return found
 
 
-def _future_accuracy(units: list[KnowledgeUnit], rules, codes, seed: int, quick: bool
-                     ) -> float:
-    """Argmax accuracy over the true rules' held-out prefixes of a policy trained on units."""
+def _policy_probes(units: list[KnowledgeUnit], rules, codes, seed: int) -> dict:
+    """Train a small policy on the units' material; probe true and reversed prefixes."""
+    chance = 1.0 / max(len(rules), 1)
     if not units:
-        return 1.0 / max(len(rules), 1)
+        return {"future_thinking_accuracy": chance, "reversed_order_fire_rate": 0.0}
     import torch
 
     from thinkmem_ros.consolidator.material import (
@@ -92,20 +109,31 @@ def _future_accuracy(units: list[KnowledgeUnit], rules, codes, seed: int, quick:
     data = knowledge_material(units, codes, rng, positives_per_unit=128, negatives_per_kind=32)
     trained = train_policy(data, "default", seed=seed, epochs=30, progress=False)
     filler = filler_codes(codes, units)
-    histories, targets = [], []
+    names = list(data.label_names)
+
+    def probe(prefixes: list[list[str]]) -> np.ndarray:
+        histories = [prefix_events(p, filler, 16, rng) for p in prefixes]
+        test = situations_from_events(histories, np.zeros((len(histories), len(names)),
+                                                          np.float32), data.label_names,
+                                      codes, 16)
+        return predict_proba(trained, test)
+
+    hits, fires = [], []
     for a, b, c in rules:
-        for _ in range(20):
-            histories.append(prefix_events([a, b], filler, 16, rng))
-            targets.append(f"consider:{c}")
-    test = situations_from_events(histories, np.zeros((len(histories), len(data.label_names)),
-                                                      np.float32),
-                                  data.label_names, codes, 16)
-    picks = predict_proba(trained, test).argmax(axis=1)
-    return float(np.mean([data.label_names[i] == t for i, t in zip(picks, targets)]))
+        label = f"consider:{c}"
+        forward = probe([[a, b]] * 20)
+        hits += [names[i] == label for i in forward.argmax(axis=1)]
+        if label in names:
+            col = names.index(label)
+            reverse = probe([[b, a]] * 20)[:, col]
+            fires += (reverse >= trained.thresholds.get(label, 0.5)).tolist()
+        else:
+            fires += [False] * 20
+    return {"future_thinking_accuracy": float(np.mean(hits)),
+            "reversed_order_fire_rate": float(np.mean(fires))}
 
 
-def _one(seed: int, reps: int, cfg: DiscoveryConfig, kcfg: KnowledgeConfig, quick: bool
-         ) -> dict:
+def _paper(seed: int, reps: int, cfg: DiscoveryConfig, kcfg: KnowledgeConfig) -> dict:
     world = EventWorldConfig(repetitions=reps)
     hist = generate_event_history(world, np.random.default_rng(1000 * seed + reps))
     log = EventLog.from_episodes(hist.episodes, hist.codes)
@@ -113,139 +141,201 @@ def _one(seed: int, reps: int, cfg: DiscoveryConfig, kcfg: KnowledgeConfig, quic
     rng = np.random.default_rng(7919 * seed + reps)
     stats = discover(log, cfg, rng)
     units = proposed_rounds(log, cfg, kcfg, rng)
-    promoted = [u for u in units.values() if u.active]
-    proposed = {u.pattern for u in promoted if len(u.pattern) == 3}
+    proposed = {u.pattern for u in units.values() if u.active and len(u.pattern) == 3}
     out = {
         "candidate_recall": sum(stats.is_candidate(t) for t in truth) / len(truth),
         "statistics_only": relation_f1(stats.accepted_patterns(3), truth)["f1"],
         "proposed": relation_f1(proposed, truth)["f1"],
         "decoys_accepted": len(decoys & (stats.accepted_patterns(3) | proposed)),
-        "statistics_only_relations": len(stats.accepted),
-        "proposed_relations": len(promoted),
         "discovery_s": stats.seconds,
-        "n_events": hist.n_events,
-        "n_episodes": len(hist.episodes),
     }
     if reps == max(REPETITIONS):
         local = discover(log, DiscoveryConfig(**{**cfg.__dict__, "max_gap": LOCAL_GAP}), rng)
-        unordered = discover(_unordered(log), cfg, rng)
         out["local"] = relation_f1(local.accepted_patterns(3), truth)["f1"]
+        unordered = discover(_unordered(log, rng), cfg, rng)
         out["unordered"] = relation_f1(unordered.accepted_patterns(3), truth)["f1"]
         out["no_consolidation"] = relation_f1(_no_consolidation(log, cfg, rng), truth)["f1"]
-        out["future_thinking_accuracy"] = _future_accuracy(promoted, hist.rules, hist.codes,
-                                                           seed, quick)
-        null = generate_event_history(EventWorldConfig(repetitions=reps, null_stream=True),
-                                      np.random.default_rng(5000 + seed))
-        null_log = EventLog.from_episodes(null.episodes, null.codes)
-        null_stats = discover(null_log, cfg, rng)
-        null_units = proposed_rounds(null_log, cfg, kcfg, rng)
-        out["null_stream_relations"] = len(null_stats.accepted)
-        out["null_stream_relations_proposed"] = sum(u.active for u in null_units.values())
     return out
 
 
-def time_discovery_1e6(cfg: DiscoveryConfig, seed: int = 0, n_events: int = 1_000_000
-                       ) -> dict:
-    """Seconds for one discovery pass over ~``n_events`` events (generation not timed)."""
-    world = EventWorldConfig(n_codes=5000, repetitions=8, n_neutral=1)
-    per_episode = world.background_rate * world.episode_duration
-    world.n_neutral = max(1, int(n_events / per_episode) - 3 * (8 + 10) - 16)
-    hist = generate_event_history(world, np.random.default_rng(seed))
-    log = EventLog.from_episodes(hist.episodes, hist.codes)
+def _condition(condition: str, seed: int, reps: int, cfg: DiscoveryConfig,
+               kcfg: KnowledgeConfig, probes: bool) -> dict:
+    wcfg = condition_config(condition, repetitions=reps)
+    w = generate_world(wcfg, np.random.default_rng([seed, reps, len(condition)]))
+    log = EventLog.from_episodes(w.episodes, w.codes)
+    rng = np.random.default_rng([seed, reps, 1])
+    stats = discover(log, cfg, rng)
+    units = proposed_rounds(log, cfg, kcfg, rng)
+    promoted = [u for u in units.values() if u.active]
+    proposed = {u.pattern for u in promoted if len(u.pattern) == 3}
+    found = stats.accepted_patterns(3)
+    both = score_triples(found | proposed, w)
+    out = {"statistics_only": score_triples(found, w)["f1"],
+           "proposed": score_triples(proposed, w)["f1"],
+           "false_relations": both["fp"],
+           "pairs_accepted": len(stats.accepted_patterns(2)),
+           "discovery_s": stats.seconds}
+    if probes:
+        out.update(_policy_probes(promoted, w.rules, w.codes, seed))
+    return out
+
+
+def null_stream(cfg: DiscoveryConfig, kcfg: KnowledgeConfig, seed: int,
+                episodes: int = NULL_EPISODES) -> dict:
+    """Relations accepted (pairs included) on a stream of background events only."""
+    w = generate_world(condition_config("sparse", n_episodes=episodes, null_stream=True),
+                       np.random.default_rng([seed, 99]))
+    log = EventLog.from_episodes(w.episodes, w.codes)
+    rng = np.random.default_rng([seed, 98])
+    stats = discover(log, cfg, rng)
+    units = proposed_rounds(log, cfg, kcfg, rng)
+    return {"relations": len(stats.accepted), "promoted": sum(u.active for u in units.values()),
+            "episodes": episodes, "events": int(log.code.size), "seconds": stats.seconds}
+
+
+def stream_1e6(cfg: DiscoveryConfig, seed: int = 0, n_events: int = 1_000_000,
+               n_codes: int = 5000, n_rules: int = 10) -> dict:
+    """One discovery pass over ~``n_events`` events with rules planted 8-16 times."""
+    rng = np.random.default_rng([seed, 6])
+    reps = tuple(int(r) for r in rng.integers(8, 17, size=n_rules))
+    episodes = int(round(n_events / WorldConfig().background))
+    w = generate_world(WorldConfig(n_codes=n_codes, n_rules=n_rules, repetitions=reps,
+                                   n_episodes=episodes), rng)
+    log = EventLog.from_episodes(w.episodes, w.codes)
     start = time.perf_counter()
     result = discover(log, cfg, np.random.default_rng(seed + 1))
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "n_events": int(log.code.size),
-            "n_episodes": int(log.episode_ids.size), "n_codes": world.n_codes,
-            "permutations": cfg.permutations,
-            "rules_found": len(set(hist.rules) & result.accepted_patterns(3)),
-            "accepted": len(result.accepted)}
+    score = score_triples(result.accepted_patterns(3), w)
+    return {"seconds": seconds, "n_events": int(log.code.size), "n_episodes": episodes,
+            "n_codes": n_codes, "repetitions": list(reps), "rule_recall": score["recall"],
+            "false_relations": score["fp"], "accepted": len(result.accepted),
+            "config": "DiscoveryConfig() defaults"}
 
 
 def run(quick: bool, seeds: int) -> dict:
-    """Table VI/VII over ``seeds`` seeds (same x values with ``--quick``)."""
-    cfg = DiscoveryConfig(permutations=PERMUTATIONS)
+    """The paper world over REPETITIONS and the conditions over CONDITION_REPETITIONS."""
+    cfg = DiscoveryConfig()
     kcfg = KnowledgeConfig()
-    rows: dict[int, list[dict]] = {r: [] for r in REPETITIONS}
+    conditions = CONDITIONS if quick else CONDITIONS + EXTRA_CONDITIONS
+    paper: dict[int, list[dict]] = {r: [] for r in REPETITIONS}
+    cond: dict[str, dict[int, list[dict]]] = {
+        c: {r: [] for r in CONDITION_REPETITIONS} for c in conditions}
+    total = seeds * (len(REPETITIONS) + len(conditions) * len(CONDITION_REPETITIONS)) + 2
     with _progress() as progress:
-        task = progress.add_task("exp6", total=seeds * len(REPETITIONS) + 1)
+        task = progress.add_task("exp6", total=total)
         for seed in range(seeds):
             for reps in REPETITIONS:
-                rows[reps].append(_one(seed, reps, cfg, kcfg, quick))
+                paper[reps].append(_paper(seed, reps, cfg, kcfg))
                 progress.advance(task)
-        timing_cfg = DiscoveryConfig(permutations=10 if quick else PERMUTATIONS)
-        timing = time_discovery_1e6(timing_cfg)
+            for c in conditions:
+                for reps in CONDITION_REPETITIONS:
+                    probes = c == "sparse" and reps == 8
+                    cond[c][reps].append(_condition(c, seed, reps, cfg, kcfg, probes))
+                    progress.advance(task)
+        null = [null_stream(cfg, kcfg, seed) for seed in range(1 if quick else 2)]
+        progress.advance(task)
+        big = stream_1e6(cfg)
         progress.advance(task)
 
-    def cell(reps: int, key: str) -> dict:
-        return mean_std([row[key] for row in rows[reps]])
+    def paper_cell(reps: int, key: str) -> dict:
+        return mean_std([row[key] for row in paper[reps]])
 
     top = max(REPETITIONS)
-    curves = {key: {str(r): cell(r, src) for r in REPETITIONS} for key, src in
+    curves = {key: {str(r): paper_cell(r, src) for r in REPETITIONS} for key, src in
               (("candidate_recall", "candidate_recall"),
                ("statistics_only_f1", "statistics_only"), ("proposed_f1", "proposed"))}
-    results = {key: cell(top, key) for key in
-               ("no_consolidation", "unordered", "local", "statistics_only", "proposed",
-                "future_thinking_accuracy", "null_stream_relations")}
+    for c in conditions:
+        for key, src in (("proposed_f1", "proposed"), ("statistics_only_f1",
+                                                       "statistics_only")):
+            curves[f"{key}_{c}"] = {str(r): mean_std([row[src] for row in cond[c][r]])
+                                    for r in CONDITION_REPETITIONS}
+    results = {key: paper_cell(top, key) for key in
+               ("no_consolidation", "unordered", "local", "statistics_only", "proposed")}
     results["decoys_accepted"] = mean_std(
-        [sum(row["decoys_accepted"] for r in REPETITIONS for row in rows[r][s:s + 1])
-         for s in range(seeds)])
-    results["discovery_s_1e6"] = {"mean": timing["seconds"], "std": 0.0}
-    differ = [(r, i) for r in REPETITIONS for i, row in enumerate(rows[r])
-              if row["statistics_only"] != row["proposed"]]
+        [sum(paper[r][s]["decoys_accepted"] for r in REPETITIONS) for s in range(seeds)])
+    for c in conditions:
+        results[f"false_relations_{c}"] = mean_std(
+            [row["false_relations"] for r in CONDITION_REPETITIONS for row in cond[c][r]])
+    probe_rows = cond["sparse"][8]
+    for key in ("future_thinking_accuracy", "reversed_order_fire_rate"):
+        results[key] = mean_std([row[key] for row in probe_rows])
+    results["null_stream_relations"] = mean_std([n["relations"] for n in null])
+    results["null_stream_relations_proposed"] = mean_std([n["promoted"] for n in null])
+    results["discovery_s_1e6"] = {"mean": big["seconds"], "std": 0.0}
+    results["discovery_rule_recall_1e6"] = {"mean": big["rule_recall"], "std": 0.0}
+    results["discovery_false_relations_1e6"] = {"mean": float(big["false_relations"]),
+                                                "std": 0.0}
     return {
         "metric": "relation_f1",
         "results": results,
         "curves": curves,
-        "null_stream_relations_proposed": cell(top, "null_stream_relations_proposed"),
-        "discovery_1e6": timing,
+        "discovery_1e6": big,
+        "null_stream": null,
         "chance_future_thinking": 1.0 / 3.0,
-        "proposed_vs_statistics_only": {
-            "what_differs": "proposed = statistics + periodic knowledge consolidation "
-                            "(confidence persistence across rounds, promotion/demotion); "
-                            "LLM step off",
-            "runs_where_f1_differs": [f"reps={r} seed={i}" for r, i in differ],
-        },
-        "settings": {"repetitions": list(REPETITIONS), "permutations": PERMUTATIONS,
-                     "alpha": cfg.alpha, "local_gap": LOCAL_GAP,
-                     "world": EventWorldConfig().__dict__,
-                     "knowledge": kcfg.__dict__, "decoys_accepted": "sum over r per seed"},
-        "per_run": {str(r): rows[r] for r in REPETITIONS},
+        "settings": {"repetitions": list(REPETITIONS),
+                     "condition_repetitions": list(CONDITION_REPETITIONS),
+                     "conditions": list(conditions), "discovery": {
+                         k: (list(v) if isinstance(v, tuple) else v)
+                         for k, v in cfg.__dict__.items()},
+                     "local_gap": LOCAL_GAP, "paper_world": EventWorldConfig().__dict__,
+                     "condition_world": {k: (list(v) if isinstance(v, tuple) else v)
+                                         for k, v in WorldConfig().__dict__.items()},
+                     "knowledge": kcfg.__dict__,
+                     "false_relations": "false triples (accepted or promoted) per run, "
+                                        "mean over every repetition count and seed",
+                     "decoys_accepted": "sum over r per seed"},
+        "per_run": {"paper": {str(r): paper[r] for r in REPETITIONS},
+                    **{c: {str(r): cond[c][r] for r in CONDITION_REPETITIONS}
+                       for c in conditions}},
     }
 
 
 def plot(result: dict, path) -> None:
-    """Relation F1 / candidate recall against repetitions, and the ablation bars at r=8."""
+    """F1 against repetitions per condition (proposed), the paper world, and ablations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    xs = [int(x) for x in result["curves"]["proposed_f1"]]
-    for key, style in (("candidate_recall", "o--"), ("statistics_only_f1", "s-"),
-                       ("proposed_f1", "^-")):
-        series = result["curves"][key]
-        means = [series[str(x)]["mean"] for x in xs]
-        stds = [series[str(x)]["std"] for x in xs]
-        left.errorbar(xs, means, yerr=stds, fmt=style, capsize=3, label=key)
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(16, 4.2))
+    curves = result["curves"]
+    conditions = result["settings"]["conditions"]
+    for c in conditions:
+        series = curves[f"proposed_f1_{c}"]
+        xs = [int(x) for x in series]
+        left.errorbar(xs, [series[str(x)]["mean"] for x in xs],
+                      yerr=[series[str(x)]["std"] for x in xs], fmt="o-", capsize=3, label=c)
     left.axhline(0.9, color="grey", lw=0.8, ls=":")
     left.set_xscale("log", base=2)
+    xs = [int(x) for x in curves[f"proposed_f1_{conditions[0]}"]]
     left.set_xticks(xs, [str(x) for x in xs])
     left.set_xlabel("independent repetitions per hidden rule")
-    left.set_ylabel("score")
+    left.set_ylabel("relation F1 (proposed: promoted units)")
     left.set_ylim(-0.05, 1.05)
-    left.set_title("Exp 6: cross-experience discovery")
-    left.legend()
+    left.set_title("Exp 6: conditions (48 codes, 120 episodes)")
+    left.legend(fontsize=7)
+    xs = [int(x) for x in curves["proposed_f1"]]
+    for key, style in (("candidate_recall", "o--"), ("statistics_only_f1", "s-"),
+                       ("proposed_f1", "^-")):
+        series = curves[key]
+        mid.errorbar(xs, [series[str(x)]["mean"] for x in xs],
+                     yerr=[series[str(x)]["std"] for x in xs], fmt=style, capsize=3,
+                     label=key)
+    mid.set_xscale("log", base=2)
+    mid.set_xticks(xs, [str(x) for x in xs])
+    mid.set_ylim(-0.05, 1.05)
+    mid.set_xlabel("independent repetitions per hidden rule")
+    mid.set_title("paper world (300 codes)")
+    mid.legend(fontsize=7)
     names = ["no_consolidation", "unordered", "local", "statistics_only", "proposed",
-             "future_thinking_accuracy"]
+             "future_thinking_accuracy", "reversed_order_fire_rate"]
     vals = [result["results"][n]["mean"] for n in names]
     errs = [result["results"][n]["std"] for n in names]
     right.bar(range(len(names)), vals, yerr=errs, capsize=3, color="tab:blue")
     right.axhline(1 / 3, color="tab:red", lw=0.8, ls="--", label="chance (future thinking)")
-    right.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
+    right.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=6)
     right.set_ylim(0, 1.05)
-    right.set_title("at 8 repetitions (relation F1; last bar: accuracy)")
+    right.set_title("at 8 repetitions (F1; last two: policy probes)")
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,75 +1,92 @@
 """Cross-experience discovery of long-range ordered relations A...B...C and A...B.
 
-Two stages, as seed 000 §III-C describes. An over-complete *candidate* stage counts, for
-every ordered pair and triple of event codes whose consecutive gaps satisfy the temporal
-constraints, the number of independent episodes that contain it, and keeps all with at
-least ``candidate_support`` episodes. A *scoring* stage then measures for each candidate:
+``docs/discovery.md`` gives the reasoning and the measured figures; in short, four steps,
+every statistic a sum over episodes (counts and null expectations), so a history split into
+partitions can be scored from per-partition sums.
 
-- support: episodes containing the ordered pattern (each episode counts once);
-- counterexamples: episodes with the antecedent (A...B for a triple, A for a pair) that
-  the consequence does not follow;
-- reverse-order evidence: episodes with B...A (the antecedent pair backwards);
-- cross-partition stability: support per temporal partition of the history;
-- enrichment over order-shuffled histories: a permutation test. The null history permutes
-  the event codes over the history's time slots (episode boundaries, timestamps and every
-  code's frequency are kept; order, and with it any A...B...C structure, is destroyed).
-  False discoveries are controlled with the single-step max-statistic method (Westfall &
-  Young): for each shuffled history the largest support reached by ANY pattern of the same
-  length is recorded, and p_j = (1 + #{shuffles with max >= support_j}) / (1 + shuffles).
-  This bounds the family-wise error rate over all patterns (hence also the FDR) at alpha.
+1. Candidates. For every episode, every ordered triple of DISTINCT codes (a, b, c) that
+   occurs as slots i < j < k with each step's gap in [min_gap, max_gap] (and at most
+   ``max_lookback`` events apart) is recorded once per episode, with its tightest
+   occurrence: m_e = min over occurrences of max(t_j - t_i, t_k - t_j). Only the nearest
+   a before and the nearest c after each b can be tightest, so an episode yields at most
+   n * u^2 rows (n events, u distinct codes) however often a code repeats; a triple whose
+   pairs (a, b) or (b, c) occur in fewer than ``candidate_support`` episodes is never built.
 
-Acceptance rule (every clause must hold):
-  1. support >= ``accept_support`` independent episodes;
-  2. p <= ``alpha`` (max-statistic, FWER over all patterns of that length);
-  3. confidence = support / antecedent episodes >= ``min_confidence`` (C follows A...B at
-     least that often);
-  4. forward order beats reverse order: episodes with A...B > episodes with B...A;
-  5. stable across time: support in >= ``min_partitions`` partitions and no partition holds
-     more than ``max_partition_share`` of it (a burst in one period is not a regularity).
-  6. triples only: the middle code is enriched between A and C, ``middle_lift`` > 1
-     (``middle_lift``: see below).
-Redundancy: a triple that shares its episodes with a stronger overlapping triple is dropped
-(``_explain_away``). Accepted pairs that are sub-patterns of an accepted triple are folded
-into the triple. Relations are predictive regularities, never claimed causes.
+2. Significance (family-wide, FDR). Null hypothesis: within each episode the codes are
+   arranged at random over that episode's own time slots (the episode's multiset of codes
+   and its timing are kept; which code sits in which slot is random). Under it, episode e
+   holds the pattern at scale g with probability p_e(g) <= k_a k_b k_c T_e(g) / n(n-1)(n-2)
+   (k_x copies of each code, T_e(g) slot triples whose two gaps fit in [min_gap, g]); at
+   g = infinity with min_gap = 0 p_e is exact (a small dynamic programme over the copies).
+   Scales: ``scales`` times the median gap between consecutive events, plus max_gap. Each
+   episode scores Z_e = the number of scales its tightest occurrence fits in, and
+   P(Z_e >= l) is p_e at the l-th largest scale; episodes are independent, so the exact
+   upper tail of Z = sum_e Z_e (a dynamic programme; a Chernoff bound where that would be
+   too large) is the p-value - no permutation floor, no Bonferroni over scales. A rule
+   whose steps are close in time scores at many scales, a long-range one by order alone.
+   Family: every ordered pattern whose codes co-occur in >= ``accept_support`` episodes,
+   less Tarone's untestable ones (smallest achievable p-value above the level);
+   Benjamini-Hochberg at q = ``alpha``, weighted (mean weight 1) by how much more often the
+   code set co-occurs than independent codes would - a statistic of the multisets the null
+   holds fixed, so the weights keep the FDR guarantee while bringing in the between-episode
+   evidence the within-episode test cannot see.
 
-Middle enrichment. Episode counts alone cannot tell the rule's B from a frequent code X
-that happens to fall between A and C: in the demo, ``coolant_low > payload_change >
-overheat_alarm`` had exactly the support, antecedent support, reverse evidence and partition
-spread of the planted ``coolant_low > duty_cycle_high > overheat_alarm`` (payload changes
-occur several times in every mission, so one lands between A and C whenever A...C holds).
-What differs is how surprising the middle is *given* A...C: in each episode with A...C, if
-the middle code's k occurrences were placed at random among the episode's other slots, at
-least one would land in the A...C span with probability P_e = 1 - C(n - s, k) / C(n, k)
-(n free slots, s of them inside the span from the first A to the last C). The lift is the
-number of episodes where it does, divided by sum P_e. A code several times per episode has
-P_e near 1 and a lift near 1 (it is between A and C because it is everywhere); a code
-placed there by a rule has a lift well above 1. Gap constraints are not re-applied here.
-Overlapping triples of equal support are ranked by this lift.
+3. Per-pattern checks on the significant set, each an exact conditional test; Holm's
+   step-down at ``alpha`` over that set on the largest of their p-values:
+   - order: given where the pattern's codes sit in an episode, the labels a/b/c are
+     permuted among those slots; the forward order must win more often than that allows
+     (A...B...C against B...A...C, A...C...B and the rest at once);
+   - each element adds: with the other two codes where they are, the element's own
+     occurrences are treated as landing on slots at its base rate f_x (its share of all
+     events): P(x on one of the m_e slots that would complete the pattern) =
+     1 - (1 - f_x)^m_e. C must follow A...B more often than C's base rate allows (kills a
+     real pair A...B plus a common C), B must sit between A and C more often than chance
+     (kills a heartbeat or a frequent middle), A must precede B...C (kills Y...B...C);
+   - stability: support in >= ``min_partitions`` temporal partitions, no partition holding
+     more than ``max_partition_share`` of it (a burst is not a regularity);
+   - support >= ``accept_support`` and confidence >= ``min_confidence``.
+
+4. Redundancy (self-sufficiency). Triples are taken strongest first (their weakest
+   p-value); the episodes where a stronger accepted triple sharing two codes occurs are
+   removed, and the triple must stay significant at the family cutoff on what is left.
+   Accepted pairs inside an accepted triple are folded into it. Relations are predictive
+   regularities, never causes.
+
+Relation fields are measured at the scale g* where the pattern's support is most
+surprising: support, antecedent (A...B within g*), confidence = support / antecedent, gaps
+(``max_gap`` = g*). ``scored`` holds every pattern with p <= alpha before correction, with
+the reasons it was or was not accepted.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import time as _time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 import numpy as np
 
 
 @dataclass
 class DiscoveryConfig:
-    """Temporal constraints, candidate threshold and the documented acceptance rule."""
+    """Temporal constraints, candidate thresholds, scales and the error-control level."""
 
     min_gap: float = 0.0  # each consecutive step A->B, B->C must satisfy min_gap <= dt
     max_gap: float = math.inf  # ... and dt <= max_gap ("local" ablation: small)
-    candidate_support: int = 2
-    accept_support: int = 3
-    alpha: float = 0.05
-    permutations: int = 100
-    min_confidence: float = 0.5
+    candidate_support: int = 2  # episodes a pair needs before triples are built on it
+    accept_support: int = 3  # supporting episodes a relation needs (also: testable family)
+    alpha: float = 0.02  # FDR level q (Benjamini-Hochberg), family-wide and per check
+    permutations: int = 0  # unused: p-values are analytic (kept so older configs load)
+    min_confidence: float = 0.0  # the lift tests replace an absolute confidence floor
     min_partitions: int = 2
     max_partition_share: float = 0.75
     pairs: bool = True
+    scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # x median gap
+    max_lookback: int = 256  # events between two steps of a pattern, at most
+    max_checked: int = 2000  # significant patterns examined in step 3 (strongest first)
 
     def __post_init__(self) -> None:
         if self.min_gap < 0 or self.max_gap < self.min_gap:
@@ -81,8 +98,8 @@ class DiscoveryConfig:
                              f"candidate_support {self.candidate_support}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.permutations < 1:
-            raise ValueError(f"permutations must be >= 1, got {self.permutations}")
+        if self.permutations < 0:
+            raise ValueError(f"permutations must be >= 0, got {self.permutations}")
         if not 0 <= self.min_confidence <= 1:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
         if self.min_partitions < 1:
@@ -90,6 +107,12 @@ class DiscoveryConfig:
         if not 0 < self.max_partition_share <= 1:
             raise ValueError(f"max_partition_share must be in (0, 1], got "
                              f"{self.max_partition_share}")
+        self.scales = tuple(float(s) for s in self.scales)
+        if any(not s > 0 for s in self.scales):
+            raise ValueError(f"scales must be > 0, got {self.scales}")
+        if self.max_lookback < 1 or self.max_checked < 1:
+            raise ValueError(f"max_lookback and max_checked must be >= 1, got "
+                             f"{self.max_lookback}, {self.max_checked}")
 
 
 @dataclass
@@ -167,7 +190,11 @@ class Relation:
     reasons: tuple[str, ...]  # failed acceptance clauses, empty when accepted
     episodes: tuple[int, ...]  # supporting episode ids (E_j)
     gaps: tuple[tuple[float, float], ...]  # observed (min, max) gap per step
-    middle_lift: float = math.nan  # triples: B between A and C, observed / chance (see below)
+    middle_lift: float = math.nan  # triples: B between A and C, observed / base-rate expected
+    max_gap: float = math.inf  # the scale g* the evidence was measured at
+    expected: float = math.nan  # support expected under the within-episode null at g*
+    p_order: float = math.nan  # order test (labels permuted among the pattern's slots)
+    p_adds: tuple[float, ...] = ()  # per element: does it add to the rest (base-rate test)
 
     @property
     def relation(self) -> str:
@@ -192,12 +219,12 @@ class Relation:
 
 @dataclass
 class DiscoveryResult:
-    """Candidates, scored relations, the accepted set and the permutation nulls."""
+    """Candidates, scored relations and the accepted set, with the family sizes used."""
 
     accepted: list[Relation]
-    scored: list[Relation]  # patterns that passed the enrichment test, with all evidence
+    scored: list[Relation]  # patterns nominally significant (p <= alpha), with all evidence
     candidates: dict[int, np.ndarray]  # length -> encoded keys of the over-complete set
-    null_max: dict[int, np.ndarray]  # length -> max support in each shuffled history
+    null_max: dict[int, np.ndarray]  # unused since the tests are analytic (kept for callers)
     config: DiscoveryConfig
     n_events: int
     n_episodes: int
@@ -228,120 +255,6 @@ class DiscoveryResult:
         return {r.pattern for r in self.accepted if length is None or len(r.pattern) == length}
 
 
-# ----------------------------------------------------------------------------- counting
-def _pair_slots(log: EventLog, cfg: DiscoveryConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Slot pairs (i < j) in one episode whose gap meets the constraints (codes ignored)."""
-    n = len(log.code)
-    ep, t = log.episode, log.time
-    out_i, out_j = [], []
-    for d in range(1, n):
-        i = np.arange(n - d)
-        j = i + d
-        same = ep[i] == ep[j]
-        gap = t[j] - t[i]
-        within = same & (gap <= cfg.max_gap)
-        if not within.any():  # times grow within an episode: larger d only widens gaps
-            break
-        ok = within & (gap >= cfg.min_gap)
-        out_i.append(i[ok])
-        out_j.append(j[ok])
-    if not out_i:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(out_i), np.concatenate(out_j)
-
-
-DENSE_LIMIT = 50_000_000
-"""Key spaces up to this size are counted with bincount tables (O(n), no hashing)."""
-
-
-def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """np.unique by one sort (numpy's hash path is far slower on 10^7 int64 keys)."""
-    values = np.sort(values)
-    if values.size == 0:
-        return values
-    return values[np.concatenate(([True], values[1:] != values[:-1]))]
-
-
-def _episode_support(episode: np.ndarray, keys: np.ndarray, space: int
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct-episode counts per key: (unique keys, counts, unique episode*space+key)."""
-    if keys.size == 0:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty
-    combined = _sorted_unique(episode * space + keys)
-    key_of = combined % space
-    if space <= DENSE_LIMIT:
-        dense = np.bincount(key_of, minlength=space)
-        uk = np.flatnonzero(dense)
-        return uk, dense[uk], combined
-    key_of = np.sort(key_of)
-    starts = np.flatnonzero(np.concatenate(([True], key_of[1:] != key_of[:-1])))
-    counts = np.diff(np.concatenate((starts, [key_of.size])))
-    return key_of[starts], counts, combined
-
-
-def _lookup(keys: np.ndarray, counts: np.ndarray, query: np.ndarray,
-            space: int | None = None) -> np.ndarray:
-    """counts[key] for each query key, 0 where absent (dense table when the space is small)."""
-    if keys.size == 0:
-        return np.zeros(query.shape, np.int64)
-    if space is not None and space <= DENSE_LIMIT:
-        table = np.zeros(space, np.int64)
-        table[keys] = counts
-        return table[query]
-    pos = np.clip(np.searchsorted(keys, query), 0, keys.size - 1)
-    return np.where(keys[pos] == query, counts[pos], 0)
-
-
-class _Slots:
-    """Slot-level pair structure reused across shuffles (only codes change)."""
-
-    def __init__(self, log: EventLog, cfg: DiscoveryConfig) -> None:
-        self.pi, self.pj = _pair_slots(log, cfg)
-        order = np.argsort(self.pi, kind="stable")
-        self.pi, self.pj = self.pi[order], self.pj[order]
-        self.n = len(log.code)
-
-    def triples(self, code: np.ndarray, frequent_pair: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Slot triples (i, j, k) whose two consecutive code pairs are both frequent."""
-        keep = frequent_pair
-        pi, pj = self.pi[keep], self.pj[keep]
-        if pi.size == 0:
-            z = np.zeros(0, np.int64)
-            return z, z, z
-        start = np.searchsorted(pi, np.arange(self.n))
-        count = np.bincount(pi, minlength=self.n)
-        c = count[pj]
-        total = int(c.sum())
-        if total == 0:
-            z = np.zeros(0, np.int64)
-            return z, z, z
-        rep = np.repeat(np.arange(pi.size), c)
-        offs = np.arange(total) - np.repeat(np.cumsum(c) - c, c)
-        k = pj[start[pj][rep] + offs]
-        return pi[rep], pj[rep], k
-
-
-def _count(log: EventLog, slots: _Slots, code: np.ndarray, threshold: int, want_triples: bool
-           ) -> dict:
-    """Pair and (pruned) triple supports for one code assignment of the slots."""
-    v = log.n_codes
-    ep = log.episode
-    pair_keys = code[slots.pi] * v + code[slots.pj]
-    pk, pc, pcomb = _episode_support(ep[slots.pi], pair_keys, v * v)
-    out = {"pair": (pk, pc, pcomb)}
-    if want_triples:
-        frequent = _lookup(pk, pc, pair_keys, v * v) >= threshold
-        i, j, k = slots.triples(code, frequent)
-        tkeys = (code[i] * v + code[j]) * v + code[k]
-        tk, tc, tcomb = _episode_support(ep[i], tkeys, v ** 3)
-        out["triple"] = (tk, tc, tcomb)
-        out["triple_slots"] = (i, j, k)
-    return out
-
-
-# ------------------------------------------------------------------------------ scoring
 def _decode(key: int, length: int, v: int) -> tuple[int, ...]:
     out = []
     for _ in range(length):
@@ -350,246 +263,986 @@ def _decode(key: int, length: int, v: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _code_presence(log: EventLog) -> tuple[np.ndarray, np.ndarray]:
-    """Episodes containing each code at least once: (codes, counts)."""
-    keys, counts, _ = _episode_support(log.episode, log.code, log.n_codes)
-    return keys, counts
+# --------------------------------------------------------------------------- probability
+KMAX = 24
+"""Copies per code up to which the exact order probability is tabulated (beyond: 1)."""
 
 
-def _partition_counts(log: EventLog, combined: np.ndarray, space: int, keys: np.ndarray
-                      ) -> dict[int, np.ndarray]:
-    """Per-partition support of each key in ``keys``."""
-    parts = max(log.n_partitions, 1)
-    key_of = combined % space
-    sel = np.isin(key_of, keys)
-    eps, ks = combined[sel] // space, key_of[sel]
-    out = {int(k): np.zeros(parts, np.int64) for k in keys}
-    np_part = log.partition[eps]
-    for k, p in zip(ks.tolist(), np_part.tolist()):
-        out[k][p] += 1
+@cache
+def _p_contains(ra: int, rb: int, rc: int, state: int) -> float:
+    """P(a random arrangement of the remaining copies completes a..b..c from ``state``)."""
+    if state == 2:
+        return 1.0 if rc > 0 else 0.0
+    if state == 1 and rb == 0:
+        return 0.0
+    if state == 0 and (ra == 0 or rb == 0 or rc == 0):
+        return 0.0
+    total = ra + rb + rc
+    out = 0.0
+    if ra:
+        out += ra / total * _p_contains(ra - 1, rb, rc, 1 if state == 0 else state)
+    if rb:
+        out += rb / total * _p_contains(ra, rb - 1, rc, 2 if state == 1 else state)
+    if rc:
+        out += rc / total * _p_contains(ra, rb, rc - 1, state)
     return out
 
 
-def _supporting(log: EventLog, combined: np.ndarray, space: int, keys: np.ndarray
-                ) -> dict[int, tuple[int, ...]]:
-    """Supporting episode ids of each key in ``keys`` (one sort, no per-key scans)."""
-    key_of = combined % space
-    sel = np.isin(key_of, keys)
-    k, e = key_of[sel], combined[sel] // space
-    order = np.argsort(k, kind="stable")
-    k, e = k[order], log.episode_ids[e[order]]
-    uk, first = np.unique(k, return_index=True)
-    bounds = list(first[1:]) + [k.size]
-    return {int(key): tuple(int(x) for x in e[lo:hi])
-            for key, lo, hi in zip(uk.tolist(), first.tolist(), bounds)}
+@cache
+def _order_table() -> np.ndarray:
+    """P(subsequence a..b..c) for k_a, k_b, k_c copies in random order, indices < KMAX+1."""
+    table = np.ones((KMAX + 2,) * 3)
+    for ka, kb, kc in itertools.product(range(KMAX + 1), repeat=3):
+        table[ka, kb, kc] = _p_contains(ka, kb, kc, 0)
+    table[0, :, :] = table[:, 0, :] = table[:, :, 0] = 0.0
+    return table
 
 
-def _gaps(log: EventLog, slots: tuple[np.ndarray, ...], key_arr: np.ndarray, key: int
-          ) -> tuple[tuple[float, float], ...]:
-    sel = key_arr == key
-    t = [log.time[s[sel]] for s in slots]
-    return tuple((float((b - a).min()), float((b - a).max())) for a, b in zip(t, t[1:]))
+def _p_order3(ka: np.ndarray, kb: np.ndarray, kc: np.ndarray) -> np.ndarray:
+    table = _order_table()
+    cap = KMAX + 1
+    return table[np.minimum(ka, cap), np.minimum(kb, cap), np.minimum(kc, cap)]
 
 
-def _reasons(support: int, p: float, confidence: float, forward: int, reverse: int,
-             parts: np.ndarray, cfg: DiscoveryConfig) -> tuple[str, ...]:
+def _p_order2(ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """P(some a before some b) = 1 - 1 / C(ka + kb, ka)."""
+    ka, kb = np.asarray(ka, np.float64), np.asarray(kb, np.float64)
+    log_binom = (_lgamma(ka + kb + 1) - _lgamma(ka + 1) - _lgamma(kb + 1))
+    return np.where((ka > 0) & (kb > 0), -np.expm1(-log_binom), 0.0)
+
+
+def _lgamma(x: np.ndarray) -> np.ndarray:
+    """Log-Gamma of positive integer-valued x (a table of log factorials)."""
+    x = np.asarray(x, np.float64)
+    k = np.rint(x).astype(np.int64) - 1  # Gamma(x) = (x - 1)!
+    if x.size == 0:
+        return x.copy()
+    table = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, max(int(k.max()), 1) + 1)))))
+    return table[np.maximum(k, 0)]
+
+
+def poisson_tail_bound(s: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """Upper bound on P(Poisson(lam) >= s): the first term times a geometric series.
+
+    For a Poisson-binomial S of mean lam, P(S >= s) <= P(Poisson(lam) >= s) when
+    s >= lam + 1 (Hoeffding 1956; Anderson & Samuels 1967), so this bounds its tail too.
+    Returns 1 where s < lam + 1 (such a support is never significant).
+    """
+    s = np.asarray(s, np.float64)
+    lam = np.maximum(np.asarray(lam, np.float64), 1e-300)
+    ok = s >= lam + 1
+    safe_s = np.where(ok, s, lam + 1)
+    log_first = -lam + safe_s * np.log(lam) - _lgamma(safe_s + 1)
+    bound = np.exp(log_first) * (safe_s + 1) / (safe_s + 1 - lam)
+    return np.where(ok, np.minimum(bound, 1.0), 1.0)
+
+
+def pb_tail(probs: list[np.ndarray] | np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Exact P(S >= s) for Poisson-binomial sums, one problem per row.
+
+    ``probs`` is a (P, F) array padded with zeros (or a list of arrays); ``s`` (P,) the
+    observed counts. The distribution below s is tracked explicitly and the mass that
+    reaches s is accumulated, so tiny tails keep full relative precision.
+    """
+    if isinstance(probs, list):
+        width = max((len(p) for p in probs), default=0)
+        pad = np.zeros((len(probs), max(width, 1)))
+        for i, p in enumerate(probs):
+            pad[i, :len(p)] = p
+        probs = pad
+    probs = np.asarray(probs, np.float64)
+    s = np.asarray(s, np.int64)
+    n = probs.shape[0]
+    out = np.ones(n)
+    todo = np.flatnonzero(s > 0)
+    if todo.size == 0:
+        return out
+    probs, s_t = probs[todo], s[todo]
+    k = int(s_t.max())
+    dist = np.zeros((todo.size, k))
+    dist[:, 0] = 1.0
+    live = np.arange(k)[None, :] < s_t[:, None]
+    tail = np.zeros(todo.size)
+    rows = np.arange(todo.size)
+    for f in range(probs.shape[1]):
+        p = probs[:, f:f + 1]
+        tail += dist[rows, s_t - 1] * p[:, 0]
+        moved = dist * p
+        dist = dist * (1 - p)
+        dist[:, 1:] += moved[:, :-1]
+        dist *= live
+    out[todo] = np.minimum(tail, 1.0)
+    return out
+
+
+def _z_chernoff(tails: np.ndarray, cand: np.ndarray, n_cand: int, z: np.ndarray
+                ) -> np.ndarray:
+    """Chernoff bound on P(Z >= z), Z = sum of independent per-frame scores.
+
+    E[exp(theta Z_e)] = 1 + sum_l (e^(theta l) - e^(theta (l-1))) P(Z_e >= l); the bound is
+    the smallest over a grid of theta of exp(-theta z) prod_e E[exp(theta Z_e)].
+    """
+    levels = np.arange(1, tails.shape[1] + 1)
+    best = np.zeros(n_cand)
+    for theta in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0):
+        steps = np.exp(theta * levels) - np.exp(theta * (levels - 1))
+        log_mgf = np.log1p(tails @ steps)
+        total = np.bincount(cand, weights=log_mgf, minlength=n_cand) - theta * z
+        best = np.minimum(best, total)
+    return np.minimum(np.exp(best), 1.0)
+
+
+def _z_tail(tails: list[np.ndarray], z: np.ndarray) -> np.ndarray:
+    """Exact P(Z >= z) for sums of independent scores in 0..S, one problem per list item.
+
+    Item i is an (F_i, S) array: row f holds P(Z_f >= l) for l = 1..S. The distribution
+    below z is tracked explicitly and the mass that reaches z is accumulated, so tiny tails
+    keep full relative precision.
+    """
+    n = len(tails)
+    n_levels = tails[0].shape[1] if n else 0
+    width = max((t.shape[0] for t in tails), default=0)
+    cap = np.zeros((n, max(width, 1), n_levels + 2))
+    cap[:, :, 0] = 1.0
+    for i, t in enumerate(tails):
+        cap[i, :t.shape[0], 1:n_levels + 1] = t
+    z = np.asarray(z, np.int64)
+    out = np.ones(n)
+    top = int(z.max()) if n else 0
+    if top <= 0:
+        return out
+    dist = np.zeros((n, top))
+    dist[:, 0] = 1.0
+    ks = np.arange(top)[None, :]
+    need = np.clip(z[:, None] - ks, 0, n_levels + 1)
+    live = ks < z[:, None]
+    tail = np.zeros(n)
+    for f in range(width):
+        ge = cap[:, f, :]  # P(Z_f >= l), l = 0..S+1
+        tail += (dist * np.take_along_axis(ge, need, axis=1)).sum(axis=1)
+        exact = ge[:, :-1] - ge[:, 1:]  # P(Z_f = l), l = 0..S
+        new = dist * exact[:, :1]
+        for level in range(1, min(n_levels, top - 1) + 1):
+            new[:, level:] += dist[:, :-level] * exact[:, level:level + 1]
+        dist = new * live
+    out[:] = np.minimum(tail, 1.0)
+    return out
+
+
+# ------------------------------------------------------------------------------ helpers
+def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique keys (sorted) and the smallest value of each."""
+    order = np.argsort(keys)
+    keys, values = keys[order], values[order]
+    if keys.size == 0:
+        return keys, values
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return keys[starts], np.minimum.reduceat(values, starts)
+
+
+def _counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique sorted keys and their counts (one sort)."""
+    if keys.size == 0:
+        return keys, np.zeros(0, np.int64)
+    keys = np.sort(keys)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    return keys[starts], np.diff(np.concatenate((starts, [keys.size])))
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default=0):
+    """values[key] for each query key (keys sorted), ``default`` where absent."""
+    query = np.asarray(query)
+    if keys.size == 0:
+        return np.full(query.shape, default, dtype=np.asarray(values).dtype)
+    pos = np.clip(np.searchsorted(keys, query), 0, keys.size - 1)
+    return np.where(keys[pos] == query, values[pos], default)
+
+
+def _member(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Elementwise ``query in sorted_keys`` by binary search (keys sorted, unique)."""
+    if sorted_keys.size == 0:
+        return np.zeros(np.shape(query), bool)
+    pos = np.clip(np.searchsorted(sorted_keys, query), 0, sorted_keys.size - 1)
+    return sorted_keys[pos] == query
+
+
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items: (group index, offset within group) per item."""
+    total = int(counts.sum())
+    group = np.repeat(np.arange(counts.size), counts)
+    offset = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return group, offset
+
+
+class _Episodes:
+    """Per-episode slot structure: pairs within the gap window, presence, slot counts."""
+
+    def __init__(self, log: EventLog, cfg: DiscoveryConfig) -> None:
+        self.log, self.cfg = log, cfg
+        self.n_ep = len(log.episode_ids)
+        self.v = log.n_codes
+        ep, t = log.episode, log.time
+        self.start = np.searchsorted(ep, np.arange(self.n_ep + 1))
+        self.n = np.diff(self.start)
+        n = ep.size
+        gaps = np.diff(t)[ep[1:] == ep[:-1]] if n > 1 else np.zeros(0)
+        positive = gaps[gaps > 0]
+        self.delta = float(np.median(positive)) if positive.size else 1.0
+        out_i, out_j = [], []
+        longest = int(self.n.max()) if self.n.size else 0
+        for d in range(1, min(longest, cfg.max_lookback + 1)):
+            i = np.arange(n - d)
+            j = i + d
+            same = ep[i] == ep[j]
+            gap = t[j] - t[i]
+            within = same & (gap <= cfg.max_gap)
+            if not within.any():
+                break
+            ok = within & (gap >= cfg.min_gap)
+            out_i.append(i[ok])
+            out_j.append(j[ok])
+        self.complete = longest <= cfg.max_lookback  # every slot pair enumerated
+        self.pi = np.concatenate(out_i) if out_i else np.zeros(0, np.int64)
+        self.pj = np.concatenate(out_j) if out_j else np.zeros(0, np.int64)
+        self.pgap = t[self.pj] - t[self.pi]
+        scales = sorted({s * self.delta for s in cfg.scales if s * self.delta < cfg.max_gap}
+                        | {cfg.max_gap})
+        self.scales = np.asarray(scales, np.float64)
+        # slot-pair and slot-triple counts per episode and scale (code-independent)
+        self.t2 = np.zeros((self.n_ep, self.scales.size))
+        self.t3 = np.zeros((self.n_ep, self.scales.size))
+        for s, g in enumerate(self.scales):
+            sel = self.pgap <= g
+            left = np.bincount(self.pj[sel], minlength=n).astype(np.float64)
+            right = np.bincount(self.pi[sel], minlength=n).astype(np.float64)
+            self.t2[:, s] = np.bincount(ep, weights=left, minlength=self.n_ep)
+            self.t3[:, s] = np.bincount(ep, weights=left * right, minlength=self.n_ep)
+        # code presence: key = episode * V + code, with copies per episode
+        self.pres_key, self.pres_count = _counts(ep * self.v + log.code)
+        by_code = np.argsort(self.pres_key % self.v, kind="stable")
+        self.code_episodes = (self.pres_key // self.v)[by_code]  # sorted within a code
+        self.code_start = np.searchsorted((self.pres_key % self.v)[by_code],
+                                          np.arange(self.v + 1))
+        code_total = np.bincount(log.code, minlength=self.v).astype(np.float64)
+        self.freq = code_total / max(n, 1)
+
+    def copies(self, episodes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+        """Copies of ``codes`` in ``episodes`` (elementwise)."""
+        return _lookup(self.pres_key, self.pres_count, episodes * self.v + codes)
+
+    def exact_infinite(self) -> bool:
+        """Whether p_e at the largest scale has the exact closed form."""
+        return (self.cfg.min_gap == 0 and math.isinf(self.cfg.max_gap) and self.complete)
+
+
+# --------------------------------------------------------------------------- candidates
+def _pair_rows(ctx: _Episodes) -> dict:
+    """Per (episode, ordered code pair): the tightest gap, plus each code pair's support."""
+    log, v = ctx.log, ctx.v
+    ci, cj = log.code[ctx.pi], log.code[ctx.pj]
+    keep = ci != cj
+    key = ci[keep] * v + cj[keep]
+    gap = ctx.pgap[keep]
+    ep = log.episode[ctx.pi[keep]]
+    # one row per (episode, key) with its tightest gap: one sort of a combined key
+    combined = ep * (v * v) + key
+    order = np.argsort(combined)
+    combined, gap = combined[order], gap[order]
+    starts = np.flatnonzero(np.concatenate(([True], combined[1:] != combined[:-1]))) \
+        if combined.size else np.zeros(0, np.int64)
+    uniq = combined[starts]
+    rows = {"ep": uniq // (v * v), "key": uniq % (v * v),
+            "m": np.minimum.reduceat(gap, starts) if gap.size else gap}
+    rows["uk"], rows["support"] = _counts(rows["key"])
+    return rows
+
+
+def _neighbours(ctx: _Episodes, frequent: np.ndarray) -> tuple[dict, dict]:
+    """Nearest a before and nearest c after each slot j, per code, with (a, b) frequent."""
+    log, v = ctx.log, ctx.v
+    ci, cj = log.code[ctx.pi], log.code[ctx.pj]
+    keep = (ci != cj) & _member(frequent, ci * v + cj)
+    pi, pj, gap = ctx.pi[keep], ctx.pj[keep], ctx.pgap[keep]
+    # left: for slot j and code a, the latest i (smallest gap)
+    lk, lgap = _group_min(pj * v + log.code[pi], gap)
+    # right: for slot i and code c, the earliest j
+    rk, rgap = _group_min(pi * v + log.code[pj], gap)
+    return ({"slot": lk // v, "code": lk % v, "gap": lgap},
+            {"slot": rk // v, "code": rk % v, "gap": rgap})
+
+
+def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
+    """Per (episode, ordered triple of distinct codes): the tightest largest step gap."""
+    log, v = ctx.log, ctx.v
+    # group left by middle slot j; right (entries with slot == j) by j
+    lo = np.argsort(left["slot"], kind="stable")
+    ro = np.argsort(right["slot"], kind="stable")
+    left = {k: a[lo] for k, a in left.items()}
+    right = {k: a[ro] for k, a in right.items()}
+    n = log.code.size
+    lcount = np.bincount(left["slot"], minlength=n)
+    rcount = np.bincount(right["slot"], minlength=n)
+    lstart = np.concatenate(([0], np.cumsum(lcount)))
+    rstart = np.concatenate(([0], np.cumsum(rcount)))
+    pairs = lcount * rcount
+    mids = np.flatnonzero(pairs)
+    if mids.size == 0:
+        z = np.zeros(0, np.int64)
+        return {"ep": z, "key": z, "m": np.zeros(0), "uk": z, "support": z}
+    g, off = _expand(pairs[mids])
+    j = mids[g]
+    li = lstart[j] + off // rcount[j]
+    ri = rstart[j] + off % rcount[j]
+    a, c = left["code"][li], right["code"][ri]
+    ok = a != c
+    j, li, ri, a, c = j[ok], li[ok], ri[ok], a[ok], c[ok]
+    key = (a * v + log.code[j]) * v + c
+    m = np.maximum(left["gap"][li], right["gap"][ri])
+    ep = log.episode[j]
+    order = np.lexsort((m, key, ep))
+    ep, key, m = ep[order], key[order], m[order]
+    first = np.concatenate(([True], (ep[1:] != ep[:-1]) | (key[1:] != key[:-1])))
+    rows = {"ep": ep[first], "key": key[first], "m": m[first]}
+    rows["uk"], rows["support"] = _counts(rows["key"])
+    return rows
+
+
+def _copresent_sets(ctx: _Episodes, length: int, minimum: int) -> tuple[np.ndarray, ...]:
+    """Code sets present together in >= ``minimum`` episodes.
+
+    Returns the sorted set keys, their episode counts and the (episode, key) rows; triples
+    are only built from pairs that co-occur that often.
+    """
+    v = ctx.v
+    ep = ctx.pres_key // v
+    code = ctx.pres_key % v
+    starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
+    ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
+    after = ends - np.arange(ep.size)  # codes after this one in its episode, + 1
+    g, off = _expand(np.maximum(after - 1, 0))
+    second = g + 1 + off
+    pair_ep, pair_key = ep[g], code[g] * v + code[second]
+    pk, pc = _counts(pair_key)
+    if length == 2:
+        keep = pc >= minimum
+        sel = _member(pk[keep], pair_key)
+        return pk[keep], pc[keep], pair_ep[sel], pair_key[sel]
+    frequent = pk[pc >= minimum]
+    sel = _member(frequent, pair_key)
+    p_first, p_second = g[sel], second[sel]
+    g2, off2 = _expand(np.maximum(ends[p_second] - p_second - 1, 0))
+    third = p_second[g2] + 1 + off2
+    a, b, c = code[p_first[g2]], code[p_second[g2]], code[third]
+    ok = _member(frequent, b * v + c) & _member(frequent, a * v + c)
+    t_ep = ep[third[ok]]
+    t_key = (a[ok] * v + b[ok]) * v + c[ok]
+    tk, tc = _counts(t_key)
+    keep = tc >= minimum
+    sel = _member(tk[keep], t_key)
+    return tk[keep], tc[keep], t_ep[sel], t_key[sel]
+
+
+def _sorted_set_key(codes: np.ndarray, v: int) -> np.ndarray:
+    """Key of the sorted code set of each row of ``codes`` (P, L)."""
+    s = np.sort(codes, axis=1)
+    key = np.zeros(s.shape[0], np.int64)
+    for col in range(s.shape[1]):
+        key = key * v + s[:, col]
+    return key
+
+
+# ------------------------------------------------------------------------- significance
+@dataclass
+class _Tested:
+    """Per candidate of one length: codes, frames and per-scale evidence."""
+
+    keys: np.ndarray  # (P,) pattern keys
+    codes: np.ndarray  # (P, L)
+    p: np.ndarray  # (P,) p-value of the multi-scale score Z
+    minp: np.ndarray  # (P,) smallest achievable p-value
+    scale: np.ndarray  # (P,) index of the scale where the support is most surprising
+    support: np.ndarray  # (P, S) support per scale
+    expected: np.ndarray  # (P, S)
+    frame_start: np.ndarray  # (P+1,) CSR into the frame rows
+    frame_ep: np.ndarray  # frame rows: episode
+    frame_m: np.ndarray  # tightest occurrence (nan when absent: never <= a scale)
+    frame_pe: np.ndarray  # (R, S) null probability per frame and scale
+    weight: np.ndarray = field(default_factory=lambda: np.ones(0))  # weighted-BH weights
+
+
+def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray,
+                     set_row_key: np.ndarray) -> _Tested:
+    """Within-episode null p-values at every scale for candidates with enough support."""
+    cfg, v = ctx.cfg, ctx.v
+    keys = rows["uk"][rows["support"] >= cfg.accept_support]
+    codes = np.stack([(keys // v ** (length - 1 - c)) % v for c in range(length)], axis=1) \
+        if keys.size else np.zeros((0, length), np.int64)
+    n_scales = ctx.scales.size
+    # frames: the episodes holding the candidate's code set
+    order = np.argsort(set_row_key, kind="stable")
+    srk, sep = set_row_key[order], set_ep[order]
+    skey = _sorted_set_key(codes, v) if keys.size else np.zeros(0, np.int64)
+    lo = np.searchsorted(srk, skey, side="left")
+    hi = np.searchsorted(srk, skey, side="right")
+    cand, off = _expand(hi - lo)
+    f_ep = sep[lo[cand] + off]
+    frame_start = np.concatenate(([0], np.cumsum(hi - lo)))
+    # tightest occurrence of the candidate in each frame episode (inf when absent)
+    combined = rows["key"] * (ctx.n_ep + 1) + rows["ep"]
+    order_o = np.argsort(combined, kind="stable")
+    combined, occ_m = combined[order_o], rows["m"][order_o]
+    f_m = _lookup(combined, occ_m, keys[cand] * (ctx.n_ep + 1) + f_ep, np.nan)
+    # null probability per frame and scale
+    n_e = ctx.n[f_ep].astype(np.float64)
+    k = np.stack([ctx.copies(f_ep, codes[cand, c]) for c in range(length)], axis=1) \
+        if f_ep.size else np.zeros((0, length), np.int64)
+    kprod = np.prod(k.astype(np.float64), axis=1)
+    if length == 3:
+        falling = n_e * (n_e - 1) * (n_e - 2)
+        slots = ctx.t3[f_ep]
+    else:
+        falling = n_e * (n_e - 1)
+        slots = ctx.t2[f_ep]
+    pe = np.minimum(1.0, kprod[:, None] * slots / np.maximum(falling, 1.0)[:, None])
+    if ctx.exact_infinite() and f_ep.size:
+        pe[:, -1] = (_p_order3(k[:, 0], k[:, 1], k[:, 2]) if length == 3
+                     else _p_order2(k[:, 0], k[:, 1]))
+    pe = np.clip(pe, 1e-300, 1.0)
+    # the true probability grows with the scale: a bound at g also bounds every g' < g
+    pe = np.minimum.accumulate(pe[:, ::-1], axis=1)[:, ::-1]
+    n_cand = keys.size
+    support = np.zeros((n_cand, n_scales))
+    expected = np.zeros((n_cand, n_scales))
+    for s in range(n_scales):
+        support[:, s] = np.bincount(cand, weights=f_m <= ctx.scales[s], minlength=n_cand)
+        expected[:, s] = np.bincount(cand, weights=pe[:, s], minlength=n_cand)
+    # the score: Z = sum over scales of the support, i.e. per episode the number of scales
+    # its tightest occurrence fits in; P(Z_e >= l) = p_e(g_(S-l)) (smallest l scales)
+    z = support.sum(axis=1)
+    tails = pe[:, ::-1]  # tails[:, l-1] = P(Z_e >= l)
+    p = _z_chernoff(tails, cand, n_cand, z)
+    width = np.diff(frame_start)
+    refine = np.flatnonzero((p <= 0.05) & (support[:, -1] >= cfg.accept_support)
+                            & (width <= 4096) & (z <= 4096))
+    if refine.size:
+        refine = refine[np.argsort(width[refine] * z[refine], kind="stable")]
+        budget = 2_000_000
+        chunk: list[int] = []
+        for ci in refine.tolist():
+            chunk.append(ci)
+            cost = len(chunk) * int(width[chunk].max()) * int(z[chunk].max()) * n_scales
+            if cost > budget * 8 or ci == refine[-1]:
+                exact = _z_tail([tails[frame_start[c]:frame_start[c + 1]] for c in chunk],
+                                z[chunk].astype(np.int64))
+                p[chunk] = np.minimum(p[chunk], exact)
+                chunk = []
+    p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
+    log_min = np.bincount(cand, weights=np.log(pe[:, 0]), minlength=n_cand)
+    minp = np.minimum(1.0, np.exp(log_min))
+    # a candidate whose frames are fewer than accept_support can never be accepted
+    minp = np.where(width >= cfg.accept_support, minp, 1.0)
+    single = poisson_tail_bound(support, expected)
+    best = np.argmin(single + (support < cfg.accept_support), axis=1) if n_cand \
+        else np.zeros(0, np.int64)
+    return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
+                   expected=expected, frame_start=frame_start, frame_ep=f_ep, frame_m=f_m,
+                   frame_pe=pe)
+
+
+COOCCURRENCE_TILT = 2.0
+"""Weight of a code set = exp(tilt * z), z its co-occurrence excess in standard units."""
+
+
+def _cooccurrence_weights(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarray,
+                          length: int) -> np.ndarray:
+    """Weighted-BH weights (mean 1 over the family) from how often a code set co-occurs.
+
+    They depend only on which codes each episode holds, which the within-episode null takes
+    as given, so weighting by them keeps the FDR control (Genovese, Roeder & Wasserman
+    2006) while steering power to code sets that co-occur more often than independent
+    codes would: E[frames] = sum_e prod_x (1 - (1 - f_x)^n_e), z = (frames - E) / sqrt(E).
+    """
+    if set_keys.size == 0:
+        return np.ones(0)
+    v = ctx.v
+    lengths, per_length = np.unique(ctx.n, return_counts=True)
+    expected = np.zeros(set_keys.size)
+    codes = [(set_keys // v ** (length - 1 - c)) % v for c in range(length)]
+    for n_e, count in zip(lengths.tolist(), per_length.tolist()):
+        prod = np.ones(set_keys.size)
+        for x in codes:
+            prod *= 1.0 - (1.0 - ctx.freq[x]) ** n_e
+        expected += count * prod
+    z = (frames - expected) / np.sqrt(np.maximum(expected, 1.0))
+    weight = np.exp(COOCCURRENCE_TILT * np.clip(z, -3.0, 3.0))
+    return weight / weight.mean()
+
+
+def tarone_bh(p: np.ndarray, minp: np.ndarray, family: int, q: float
+              ) -> tuple[float, int, int]:
+    """Benjamini-Hochberg over Tarone's testable family.
+
+    ``family`` hypotheses could be tested; ``p`` / ``minp`` are the p-values and smallest
+    achievable p-values of those that were computed (the rest count as testable). K is the
+    smallest k with m(q / k) <= k, m(d) = #{testable at level d}; BH then runs over the
+    m(q / K) testable hypotheses. Returns (cutoff, K, testable); cutoff 0 when nothing
+    passes.
+    """
+    if family <= 0:
+        return 0.0, 0, 0
+    sorted_minp = np.sort(minp)
+
+    def testable(level: float) -> int:
+        return int(family - (minp.size - np.searchsorted(sorted_minp, level, side="right")))
+
+    lo, hi = 1, max(family, 1)
+    while lo < hi:  # m(q / k) is non-increasing in k: the smallest k with m(q/k) <= k
+        mid = (lo + hi) // 2
+        if testable(q / mid) <= mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    k_star = lo
+    level = q / k_star
+    m = max(testable(level), 1)
+    in_family = np.sort(p[minp <= level])
+    ranks = np.arange(1, in_family.size + 1)
+    passing = np.flatnonzero(in_family <= ranks * q / m)
+    cutoff = float(ranks[passing[-1]] * q / m) if passing.size else 0.0
+    return cutoff, k_star, m
+
+
+# ------------------------------------------------------------------ per-pattern checks
+def _episode_slots(ctx: _Episodes, e: int, codes: tuple[int, ...]
+                   ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    lo, hi = ctx.start[e], ctx.start[e + 1]
+    t = ctx.log.time[lo:hi]
+    c = ctx.log.code[lo:hi]
+    return t, c, [np.flatnonzero(c == x) for x in codes]
+
+
+def _fits(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
+          cfg: DiscoveryConfig) -> np.ndarray:
+    """(len(first), len(second)) matrix: second comes after first within [min_gap, g]."""
+    d = t[second][None, :] - t[first][:, None]
+    later = second[None, :] > first[:, None]
+    span = np.abs(second[None, :] - first[:, None]) <= cfg.max_lookback
+    return later & span & (d >= cfg.min_gap) & (d <= g)
+
+
+def _holds(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> bool:
+    return _tightest(t, pos, cfg) <= g
+
+
+def _step_gaps(t: np.ndarray, first: np.ndarray, second: np.ndarray,
+               cfg: DiscoveryConfig) -> np.ndarray:
+    """Gap matrix of valid steps first -> second (inf where the step is not allowed)."""
+    d = t[second][None, :] - t[first][:, None]
+    ok = (second[None, :] > first[:, None]) & (d >= cfg.min_gap) & (d <= cfg.max_gap) \
+        & (second[None, :] - first[:, None] <= cfg.max_lookback)
+    return np.where(ok, d, np.inf)
+
+
+def _tightest(t: np.ndarray, pos: list[np.ndarray], cfg: DiscoveryConfig) -> float:
+    """Smallest largest-step gap over the pattern's occurrences (inf when it is absent)."""
+    if any(p.size == 0 for p in pos):
+        return math.inf
+    ab = _step_gaps(t, pos[0], pos[1], cfg)
+    if len(pos) == 2:
+        return float(ab.min())
+    bc = _step_gaps(t, pos[1], pos[2], cfg)
+    return float(np.maximum(ab.min(axis=0), bc.min(axis=1)).min())
+
+
+def _order_p_e(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> float:
+    """P(forward order holds at g) when the labels are permuted among the pattern's slots."""
+    counts = [len(p) for p in pos]
+    union = np.sort(np.concatenate(pos))
+    total = union.size
+    if total <= 9:
+        hits = n = 0
+        idx = range(total)
+        for first in itertools.combinations(idx, counts[0]):
+            rest = [i for i in idx if i not in first]
+            for second in itertools.combinations(rest, counts[1]):
+                third = [i for i in rest if i not in second]
+                groups = [union[list(first)], union[list(second)]]
+                if len(pos) == 3:
+                    groups.append(union[third])
+                n += 1
+                hits += _holds(t, groups, g, cfg)
+        return hits / n
+    # many copies: union bound over position tuples
+    valid = _fits(t, union, union, g, cfg)
+    if len(pos) == 2:
+        tuples = float(valid.sum())
+        return min(1.0, counts[0] * counts[1] * tuples / (total * (total - 1)))
+    tuples = float((valid.sum(axis=0) * valid.sum(axis=1)).sum())
+    return min(1.0, counts[0] * counts[1] * counts[2] * tuples
+               / (total * (total - 1) * (total - 2)))
+
+
+def _eligible(t: np.ndarray, pos: list[np.ndarray], which: int, n: int, g: float,
+              cfg: DiscoveryConfig) -> int:
+    """Slots (not holding the other codes) where the element ``which`` completes it."""
+    taken = np.zeros(n, bool)
+    for i, p in enumerate(pos):
+        if i != which:
+            taken[p] = True
+    free = np.flatnonzero(~taken)
+    if free.size == 0:
+        return 0
+    if len(pos) == 2:
+        if which == 1:
+            ok = _fits(t, pos[0], free, g, cfg).any(axis=0)
+        else:
+            ok = _fits(t, free, pos[1], g, cfg).any(axis=1)
+        return int(ok.sum())
+    a, b, c = pos
+    if which == 2:  # C after a valid A..B
+        mids = b[_fits(t, a, b, g, cfg).any(axis=0)]
+        ok = _fits(t, mids, free, g, cfg).any(axis=0) if mids.size else np.zeros(free.size)
+    elif which == 0:  # A before a valid B..C
+        mids = b[_fits(t, b, c, g, cfg).any(axis=1)]
+        ok = _fits(t, free, mids, g, cfg).any(axis=1) if mids.size else np.zeros(free.size)
+    else:  # B between A and C
+        ok = _fits(t, a, free, g, cfg).any(axis=0) & _fits(t, free, c, g, cfg).any(axis=1)
+    return int(np.count_nonzero(ok))
+
+
+@dataclass
+class _Check:
+    p_order: float
+    p_adds: tuple[float, ...]
+    lift: float
+    antecedent: int
+    reverse: int
+    episodes: np.ndarray  # supporting episode rows at g*
+    gaps: tuple[tuple[float, float], ...]
+    rival: tuple[int, ...] = ()  # the other order of the same codes closest to forward
+    dominated: bool = False  # the rival fits at least as well as forward, summed
+    p_rival: float = 1.0  # sign-flip test of forward against the rival
+
+
+def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
+           ) -> _Check:
+    """Order and element-adds tests, antecedent and reverse counts at scale ``g``."""
+    cfg = ctx.cfg
+    length = len(codes)
+    order_p, order_obs = [], 0
+    add_p: list[list[float]] = [[] for _ in range(length)]
+    add_obs = [0] * length
+    antecedent = reverse = 0
+    gap_lists: list[list[float]] = [[] for _ in range(length - 1)]
+    supp = set(support_rows.tolist())
+    others = [perm for perm in itertools.permutations(range(length))
+              if perm != tuple(range(length))]
+    diffs: list[list[int]] = [[] for _ in others]
+    # every episode holding all codes but (at most) one: the element tests of code w run
+    # over the episodes where the other codes are in place, whether or not w is there
+    rows = np.unique(np.concatenate([
+        _episodes_with(ctx, tuple(x for i, x in enumerate(codes) if i != w))
+        for w in range(length)]))
+    for e in rows.tolist():
+        t, _, pos = _episode_slots(ctx, e, codes)
+        n = t.size
+        if length == 3:
+            antecedent += bool(_fits(t, pos[0], pos[1], g, cfg).any())
+            reverse += bool(_fits(t, pos[1], pos[0], g, cfg).any())
+        elif pos[0].size:
+            antecedent += 1
+            reverse += bool(pos[1].size and _fits(t, pos[1], pos[0], g, cfg).any())
+        present = all(p.size for p in pos)
+        held = e in supp
+        if present and _order_relevant(t, pos, g, cfg):
+            order_p.append(_order_p_e(t, pos, g, cfg))
+            order_obs += held
+        if present:  # forward against each other order: how many scales each one fits
+            fwd = _fit_levels(t, pos, ctx.scales, cfg)
+            for o, perm in enumerate(others):
+                diffs[o].append(fwd - _fit_levels(t, [pos[i] for i in perm], ctx.scales, cfg))
+        for w in range(length):
+            if any(pos[i].size == 0 for i in range(length) if i != w):
+                continue
+            m = _eligible(t, pos, w, n, g, cfg)
+            if m == 0:
+                continue
+            add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
+            add_obs[w] += held
+        if held:
+            for s, (x, y) in enumerate(zip(pos[:-1], pos[1:])):
+                ok = _fits(t, x, y, g, cfg)
+                xs, ys = np.nonzero(ok)
+                if xs.size:
+                    gap_lists[s].append(float((t[y[ys]] - t[x[xs]]).min()))
+    p_order = float(pb_tail([np.asarray(order_p)], np.array([order_obs]))[0]) \
+        if order_p else 1.0
+    # forward must also beat every other order outright (scales fitted, summed over the
+    # episodes); the sign-flip p-value of the closest one is kept as evidence
+    margins = [int(np.sum(d)) for d in diffs]
+    closest = int(np.argmin(margins)) if margins else -1
+    dominated = bool(margins) and margins[closest] <= 0
+    p_pair = _sign_flip_tail(np.asarray(diffs[closest], np.int64)) if margins else 1.0
+    p_adds = tuple(float(pb_tail([np.asarray(ps)], np.array([obs]))[0]) if ps else 1.0
+                   for ps, obs in zip(add_p, add_obs))
+    middle = 1 if length == 3 else length - 1
+    lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
+    gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
+    return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
+                  reverse=reverse, episodes=support_rows, gaps=gaps,
+                  rival=tuple(codes[i] for i in others[closest]) if margins else (),
+                  dominated=dominated, p_rival=p_pair)
+
+
+def _fit_levels(t: np.ndarray, pos: list[np.ndarray], scales: np.ndarray,
+                cfg: DiscoveryConfig) -> int:
+    """How many of ``scales`` the pattern fits at in one episode (0 when absent)."""
+    return int(np.count_nonzero(scales >= _tightest(t, pos, cfg)))
+
+
+def _sign_flip_tail(d: np.ndarray) -> float:
+    """Exact P(sum of +-|d_e| >= sum d_e) with independent fair signs (integer d)."""
+    d = d[d != 0]
+    observed = int(d.sum())
+    if observed <= 0:
+        return 1.0
+    mags = np.abs(d)
+    total = int(mags.sum())
+    dist = np.zeros(2 * total + 1)
+    dist[total] = 1.0
+    for m in mags.tolist():
+        dist = 0.5 * (np.roll(dist, m) + np.roll(dist, -m))
+    return float(min(1.0, dist[total + observed:].sum()))
+
+
+def _order_relevant(t: np.ndarray, pos: list[np.ndarray], g: float,
+                    cfg: DiscoveryConfig) -> bool:
+    """Whether some order of the pattern's codes fits at g in this episode."""
+    union = np.sort(np.concatenate(pos))
+    valid = _fits(t, union, union, g, cfg)
+    if len(pos) == 2:
+        return bool(valid.any())
+    return bool((valid.any(axis=0) & valid.any(axis=1)).any())
+
+
+def _episodes_with(ctx: _Episodes, codes: tuple[int, ...]) -> np.ndarray:
+    """Episode rows holding every code in ``codes``."""
+    out = None
+    for x in codes:
+        eps = ctx.code_episodes[ctx.code_start[x]:ctx.code_start[x + 1]]
+        out = eps if out is None else np.intersect1d(out, eps, assume_unique=True)
+    return out if out is not None else np.zeros(0, np.int64)
+
+
+def _stability(ctx: _Episodes, rows: np.ndarray) -> np.ndarray:
+    parts = max(ctx.log.n_partitions, 1)
+    return np.bincount(ctx.log.partition[rows], minlength=parts)
+
+
+def _reasons(support: int, p: float, cutoff: float, parts: np.ndarray, confidence: float,
+             cfg: DiscoveryConfig) -> list[str]:
     reasons = []
     if support < cfg.accept_support:
         reasons.append(f"support {support} < {cfg.accept_support}")
-    if p > cfg.alpha:
-        reasons.append(f"p {p:.3g} > alpha {cfg.alpha}")
-    if confidence < cfg.min_confidence:
-        reasons.append(f"confidence {confidence:.2f} < {cfg.min_confidence}")
-    if forward <= reverse:
-        reasons.append(f"reverse order {reverse} >= forward {forward}")
+    if not p <= cutoff:
+        reasons.append(f"weighted p {p:.3g} above the FDR cutoff {cutoff:.3g}")
     spread = int((parts > 0).sum())
     if spread < cfg.min_partitions:
         reasons.append(f"support in {spread} partition(s) < {cfg.min_partitions}")
     share = float(parts.max() / parts.sum()) if parts.sum() else 1.0
     if share > cfg.max_partition_share:
         reasons.append(f"partition share {share:.2f} > {cfg.max_partition_share}")
-    return tuple(reasons)
+    if confidence < cfg.min_confidence:
+        reasons.append(f"confidence {confidence:.2f} < {cfg.min_confidence}")
+    return reasons
 
 
-def _null_max(log: EventLog, slots: _Slots, cfg: DiscoveryConfig, rng: np.random.Generator,
-              progress=None) -> dict[int, np.ndarray]:
-    """Largest pair/triple support in each order-shuffled history (max-statistic null)."""
-    pair_max = np.zeros(cfg.permutations, np.int64)
-    triple_max = np.zeros(cfg.permutations, np.int64)
-    for b in range(cfg.permutations):
-        code = rng.permutation(log.code)
-        counts = _count(log, slots, code, cfg.accept_support, want_triples=True)
-        pc = counts["pair"][1]
-        tc = counts["triple"][1]
-        pair_max[b] = int(pc.max()) if pc.size else 0
-        triple_max[b] = int(tc.max()) if tc.size else 0  # exact whenever >= accept_support
-        if progress is not None:
-            progress()
-    return {2: pair_max, 3: triple_max}
-
-
-def _enriched(counts: np.ndarray, null: np.ndarray, cfg: DiscoveryConfig) -> np.ndarray:
-    """Mask of counts with support >= accept_support whose max-statistic p <= alpha."""
-    ranked = np.sort(null)
-    exceed = null.size - np.searchsorted(ranked, counts, side="left")  # null >= count
-    p = (1 + exceed) / (1 + null.size)
-    return (counts >= cfg.accept_support) & (p <= cfg.alpha)
-
-
-def _p_value(null: np.ndarray, support: int) -> float:
-    return float((1 + int((null >= support).sum())) / (1 + null.size))
-
-
-def _episode_codes(log: EventLog) -> list[np.ndarray]:
-    """Each episode's codes in time order (the log is sorted by episode, then time)."""
-    bounds = np.searchsorted(log.episode, np.arange(len(log.episode_ids) + 1))
-    return [log.code[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
-
-
-def middle_lift(sequences: list[np.ndarray], a: int, b: int, c: int) -> float:
-    """Episodes with B between A and C, over the number expected if B's slots were random.
-
-    Only episodes holding A...C count (the frame); each contributes its chance P_e that at
-    least one of its B occurrences falls inside the span from the first A to the last C
-    (see the module docstring). inf when the chance is 0 and B is there anyway.
-    """
-    observed, expected = 0, 0.0
-    for seq in sequences:
-        at_a, at_c = np.flatnonzero(seq == a), np.flatnonzero(seq == c)
-        if at_a.size == 0 or at_c.size == 0 or at_c[-1] <= at_a[0]:
-            continue
-        first, last = int(at_a[0]), int(at_c[-1])
-        at_b = np.flatnonzero(seq == b)
-        if at_b.size == 0:
-            continue
-        free = len(seq) - 2  # the frame's A and C hold two slots
-        inside = last - first - 1
-        k = int(at_b.size)
-        expected += 1.0 - math.comb(free - inside, k) / math.comb(free, k)
-        observed += int(((at_b > first) & (at_b < last)).any())
-    if expected == 0.0:
-        return math.inf if observed else math.nan
-    return observed / expected
-
-
+# ----------------------------------------------------------------------------- discover
 def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
              progress=None) -> DiscoveryResult:
-    """Run both stages over ``log``; ``rng`` drives the shuffles (seeded, passed in)."""
-    import time as _time
+    """Find the relations of ``log`` (see the module docstring for the four steps).
 
-    start = _time.perf_counter()
-    v = log.n_codes
-    slots = _Slots(log, cfg)
-    obs = _count(log, slots, log.code, cfg.candidate_support, want_triples=True)
-    pk, pc, pcomb = obs["pair"]
-    tk, tc, tcomb = obs["triple"]
-    ti, tj, tkk = obs["triple_slots"]
-    tkey_slots = (log.code[ti] * v + log.code[tj]) * v + log.code[tkk]
-    candidates = {2: pk[pc >= cfg.candidate_support], 3: tk[tc >= cfg.candidate_support]}
-    null = _null_max(log, slots, cfg, rng, progress)
-    present_k, present_c = _code_presence(log)
-
-    scored: list[Relation] = []
-    sequences = _episode_codes(log)
-    # only patterns that pass the enrichment test become Relation objects (vectorised
-    # filter: at 10^6 events there are ~10^5 patterns with support >= accept_support)
-    score_t = tk[_enriched(tc, null[3], cfg)]
-    t_parts = _partition_counts(log, tcomb, v ** 3, score_t)
-    t_eps = _supporting(log, tcomb, v ** 3, score_t)
-    for key in score_t.tolist():
-        a, b, c = _decode(key, 3, v)
-        support = int(_lookup(tk, tc, np.array([key]))[0])
-        ab = int(_lookup(pk, pc, np.array([a * v + b]))[0])
-        ba = int(_lookup(pk, pc, np.array([b * v + a]))[0])
-        p = _p_value(null[3], support)
-        parts = t_parts[key]
-        conf = support / ab if ab else 0.0
-        reasons = _reasons(support, p, conf, ab, ba, parts, cfg)
-        lift = middle_lift(sequences, a, b, c)
-        if not lift > 1.0:
-            reasons += (f"middle {log.codes[b]} not enriched between {log.codes[a]} and "
-                        f"{log.codes[c]} (lift {lift:.2f} <= 1)",)
-        scored.append(Relation(
-            pattern=(log.codes[a], log.codes[b], log.codes[c]), support=support,
-            antecedent_support=ab, reverse=ba, partition_support=tuple(int(x) for x in parts),
-            p_value=p, accepted=not reasons, reasons=reasons,
-            episodes=t_eps[key],
-            gaps=_gaps(log, (ti, tj, tkk), tkey_slots, key) if not reasons else (),
-            middle_lift=lift))
-    if cfg.pairs:
-        score_p = pk[_enriched(pc, null[2], cfg)]
-        p_parts = _partition_counts(log, pcomb, v * v, score_p)
-        p_eps = _supporting(log, pcomb, v * v, score_p)
-        pair_slot_keys = log.code[slots.pi] * v + log.code[slots.pj]
-        for key in score_p.tolist():
-            a, b = _decode(key, 2, v)
-            support = int(_lookup(pk, pc, np.array([key]))[0])
-            n_a = int(_lookup(present_k, present_c, np.array([a]))[0])
-            ba = int(_lookup(pk, pc, np.array([b * v + a]))[0])
-            p = _p_value(null[2], support)
-            parts = p_parts[key]
-            conf = support / n_a if n_a else 0.0
-            reasons = _reasons(support, p, conf, support, ba, parts, cfg)
-            scored.append(Relation(
-                pattern=(log.codes[a], log.codes[b]), support=support, antecedent_support=n_a,
-                reverse=ba, partition_support=tuple(int(x) for x in parts), p_value=p,
-                accepted=not reasons, reasons=reasons,
-                episodes=p_eps[key],
-                gaps=_gaps(log, (slots.pi, slots.pj), pair_slot_keys, key)
-                if not reasons else ()))
-    scored = _explain_away(scored, cfg)
-    accepted = _fold_subpatterns([r for r in scored if r.accepted])
-    return DiscoveryResult(accepted=accepted, scored=scored, candidates=candidates,
-                           null_max=null, config=cfg, n_events=len(log.code),
-                           n_episodes=len(log.episode_ids),
-                           seconds=_time.perf_counter() - start, codes=log.codes)
-
-
-def _shares_ordered_pair(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
-    pairs = {(x[i], x[j]) for i in range(len(x)) for j in range(i + 1, len(x))}
-    return any((y[i], y[j]) in pairs for i in range(len(y)) for j in range(i + 1, len(y)))
-
-
-def _strength(rel: Relation) -> tuple[int, float]:
-    """Rank of a triple in the redundancy step: support, then middle enrichment."""
-    lift = rel.middle_lift
-    return rel.support, (-1.0 if math.isnan(lift) else lift)
-
-
-def _explain_away(scored: list[Relation], cfg: DiscoveryConfig) -> list[Relation]:
-    """Reject triples whose evidence a stronger overlapping triple already explains.
-
-    A chance code that happens to sit in several episodes of a real rule A...B...C forms
-    triples such as X...A...B whose episodes are the rule's episodes. A triple is rejected
-    when, after removing the episodes it shares with a stronger scored triple that has an
-    ordered pair in common with it, fewer than ``accept_support`` episodes remain
-    (closed-pattern style redundancy; two rules with their own episodes both survive).
-    Stronger: more support, or equal support and a more enriched middle (``middle_lift``);
-    without the tie-break two triples over the same episodes could never explain each
-    other away, and a frequent code riding along a rule would stay.
+    ``rng`` is accepted for a stable signature; the tests are analytic and deterministic.
     """
-    triples = sorted((r for r in scored if len(r.pattern) == 3), key=_strength, reverse=True)
+    del rng
+    start = _time.perf_counter()
+    ctx = _Episodes(log, cfg)
+    v = ctx.v
+    pair_rows = _pair_rows(ctx)
+    frequent = pair_rows["uk"][pair_rows["support"] >= cfg.candidate_support]
+    left, right = _neighbours(ctx, frequent)
+    triple_rows = _triple_rows(ctx, left, right)
+    candidates = {2: frequent,
+                  3: triple_rows["uk"][triple_rows["support"] >= cfg.candidate_support]}
+    notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta}
+    if progress is not None:
+        progress()
+    scored: list[Relation] = []
+    accepted_triples: list[Relation] = []
+    by_length = {3: triple_rows, 2: pair_rows} if cfg.pairs else {3: triple_rows}
+    for length, rows in by_length.items():
+        set_keys, set_counts, set_ep, set_row_key = _copresent_sets(ctx, length,
+                                                                    cfg.accept_support)
+        tested = _test_candidates(ctx, rows, length, set_ep, set_row_key)
+        set_weight = _cooccurrence_weights(ctx, set_keys, set_counts, length)
+        tested.weight = _lookup(set_keys, set_weight, _sorted_set_key(tested.codes, v), 1.0) \
+            if tested.keys.size else np.ones(0)
+        family = math.factorial(length) * int(set_keys.size)
+        cutoff, k_star, m = tarone_bh(tested.p / tested.weight, tested.minp / tested.weight,
+                                      family, cfg.alpha)
+        notes[f"family_{length}"] = {"sets": int(set_keys.size), "hypotheses": family,
+                                     "tarone_k": k_star, "testable": m, "cutoff": cutoff}
+        relations = _examine(ctx, tested, length, cutoff)
+        if length == 3:
+            accepted_triples, relations = _self_sufficient(ctx, tested, relations, cutoff)
+        scored += relations
+    accepted = _fold(accepted_triples + [r for r in scored if len(r.pattern) == 2
+                                         and r.accepted])
+    accepted_keys = {r.pattern for r in accepted}
+    scored = [r if r.pattern in accepted_keys or not r.accepted else
+              replace(r, accepted=False, reasons=r.reasons + ("folded into an accepted "
+                                                              "triple",))
+              for r in scored]
+    return DiscoveryResult(accepted=accepted, scored=scored, candidates=candidates,
+                           null_max={}, config=cfg, n_events=int(log.code.size),
+                           n_episodes=int(len(log.episode_ids)),
+                           seconds=_time.perf_counter() - start, codes=log.codes, notes=notes)
+
+
+def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
+             ) -> list[Relation]:
+    """Relations for the nominally significant candidates; checks for the significant ones."""
+    cfg, log = ctx.cfg, ctx.log
+    wp = tested.p / tested.weight
+    nominal = np.flatnonzero(tested.p <= cfg.alpha)
+    nominal = nominal[np.argsort(tested.p[nominal], kind="stable")]
+    significant = [i for i in nominal.tolist() if wp[i] <= cutoff][:cfg.max_checked]
+    checks: dict[int, _Check] = {}
+    for i in significant:
+        g = float(ctx.scales[tested.scale[i]])
+        lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
+        held = tested.frame_ep[lo:hi][tested.frame_m[lo:hi] <= g]
+        checks[i] = _check(ctx, tuple(int(c) for c in tested.codes[i]), g, held)
+    # Holm over the significant set on the largest of the per-pattern checks: a real pair
+    # A...B makes every X near it significant in step 2, so this family is mostly such
+    # riders; controlling its family-wise error keeps them from leaking through by chance
+    worst = np.array([max((checks[i].p_order,) + checks[i].p_adds) for i in significant])
+    passed = set()
+    if worst.size:
+        ranked = np.argsort(worst, kind="stable")
+        fails = np.flatnonzero(worst[ranked] > cfg.alpha / (worst.size - np.arange(worst.size)))
+        stop = int(fails[0]) if fails.size else worst.size
+        passed = {significant[r] for r in ranked[:stop]}
     out = []
-    for rel in scored:
-        if not rel.accepted or len(rel.pattern) != 3:
-            out.append(rel)
-            continue
-        mine = set(rel.episodes)
-        for other in triples:
-            if _strength(other) <= _strength(rel):
-                break
-            if _shares_ordered_pair(rel.pattern, other.pattern):
-                residual = len(mine - set(other.episodes))
-                if residual < cfg.accept_support:
-                    reason = (f"explained by {'>'.join(other.pattern)} "
-                              f"(residual support {residual})")
-                    rel = replace(rel, accepted=False, reasons=rel.reasons + (reason,))
-                    break
-        out.append(rel)
+    for i in nominal.tolist():
+        names = tuple(log.codes[c] for c in tested.codes[i])
+        s = int(tested.scale[i])
+        g = float(ctx.scales[s])
+        lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
+        held = tested.frame_ep[lo:hi][tested.frame_m[lo:hi] <= g]
+        # stability over every supporting episode (largest scale): a burst stays a burst
+        parts = _stability(ctx, tested.frame_ep[lo:hi][tested.frame_m[lo:hi]
+                                                       <= ctx.scales[-1]])
+        support = int(held.size)
+        check = checks.get(i)
+        if check is None:
+            antecedent = reverse = 0
+            confidence = 0.0
+        else:
+            antecedent, reverse = check.antecedent, check.reverse
+            confidence = support / antecedent if antecedent else 0.0
+        reasons = _reasons(support, float(wp[i]), cutoff, parts, confidence, cfg)
+        if check is not None and check.dominated:
+            rival = ">".join(log.codes[c] for c in check.rival)
+            reasons.append(f"order not specific: reverse/other order {rival} fits as well "
+                           f"as forward")
+        if check is not None and i not in passed:
+            labels = ("first", "middle", "last") if length == 3 else ("first", "second")
+            if not check.p_order <= cfg.alpha:
+                reasons.append(f"order not specific: p_order {check.p_order:.3g} "
+                               f"(reverse {reverse})")
+            for lab, pa in zip(labels, check.p_adds):
+                if not pa <= cfg.alpha:
+                    reasons.append(f"{lab} element does not add beyond its base rate "
+                                   f"(p {pa:.3g})")
+            if not any("order" in r or "add" in r for r in reasons):
+                reasons.append("per-pattern checks fail Holm over the significant set")
+        if check is None and wp[i] <= cutoff:
+            reasons.append("not examined: more significant patterns than max_checked")
+        out.append(Relation(
+            pattern=names, support=support, antecedent_support=antecedent, reverse=reverse,
+            partition_support=tuple(int(x) for x in parts), p_value=float(tested.p[i]),
+            accepted=not reasons and check is not None, reasons=tuple(reasons),
+            episodes=tuple(int(x) for x in log.episode_ids[held]),
+            gaps=check.gaps if check is not None else (),
+            middle_lift=check.lift if check is not None else math.nan,
+            max_gap=g, expected=float(tested.expected[i, s]),
+            p_order=check.p_order if check is not None else math.nan,
+            p_adds=check.p_adds if check is not None else ()))
     return out
 
 
-def _fold_subpatterns(accepted: list[Relation]) -> list[Relation]:
+def _self_sufficient(ctx: _Episodes, tested: _Tested, relations: list[Relation],
+                     cutoff: float) -> tuple[list[Relation], list[Relation]]:
+    """Keep a triple only if it stays significant without stronger overlapping triples.
+
+    Strongest first (weakest link: the largest of its p-values, then support): the episodes
+    where an accepted triple sharing two codes with it occurs (at any gap) are removed and
+    its multi-scale within-episode test is redone on the remaining frames; it must still
+    pass the family cutoff.
+    Returns (accepted, all scored).
+    """
+    lookup = {name: c for c, name in enumerate(ctx.log.codes)}
+
+    def index(pattern: tuple[str, ...]) -> int:
+        key = 0
+        for name in pattern:
+            key = key * ctx.v + lookup[name]
+        return int(np.searchsorted(tested.keys, key))
+
+    def occurring(i: int) -> set[int]:
+        """Episodes where candidate i occurs at all (any gap up to max_gap)."""
+        lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
+        return set(tested.frame_ep[lo:hi][tested.frame_m[lo:hi] <= ctx.scales[-1]].tolist())
+
+    order = sorted(range(len(relations)), key=lambda r: (_weakest_link(relations[r]),
+                                                        -relations[r].support))
+    kept: list[Relation] = []
+    out = list(relations)
+    for r in order:
+        rel = relations[r]
+        if not rel.accepted:
+            continue
+        explained: set[int] = set()
+        for other in kept:
+            if len(set(other.pattern) & set(rel.pattern)) >= 2:
+                explained |= occurring(index(other.pattern))
+        if explained:
+            i = index(rel.pattern)
+            lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
+            keep = ~np.isin(tested.frame_ep[lo:hi], np.fromiter(explained, np.int64))
+            m = tested.frame_m[lo:hi][keep]
+            obs = int((m <= ctx.scales[-1]).sum())
+            z = int((m[:, None] <= ctx.scales[None, :]).sum())
+            residual = float(_z_tail([tested.frame_pe[lo:hi][keep][:, ::-1]],
+                                     np.array([z]))[0]) \
+                if obs >= ctx.cfg.accept_support else 1.0
+            if not residual / tested.weight[i] <= cutoff:
+                out[r] = replace(rel, accepted=False, reasons=rel.reasons + (
+                    f"explained by stronger overlapping triples (residual support {obs}, "
+                    f"p {min(residual, 1.0):.3g})",))
+                continue
+        kept.append(rel)
+    return kept, out
+
+
+def _weakest_link(rel: Relation) -> float:
+    """A pattern is as strong as its least significant necessary part."""
+    parts = [rel.p_value, rel.p_order, *rel.p_adds]
+    return max(p for p in parts if not math.isnan(p))
+
+
+def _fold(accepted: list[Relation]) -> list[Relation]:
     """Drop accepted pairs that an accepted triple already contains (in the same order)."""
     covered = set()
     for r in accepted:
