@@ -74,3 +74,28 @@ def test_remove_range_deletes_only_that_range_and_keeps_counters(tmp_path):
 def test_new_spool_files_use_large_pages(tmp_path):
     Spool(tmp_path / "s.db", max_bytes=10).close()
     assert sqlite3.connect(tmp_path / "s.db").execute("PRAGMA page_size").fetchone()[0] == 16384
+
+
+def test_old_spool_files_are_converted_to_incremental_vacuum_when_empty(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER)")
+    conn.execute("CREATE TABLE spool (seq INTEGER PRIMARY KEY, payload BLOB NOT NULL, "
+                 "size INTEGER NOT NULL)")
+    conn.execute("INSERT INTO meta VALUES ('schema_version', 1), ('next_seq', 42)")
+    conn.commit()
+    conn.close()
+    spool = Spool(path, max_bytes=10_000)
+    assert spool.next_seq == 42
+    spool.close()
+    assert sqlite3.connect(path).execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+
+
+def test_reserve_file_and_bad_reserve_config(tmp_path):
+    spool = Spool(tmp_path / "s.db", max_bytes=10_000, reserve_bytes=64 * 1024)
+    assert (tmp_path / "s.db.reserve").stat().st_size == 64 * 1024
+    assert not spool.disk_full and not spool.check_space()
+    spool.close()
+    with pytest.raises(ValueError, match="reserve_bytes"):
+        Spool(tmp_path / "t.db", max_bytes=10, reserve_bytes=-1)

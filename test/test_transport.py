@@ -251,3 +251,55 @@ def test_long_outage_spools_then_drains_everything_once(tmp_path):
             assert shipper.flush(20.0), shipper.stats()
     got = traces(tmp_path / "store.db")
     assert len(got) == 340 and set(got) == {f"x{i}" for i in range(340)}
+
+
+def test_hello_and_batch_with_huge_robot_ids_are_dropped_not_remembered(receiver, raw_dealer):
+    raw_dealer.connect(receiver.endpoint)
+    huge = "r" * 500_000
+    hello = protocol.MAGIC + bytes((protocol.PROTOCOL_VERSION, Kind.HELLO)) + msgpack.packb(
+        {"robot_id": huge})
+    batch = protocol.MAGIC + bytes((protocol.PROTOCOL_VERSION, Kind.EXPERIENCE_BATCH)) + \
+        msgpack.packb({"batch": 1, "robot_id": huge, "items": [b"x"]}, use_bin_type=True)
+    for _ in range(20):
+        raw_dealer.send(hello)
+        raw_dealer.send(batch)
+    assert wait(lambda: receiver.stats.bad_frames >= 40)
+    assert receiver.peers == {}  # nothing of them is kept
+    raw_dealer.send(protocol.hello("fine"))
+    assert recv_frame(raw_dealer).kind is Kind.HELLO
+    assert receiver.peers and set(receiver.peers.values()) == {"fine"}
+
+
+def test_robot_never_reads_a_frame_above_its_limit(tmp_path):
+    router = context().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    cfg = shipper_cfg(tmp_path, f"tcp://127.0.0.1:{port}", max_reply_bytes=1 << 20)
+    try:
+        with ExperienceShipper(cfg) as shipper:
+            shipper.ship(exp(0))
+            assert router.poll(5000)
+            identity = router.recv_multipart()[0]
+            # a fake consolidator answers with 8 MB: ZeroMQ drops the connection unread
+            router.send_multipart([identity, b"TM\x01\x04" + bytes(8 << 20)])
+            assert wait(lambda: shipper.stats()["disconnects"] >= 1)
+            assert shipper.stats()["bad_replies"] == 0  # never handed to the shipper
+            assert wait(lambda: router.poll(100))  # it reconnects and re-sends its batch
+    finally:
+        router.close(0)
+    with pytest.raises(ValueError, match="max_reply_bytes"):
+        shipper_cfg(tmp_path, "tcp://127.0.0.1:1", max_reply_bytes=protocol.MAX_FRAME_BYTES + 1)
+
+
+def test_batches_are_capped_in_bytes(tmp_path, receiver):
+    big = [Experience(robot_id="r1", episode_id="e", stamp=float(i),
+                      window=np.zeros((256, 64), np.float32), labels=["trend"],
+                      probabilities=[0.5], bundle_version=1, trace=f"b{i}") for i in range(40)]
+    size = len(encode_experience(big[0], seq=1))  # ~64 KB each: 40 of them are 2.6 MB
+    cfg = shipper_cfg(tmp_path, receiver.endpoint, batch_size=512, max_batch_bytes=4 * size)
+    with ExperienceShipper(cfg) as shipper:
+        for record in big:
+            shipper.ship(record)
+        assert shipper.flush(15.0), shipper.stats()
+    assert receiver.stats.batches >= 10  # at most 4 records per frame
+    assert sorted(traces(receiver.config.db_path)) == sorted(f"b{i}" for i in range(40))

@@ -103,7 +103,8 @@ def _keys(folder: Path) -> Path:
     write_curve_keypair(folder, "server")
     write_curve_keypair(folder, "robot")
     (folder / "allowed").mkdir()
-    (folder / "allowed" / "robot.key").write_bytes((folder / "robot.key").read_bytes())
+    # the allow-list binds the key to the robot id it ships as (<robot_id>.key)
+    (folder / "allowed" / "bench-robot.key").write_bytes((folder / "robot.key").read_bytes())
     return folder
 
 

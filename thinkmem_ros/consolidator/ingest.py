@@ -33,7 +33,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--bind", default="tcp://127.0.0.1:5755", help="ZeroMQ endpoint")
     serve.add_argument("--curve", default="auto", choices=("auto", "on", "off"))
     serve.add_argument("--server-key", help="consolidator .key_secret file (CURVE)")
-    serve.add_argument("--allow", help="allowed client .key file or folder (CURVE)")
+    serve.add_argument("--allow", help="allow-list (CURVE): a folder of <robot_id>.key "
+                       "files, a TOML [robots] map, or one <robot_id>.key; re-read on change")
     return parser.parse_args(argv)
 
 

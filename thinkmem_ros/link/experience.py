@@ -51,6 +51,17 @@ MAX_RECORD_BYTES = 3 * 1024 * 1024
 """Cap on one encoded record, above the most the limits allow (window 1 MiB, mask 256 KiB,
 UTF-8 trace <= 256 KiB, names <= 400 KiB), so a record is refused before it is parsed."""
 
+# msgpack's own container limits: twice the field limits, so a near miss still gets the
+# error naming its field, and a gross one is refused before it is built
+_MAX_STR_BYTES = 2 * 4 * LIMITS["max_trace"]  # the longest text field, as UTF-8
+_MAX_LIST = 2 * max(LIMITS["max_events"], LIMITS["max_labels"])
+_MAX_MAP = 64  # a record has 18 fields
+# all lists and maps of one record together: a valid one has at most ~1,560 entries
+# (events, labels, required, shape, fields); checked only above _BUDGET_FROM_BYTES, since
+# a smaller record cannot unpack into much more than its own size
+_MAX_ELEMENTS = 4096
+_BUDGET_FROM_BYTES = 32 * 1024
+
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
 _SHA_RE = re.compile(r"(|[0-9a-f]{64})")
@@ -192,6 +203,9 @@ def decode_experiences(payloads: Sequence[bytes]) -> list[Experience | Experienc
         try:
             out.append(_checked_map(_unpack(payload)))
         except ExperienceError as exc:
+            # kept without its traceback: its frames would hold the payload (and what was
+            # unpacked of it) in a reference cycle until the next full garbage collection
+            exc.__traceback__ = exc.__context__ = exc.__cause__ = None
             out.append(exc)
     return _build_checked(out)
 
@@ -209,10 +223,34 @@ def _unpack(payload: Any) -> Any:
         raise ExperienceError(f"payload: expected bytes, got {type(payload).__name__}")
     if len(payload) > MAX_RECORD_BYTES:
         raise ExperienceError(f"payload: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
+    hooks = {}
+    if len(payload) > _BUDGET_FROM_BYTES:  # small records cannot hold a costly shape
+        budget = [_MAX_ELEMENTS]
+
+        def charge(container: Any) -> Any:
+            budget[0] -= len(container)
+            if budget[0] < 0:
+                raise _TooManyElements
+            return container
+
+        hooks = {"list_hook": charge, "object_hook": charge}
     try:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+        # container limits first: a 3 MB record of one-byte list entries would otherwise
+        # unpack into millions of objects before any field check could refuse it; each
+        # list is bounded by msgpack, all of them together by the hooks' budget
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True,
+                               max_str_len=_MAX_STR_BYTES, max_bin_len=MAX_RECORD_BYTES,
+                               max_array_len=_MAX_LIST, max_map_len=_MAX_MAP, max_ext_len=0,
+                               **hooks)
+    except _TooManyElements:
+        raise ExperienceError(f"payload: more than {_MAX_ELEMENTS} list or map entries "
+                              "in one record") from None
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ExperienceError(f"payload: not a msgpack record ({type(exc).__name__})") from exc
+
+
+class _TooManyElements(Exception):
+    """A record's lists and maps hold more entries than any valid record can."""
 
 
 def _checked_map(data: Any) -> dict[str, Any]:
@@ -499,6 +537,16 @@ def _check_optional_text(name: str, value: Any, limit: int) -> None:
 _KNOWN_NAMES: set[str] = set()
 _KNOWN_IDS: set[str] = set()
 _KNOWN_NAMES_MAX = 65536
+
+
+def check_robot_id(value: Any) -> str:
+    """Return ``value`` if it is a valid robot id (what a record's ``robot_id`` may be).
+
+    The consolidator's allow-list binds keys to robot ids with this same rule, so a key can
+    only ever be bound to an id that its records are able to carry.
+    """
+    _check_text("robot_id", value, LIMITS["max_id"], _ID_RE)
+    return value
 
 
 def _check_id(name: str, value: str) -> None:

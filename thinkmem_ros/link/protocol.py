@@ -6,9 +6,19 @@ protocol version (answered with REFUSED) from garbage (dropped and counted) with
 parsing the body. Decoding checks size, header and every body field, and raises
 ``ProtocolError`` for anything else, so the transport never handles half-valid frames.
 
+Everything that arrives is bounded before it can be kept: msgpack itself refuses any
+string, byte string, list or map longer than ``MAX_STR``/``MAX_FRAME_BYTES``/twice
+``MAX_BATCH_ITEMS``/``MAX_MAP``, and all lists and maps of a frame together may hold at
+most ``MAX_ELEMENTS`` entries (so a frame costs a small multiple of its own size to
+decode, whatever its shape); the fields a peer's state keeps (``robot_id``, ``server``,
+reasons) have their own limits (``MAX_ID``, ``MAX_REASON``). A 7.9 MB robot id is
+refused, not stored.
+
 Kinds:
-- HELLO (client <-> server): ``{"robot_id": str}`` / ``{"server": str}``; a liveness probe.
-- REFUSED (server -> client): ``{"reason": str}``; the frame was understood but refused.
+- HELLO (client <-> server): ``{"robot_id": str}`` / ``{"server": str}`` (<= ``MAX_ID``
+  characters); a liveness probe.
+- REFUSED (server -> client): ``{"reason": str}`` (<= ``MAX_REASON`` characters); the frame
+  was understood but refused.
 - EXPERIENCE_BATCH (robot -> consolidator): ``{"batch": int, "robot_id": str,
   "items": [bytes]}``; each item is one ``experience.encode_experience`` record.
 - ACK (consolidator -> robot): ``{"batch": int, "stored": int, "duplicates": int,
@@ -36,16 +46,29 @@ from typing import Any
 
 import msgpack
 
+from thinkmem_ros.link.experience import LIMITS
+
 PROTOCOL_VERSION = 1
 MAGIC = b"TM"
 HEADER_BYTES = 4
 MAX_FRAME_BYTES = 32 * 1024 * 1024
 """Largest frame accepted; the receiver also sets ZMQ_MAXMSGSIZE a little above it."""
 MAX_BATCH_ITEMS = 8192
+"""Most records in one EXPERIENCE_BATCH (msgpack refuses any list over twice this)."""
 MAX_REASON = 512
+"""Longest REFUSED reason or ACK rejection reason, in characters."""
+MAX_ID = LIMITS["max_id"]
+"""Longest robot id (the experience record's own limit) or server name, in characters."""
+MAX_STR = 65536
+"""Longest text string anywhere in a frame (bytes of UTF-8), before any field check."""
+MAX_MAP = 256
+"""Most keys in any map of a frame (bodies have a handful, artefacts ``MAX_ARTEFACTS``)."""
+MAX_ELEMENTS = 4 * MAX_BATCH_ITEMS
+"""Most list and map entries in one frame, all containers together (an ACK rejecting a
+whole batch of the largest size needs 3 per record)."""
 MAX_ARTEFACTS = 16
-MAX_RECALL_K = 64  # evidence items one RECALL_REQ may ask for
 """Most artefact files one BUNDLE_PUSH may carry (a bundle has four today)."""
+MAX_RECALL_K = 64  # evidence items one RECALL_REQ may ask for
 MAX_ARTEFACT_NAME = 64
 RESERVED_NAMES = frozenset({"bundle.json", "policy.onnx", "bundle.sig"})
 """The bundle's own files, which travel in their own fields and are never artefacts."""
@@ -105,14 +128,40 @@ def decode_frame(data: bytes) -> Frame:
     except ValueError:
         raise ProtocolError(f"frame: unknown kind {kind_id}", version=version) from None
     try:
-        body = msgpack.unpackb(memoryview(data)[HEADER_BYTES:], raw=False,
-                               strict_map_key=True, use_list=True)
+        body = _unpack_body(memoryview(data)[HEADER_BYTES:])
+    except ProtocolError as exc:
+        exc.version = version
+        raise
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(
             f"frame: {kind.name} body is not msgpack ({type(exc).__name__}: truncated?)",
             version=version) from exc
     _check_body(kind, body)
     return Frame(kind, body)
+
+
+def _unpack_body(view: memoryview) -> Any:
+    """Unpack a frame body, building at most ``MAX_ELEMENTS`` list and map entries in all.
+
+    ``msgpack`` checks each container's length but not how many there are: a 30 MB frame
+    of one-byte list entries would become hundreds of MB of Python objects before any
+    field check could refuse it. Every list and map, once built, is charged to one budget
+    for the frame (the hooks run as each container completes), so decoding stops after a
+    few containers of such a bomb, having built a fraction of the frame's size.
+    """
+    budget = [MAX_ELEMENTS]
+
+    def charge(container: Any) -> Any:
+        budget[0] -= len(container)
+        if budget[0] < 0:
+            raise ProtocolError(f"frame: body holds more than {MAX_ELEMENTS} list or map "
+                                "entries")
+        return container
+
+    return msgpack.unpackb(view, raw=False, strict_map_key=True, use_list=True,
+                           list_hook=charge, object_hook=charge, max_str_len=MAX_STR,
+                           max_bin_len=MAX_FRAME_BYTES, max_array_len=2 * MAX_BATCH_ITEMS,
+                           max_map_len=MAX_MAP, max_ext_len=0)
 
 
 def hello(robot_id: str) -> bytes:
@@ -213,18 +262,45 @@ def _check_body(kind: Kind, body: Any) -> None:
                 f"{kind.name}.{name}: expected {types[0].__name__}, "
                 f"got {type(body[name]).__name__}")
     if kind is Kind.EXPERIENCE_BATCH:
+        _check_count(kind, "batch", body["batch"])
+        _check_text(kind, "robot_id", body["robot_id"], MAX_ID)
         items = body["items"]
         if not 0 < len(items) <= MAX_BATCH_ITEMS:
             raise ProtocolError(f"EXPERIENCE_BATCH: {len(items)} items outside "
                                 f"[1, {MAX_BATCH_ITEMS}]")
         if any(type(item) is not bytes for item in items):
             raise ProtocolError("EXPERIENCE_BATCH.items: every item must be bytes")
-    if kind is Kind.ACK:
+    elif kind is Kind.ACK:
+        for name in ("batch", "stored", "duplicates"):
+            _check_count(kind, name, body[name])
+        if len(body["rejected"]) > MAX_BATCH_ITEMS:
+            raise ProtocolError(f"ACK.rejected: {len(body['rejected'])} entries exceed "
+                                f"{MAX_BATCH_ITEMS}")
         for entry in body["rejected"]:
             if (type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int
-                    or type(entry[1]) is not str):
-                raise ProtocolError("ACK.rejected: entries must be [index, reason]")
-    if kind is Kind.BUNDLE_PUSH and "artefacts" in body:
+                    or type(entry[1]) is not str or len(entry[1]) > MAX_REASON):
+                raise ProtocolError(f"ACK.rejected: entries must be [index, reason of at "
+                                    f"most {MAX_REASON} characters]")
+    elif kind is Kind.REFUSED:
+        _check_text(kind, "reason", body["reason"], MAX_REASON, empty=True)
+    elif kind is Kind.HELLO:
+        if not any(k in body for k in ("robot_id", "server")):
+            raise ProtocolError("HELLO: needs 'robot_id' (client) or 'server' (server)")
+        for name in ("robot_id", "server"):
+            if name in body:
+                _check_text(kind, name, body[name], MAX_ID)
+    elif kind is Kind.BUNDLE_PUSH and "artefacts" in body:
         check_artefacts(body["artefacts"])
-    if kind is Kind.HELLO and not any(k in body for k in ("robot_id", "server")):
-        raise ProtocolError("HELLO: needs 'robot_id' (client) or 'server' (server)")
+
+
+def _check_text(kind: Kind, name: str, value: Any, limit: int, empty: bool = False) -> None:
+    if type(value) is not str:
+        raise ProtocolError(f"{kind.name}.{name}: expected str, got {type(value).__name__}")
+    if len(value) > limit or (not value and not empty):
+        raise ProtocolError(f"{kind.name}.{name}: length {len(value)} outside "
+                            f"[{0 if empty else 1}, {limit}]")
+
+
+def _check_count(kind: Kind, name: str, value: int) -> None:
+    if not 0 <= value < 2**63:
+        raise ProtocolError(f"{kind.name}.{name}: {value} outside [0, 2**63)")

@@ -5,6 +5,19 @@ once, array values batch-wide), hands the valid records to the store it was give
 call and acknowledges only after that call returned, so an ACK always means committed. The
 store is whatever the consolidator opens (``open_store``): this module defines only what it
 must do (``ExperienceSink``), so the wire end never depends on the offboard storage.
+
+Identity (with CURVE): the allow-list binds every client key to one robot id, and ZAP
+stamps each message with its sender's key (``User-Id``). Every HELLO and batch is checked
+against it: a key that speaks in another robot's name gets REFUSED (never an ACK, which
+would make the real robot delete rows it still needs) and is counted in
+``identity_refused``. The allow-list is re-read when its files change (every
+``allow_reload_s``): a revoked key is refused from its next message on, its connections
+are dropped from the push list, and new handshakes with it fail; a list that no longer
+parses admits nobody until it is fixed (a revocation must never be undone by a typo).
+Without CURVE (loopback development) the robot id is whatever the peer says.
+
+Per-peer state is bounded: at most ``MAX_PEERS`` connections are remembered, each with a
+ZeroMQ identity (<= 255 bytes), a robot id (<= ``protocol.MAX_ID``) and a key.
 """
 
 from __future__ import annotations
@@ -13,7 +26,8 @@ import collections
 import logging
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,15 +38,32 @@ from thinkmem_ros.link import protocol
 from thinkmem_ros.link.experience import Experience, ExperienceError, decode_experiences
 from thinkmem_ros.link.protocol import Kind, ProtocolError
 from thinkmem_ros.link.security import (
+    AllowList,
+    SecurityError,
+    allow_list_signature,
     authorise_clients,
     curve_enabled,
-    load_allowed_keys,
+    load_allow_list,
     load_curve_keypair,
     release_domain,
 )
-from thinkmem_ros.link.sockets import RateLimitedLog, TransportError, context
+from thinkmem_ros.link.sockets import (
+    RateLimitedLog,
+    TransportError,
+    context,
+    release_freed_memory,
+)
 
 log = logging.getLogger(__name__)
+
+MAX_PEERS = 4096
+"""Robot connections remembered for pushes (oldest forgotten first)."""
+_TRIM_AFTER_BYTES = 64 * 1024 * 1024  # give freed heap back when idle after this much
+MAX_INBOUND_FRAME_BYTES = 8 * 1024 * 1024
+"""Default inbound frame limit: a shipper's batch (``max_batch_bytes``, 1 MiB) plus one
+record of the largest size (``experience.MAX_RECORD_BYTES``) fit with room to spare. A
+frame above it (plus a 64 KiB margin) makes ZeroMQ drop the connection before the frame
+is read, so a hostile peer cannot make this process hold it."""
 
 
 class SinkError(RuntimeError):
@@ -58,9 +89,12 @@ class ReceiverConfig:
     db_path: Path | str
     curve: str = "auto"
     server_secret_file: Path | str | None = None  # the consolidator's .key_secret
-    allowed_clients: Path | str | set[bytes] | None = None  # .key file, folder, or keys
-    max_frame_bytes: int = protocol.MAX_FRAME_BYTES
+    # the allow-list: a folder of <robot_id>.key files, a TOML map, one <robot_id>.key, or
+    # {Z85 key: robot id}; see link.security
+    allowed_clients: Path | str | Mapping[bytes, str] | None = None
+    max_frame_bytes: int = MAX_INBOUND_FRAME_BYTES
     poll_s: float = 0.1
+    allow_reload_s: float = 1.0  # how often the allow-list files are checked for edits
     name: str = "consolidator"
     on_stored: Callable[[list[Experience]], None] | None = field(default=None, repr=False)
 
@@ -73,6 +107,9 @@ class ReceiverConfig:
                              f"(0, {protocol.MAX_FRAME_BYTES}], got {self.max_frame_bytes}")
         if self.poll_s <= 0:
             raise ValueError(f"ReceiverConfig.poll_s must be > 0, got {self.poll_s}")
+        if self.allow_reload_s <= 0:
+            raise ValueError(f"ReceiverConfig.allow_reload_s must be > 0, "
+                             f"got {self.allow_reload_s}")
         have = self.server_secret_file is not None and self.allowed_clients is not None
         self.use_curve = curve_enabled(self.curve, self.bind, have)
 
@@ -90,6 +127,10 @@ class ReceiverStats:
     refused_frames: int = 0
     store_errors: int = 0
     auth_refused: int = 0
+    identity_refused: int = 0  # frames whose robot id is not the one their key is bound to
+    revoked_refused: int = 0  # frames from a key no longer on the allow-list
+    allow_reloads: int = 0  # allow-list edits picked up
+    allow_reload_errors: int = 0  # edits that did not parse (then nobody is admitted)
     bundle_pushes: int = 0  # BUNDLE_PUSH frames sent (one per robot connection)
 
 
@@ -105,8 +146,13 @@ class ExperienceReceiver:
         self._allow = None
         self._domain = f"thinkmem-{id(self):x}"
         self._bad_log = RateLimitedLog(log, 100)
-        # robot connections seen (identity -> robot_id), newest last; pushes go to these
-        self._peers: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._identity_log = RateLimitedLog(log, 100)
+        self._allow_check_at = 0.0
+        self._bytes_since_trim = 0  # frame bytes read since the heap was last trimmed
+        # robot connections seen (identity -> (robot_id, Z85 key or None)), newest last;
+        # pushes go to these
+        self._peers: collections.OrderedDict[bytes, tuple[str, bytes | None]] = \
+            collections.OrderedDict()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._latest_push: bytes | None = None
         self._socket = self._bind()
@@ -146,7 +192,12 @@ class ExperienceReceiver:
     @property
     def peers(self) -> dict[bytes, str]:
         """Robot connections seen so far (ZeroMQ identity -> robot id)."""
-        return dict(self._peers)
+        return {identity: robot for identity, (robot, _) in self._peers.items()}
+
+    @property
+    def allow_list(self) -> AllowList | None:
+        """The allow-list in force (None without CURVE)."""
+        return None if self._allow is None else self._allow.allow
 
     def serve_forever(self) -> None:
         """Serve on the calling thread until ``stop()`` (e.g. from a SIGTERM handler)."""
@@ -176,14 +227,18 @@ class ExperienceReceiver:
         socket = context().socket(zmq.ROUTER)
         try:
             socket.setsockopt(zmq.LINGER, 0)
-            socket.setsockopt(zmq.MAXMSGSIZE, 2 * cfg.max_frame_bytes)
-            socket.setsockopt(zmq.RCVHWM, 1000)
+            # a frame a little above the limit is read and counted as bad; a much bigger
+            # one never gets into this process. Per connection at most RCVHWM frames wait
+            # (a robot has max_inflight batches in flight, 8 by default).
+            socket.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes + 64 * 1024)
+            socket.setsockopt(zmq.RCVHWM, 64)
             socket.setsockopt(zmq.SNDHWM, 1000)
             if cfg.use_curve:
-                allowed = cfg.allowed_clients
-                keys = allowed if isinstance(allowed, set) else load_allowed_keys(allowed)
+                allow = load_allow_list(cfg.allowed_clients)
                 public, secret = load_curve_keypair(cfg.server_secret_file)
-                self._allow = authorise_clients(context(), self._domain, keys, cfg.name)
+                self._allow = authorise_clients(context(), self._domain, allow, cfg.name)
+                log.info("%s: %d client keys allowed, bound to robots %s", cfg.name,
+                         len(allow.robots), sorted(set(allow.robots.values()))[:20])
                 socket.curve_server = True
                 socket.curve_publickey = public
                 socket.curve_secretkey = secret
@@ -232,14 +287,20 @@ class ExperienceReceiver:
             # copy the count on every turn (at most poll_s late), not only after traffic
             if self._allow is not None:
                 self.stats.auth_refused = self._allow.denied
+                self._reload_allow_list()
             if not ready:
+                if self._bytes_since_trim > _TRIM_AFTER_BYTES:  # idle after a burst
+                    self._bytes_since_trim = 0
+                    release_freed_memory()
                 continue
             for _ in range(64):
                 try:
-                    parts = socket.recv_multipart(zmq.NOBLOCK)
+                    parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                self._handle(store, parts)
+                # ZAP's User-Id (the sender's Z85 key) travels with every message
+                user = parts[-1].get("User-Id") if self._allow is not None else None
+                self._handle(store, parts, user)
 
     def _send_pushes(self) -> None:
         while True:
@@ -263,24 +324,90 @@ class ExperienceReceiver:
         self.stats.bundle_pushes += 1
         return True
 
-    def _seen(self, identity: bytes, robot_id: str) -> None:
+    def _seen(self, identity: bytes, robot_id: str, key: bytes | None) -> None:
         new = identity not in self._peers
-        self._peers[identity] = robot_id
+        self._peers[identity] = (robot_id, key)
         self._peers.move_to_end(identity)
-        while len(self._peers) > 4096:
+        while len(self._peers) > MAX_PEERS:
             self._peers.popitem(last=False)
         if new and self._latest_push is not None:
             self._push_to(identity, self._latest_push)
 
-    def _handle(self, store: ExperienceSink, parts: list[bytes]) -> None:
+    def _reload_allow_list(self) -> None:
+        """Pick up an edited allow-list (at most every ``allow_reload_s``)."""
+        source = self.config.allowed_clients
+        now = time.monotonic()
+        if now < self._allow_check_at or not isinstance(source, (str, Path)):
+            return
+        self._allow_check_at = now + self.config.allow_reload_s
+        current = self._allow.allow
+        if allow_list_signature(source) == current.signature:
+            return
+        try:
+            fresh = load_allow_list(source)
+        except SecurityError as exc:  # fail closed: admit nobody until the file is fixed
+            self.stats.allow_reload_errors += 1
+            fresh = AllowList({}, str(source), allow_list_signature(source))
+            log.error("%s: allow-list %s no longer loads, admitting NO robot until it is "
+                      "fixed: %s", self.config.name, source, exc)
+        self._allow.allow = fresh
+        self.stats.allow_reloads += 1
+        revoked = {k: r for k, r in current.robots.items() if fresh.robots.get(k) != r}
+        if revoked:
+            dropped = [i for i, (_, key) in self._peers.items() if key in revoked]
+            for identity in dropped:
+                del self._peers[identity]
+            log.warning("%s: allow-list %s changed: revoked keys of robots %s (%d "
+                        "connections dropped); %d keys allowed", self.config.name, source,
+                        sorted(set(revoked.values())), len(dropped), len(fresh.robots))
+        else:
+            log.info("%s: allow-list %s changed: %d keys allowed", self.config.name, source,
+                     len(fresh.robots))
+
+    def _refuse(self, identity: bytes, counter: str, reason: str) -> None:
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        self.stats.refused_frames += 1
+        self._identity_log(logging.WARNING, "%s: REFUSED a frame: %s", self.config.name,
+                           reason)
+        self._reply(identity, protocol.refused(reason))
+
+    def _check_identity(self, identity: bytes, claimed: str | None,
+                        user: str | None) -> tuple[bool, bytes | None]:
+        """Tell whether the sender's key may speak for ``claimed``; refuses it if not.
+
+        Returns ``(ok, key)``. Without CURVE every claim is taken (nothing authenticates
+        it); with CURVE the claim must be the robot the allow-list binds the key to now.
+        """
+        if self._allow is None:
+            return True, None
+        key = (user or "").encode("ascii", "replace")
+        bound = self._allow.allow.robot_of(key)
+        if bound is None:
+            self._peers.pop(identity, None)
+            self._refuse(identity, "revoked_refused",
+                         f"key {key[:40].decode('ascii', 'replace')} is not (or no longer) "
+                         "on the allow-list")
+            return False, key
+        if claimed is not None and claimed != bound:
+            self._refuse(identity, "identity_refused",
+                         f"this key speaks for robot {bound!r}, not {claimed[:64]!r}")
+            return False, key
+        return True, key
+
+    def _handle(self, store: ExperienceSink, parts: list, user: str | None = None) -> None:
         self.stats.frames += 1
         if len(parts) != 2:
             self._bad(f"expected [identity, frame], got {len(parts)} parts")
             return
-        identity, data = parts
+        # zmq.Frame (the serving loop, copy=False) or bytes (callers that already copied)
+        identity = parts[0] if isinstance(parts[0], bytes) else parts[0].bytes
+        data = parts[1]
+        self._bytes_since_trim += len(data)
         if len(data) > self.config.max_frame_bytes:
             self._bad(f"frame of {len(data)} bytes exceeds {self.config.max_frame_bytes}")
             return
+        if not isinstance(data, bytes):
+            data = data.bytes
         try:
             frame = protocol.decode_frame(data)
         except ProtocolError as exc:
@@ -290,12 +417,17 @@ class ExperienceReceiver:
                 self._reply(identity, protocol.refused(str(exc)))
             return
         if frame.kind is Kind.EXPERIENCE_BATCH:
-            self._seen(identity, frame.body["robot_id"])
-            self._on_batch(store, identity, frame.body)
+            ok, key = self._check_identity(identity, frame.body["robot_id"], user)
+            if ok:
+                self._seen(identity, frame.body["robot_id"], key)
+                self._on_batch(store, identity, frame.body)
         elif frame.kind is Kind.HELLO:
             robot_id = frame.body.get("robot_id")
-            if isinstance(robot_id, str):
-                self._seen(identity, robot_id)
+            ok, key = self._check_identity(identity, robot_id, user)
+            if not ok:
+                return
+            if robot_id is not None:
+                self._seen(identity, robot_id, key)
             self._reply(identity, protocol.encode_frame(Kind.HELLO, {"server": self.config.name}))
         else:
             self.stats.refused_frames += 1

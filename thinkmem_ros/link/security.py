@@ -7,6 +7,25 @@ is visible on the server. The client side detects the refusal through socket-mon
 events (see ``transport``), because a refused CURVE client otherwise looks like a dead
 server. CURVE is on by default for non-loopback endpoints (``curve_enabled``).
 
+Identity: every allowed key is bound to exactly one robot id (``AllowList``), and ZAP
+stamps each message with its sender's key (the ZeroMQ ``User-Id`` property), so the
+receiver can refuse a key that speaks in another robot's name on every message, not only
+at the handshake. The allow-list is one of:
+
+* a folder of ``<robot_id>.key`` files (what ``thinkmem keys --robot ID`` writes into
+  ``allowed/``): each file's key may speak only for the robot its file is named after;
+* a TOML file mapping robot ids to keys, several keys per robot for a rotation::
+
+      [robots]
+      robot1 = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
+      "dock.2" = ["old Z85 key...", "new Z85 key..."]
+
+* one ``<robot_id>.key`` file (a fleet of one).
+
+A key listed for two robot ids, a file name that is no valid robot id, or a malformed key
+is refused at load with the file named. Without CURVE (loopback development) nothing is
+authenticated: a robot id is whatever the peer says.
+
 Key files use pyzmq's certificate format: ``NAME.key`` (public) and ``NAME.key_secret``
 (public + secret, mode 0600). Signing keys are hex text: ``NAME.sign.pub`` and
 ``NAME.sign.key`` (the 32-byte Ed25519 seed, mode 0600).
@@ -23,6 +42,9 @@ import json
 import logging
 import os
 import threading
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -31,7 +53,9 @@ import nacl.signing
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
+from thinkmem_ros.link.experience import ExperienceError, check_robot_id
 from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
 
 log = logging.getLogger(__name__)
@@ -84,18 +108,144 @@ def load_curve_public(key_file: Path | str) -> bytes:
     return public
 
 
-def load_allowed_keys(source: Path | str) -> set[bytes]:
-    """Client public keys allowed to connect: one ``.key`` file, or every one in a folder."""
+@dataclass(frozen=True)
+class AllowList:
+    """Client keys allowed to connect, each bound to the one robot id it may speak for."""
+
+    robots: Mapping[bytes, str]  # Z85 public key -> robot id
+    source: str = ""
+    signature: tuple = field(default=(), compare=False)  # what the files looked like
+
+    def robot_of(self, key: bytes | str | None) -> str | None:
+        """Return the robot id ``key`` (Z85) is bound to, or None when it is not allowed."""
+        if key is None:
+            return None
+        if isinstance(key, str):
+            key = key.encode("ascii", "replace")
+        return self.robots.get(key)
+
+
+def load_allow_list(source: Path | str | Mapping[bytes, str] | AllowList) -> AllowList:
+    """Read an allow-list: a folder of ``<robot_id>.key`` files, a TOML map, or one ``.key``.
+
+    A mapping ``{Z85 key: robot id}`` is taken as it is (after the same checks). Raises
+    ``SecurityError`` naming the file and entry for anything ambiguous or malformed.
+    """
+    if isinstance(source, AllowList):
+        return source
+    if isinstance(source, Mapping):
+        robots: dict[bytes, str] = {}
+        for key, robot in source.items():
+            _bind(robots, _check_key(key, "allow-list"), robot, "allow-list")
+        return AllowList(robots, "allow-list")
+    if isinstance(source, (set, frozenset, list, tuple)):
+        raise SecurityError("allowed client keys need robot ids: pass {key: robot_id}, a "
+                            "folder of <robot_id>.key files or a TOML allow-list")
     path = Path(source)
+    signature = allow_list_signature(path)
+    robots = {}
     if path.is_dir():
-        keys = set(zmq.auth.load_certificates(str(path)))
+        for key_file in sorted(path.glob("*.key")):
+            _bind(robots, load_curve_public(key_file), key_file.stem, str(key_file))
+    elif path.is_file() and path.suffix == ".toml":
+        robots = _load_toml(path)
     elif path.is_file():
-        keys = {load_curve_public(path)}
+        _bind(robots, load_curve_public(path), path.stem, str(path))
     else:
         raise SecurityError(f"allowed client keys not found: {path}")
-    if not keys:
-        raise SecurityError(f"{path}: no client public keys (*.key) found")
-    return keys
+    if not robots:
+        raise SecurityError(f"{path}: no client public keys (*.key or [robots]) found")
+    return AllowList(robots, str(path), signature)
+
+
+def load_allowed_keys(source: Path | str | Mapping[bytes, str]) -> set[bytes]:
+    """Client public keys allowed to connect (the keys of ``load_allow_list``)."""
+    return set(load_allow_list(source).robots)
+
+
+def allow_list_signature(source: Path | str) -> tuple:
+    """What the allow-list's files look like now (names, sizes, mtimes): cheap to compare.
+
+    The receiver polls this to notice an edit (a key added or revoked) without a restart.
+    """
+    path = Path(source)
+    try:
+        if path.is_dir():
+            return tuple(sorted((p.name, st.st_size, st.st_mtime_ns, st.st_ino)
+                                for p in path.glob("*.key")
+                                for st in (p.stat(),)))
+        st = path.stat()
+        return ((path.name, st.st_size, st.st_mtime_ns, st.st_ino),)
+    except OSError:  # gone, or a file vanished mid-listing: treat as changed
+        return (("<unreadable>",),)
+
+
+def write_allow_list(path: Path | str, robots: Mapping[str, bytes | list[bytes]]) -> Path:
+    """Write a TOML allow-list ``{robot id: key or [keys]}`` atomically (0644)."""
+    path = Path(path)
+    lines = ["# thinkmem allow-list: the robot id each CURVE client key may speak for.",
+             "# robot id = \"Z85 public key\"  or  robot id = [\"old key\", \"new key\"]",
+             "[robots]"]
+    for robot, keys in robots.items():
+        check_robot_id(robot)
+        keys = [keys] if isinstance(keys, bytes) else list(keys)
+        quoted = [json.dumps(_check_key(k, str(path)).decode("ascii")) for k in keys]
+        value = quoted[0] if len(quoted) == 1 else "[" + ", ".join(quoted) + "]"
+        lines.append(f"{json.dumps(robot)} = {value}")
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.chmod(staging, 0o644)
+    os.replace(staging, path)
+    return path
+
+
+def _load_toml(path: Path) -> dict[bytes, str]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SecurityError(f"{path}: cannot read allow-list: {exc}") from exc
+    unknown = sorted(set(data) - {"robots"})
+    if unknown:
+        raise SecurityError(f"{path}: unknown top-level keys {unknown} (expected [robots])")
+    table = data.get("robots", {})
+    if not isinstance(table, dict):
+        raise SecurityError(f"{path}: 'robots' must be a table of robot id = key(s)")
+    robots: dict[bytes, str] = {}
+    for robot, keys in table.items():
+        where = f"{path} [robots] {robot!r}"
+        if isinstance(keys, str):
+            keys = [keys]
+        if not isinstance(keys, list) or not keys:
+            raise SecurityError(f"{where}: expected a Z85 key or a list of keys")
+        for key in keys:
+            _bind(robots, _check_key(key, where), robot, where)
+    return robots
+
+
+def _check_key(key: object, where: str) -> bytes:
+    """A Z85 CURVE public key (40 characters that decode to 32 bytes), as bytes."""
+    if isinstance(key, str):
+        key = key.encode("ascii", "replace")
+    if not isinstance(key, bytes) or len(key) != 40:
+        raise SecurityError(f"{where}: {key!r} is no Z85 CURVE public key (40 characters)")
+    try:
+        z85.decode(key)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SecurityError(f"{where}: {key!r} is no Z85 CURVE public key") from exc
+    return key
+
+
+def _bind(robots: dict[bytes, str], key: bytes, robot: object, where: str) -> None:
+    try:
+        check_robot_id(robot)
+    except ExperienceError as exc:
+        raise SecurityError(f"{where}: {robot!r} is no valid robot id ({exc}); name key "
+                            "files <robot_id>.key") from None
+    other = robots.get(key)
+    if other is not None and other != robot:
+        raise SecurityError(f"{where}: the same key is listed for robots {other!r} and "
+                            f"{robot!r}; a key may speak for one robot only")
+    robots[key] = robot
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -134,16 +284,26 @@ def curve_enabled(mode: str, endpoint: str, have_keys: bool) -> bool:
 
 
 class _AllowList:
-    """ZAP credentials callback: admits configured client keys, logs and counts refusals."""
+    """ZAP credentials callback: admits the allow-list's keys, logs and counts refusals.
 
-    def __init__(self, keys: set[bytes], label: str) -> None:
-        self.keys = set(keys)
+    ``allow`` is replaced as a whole when the allow-list file changes (one reference
+    assignment, atomic for the ZAP thread), so a revoked key is refused at its next
+    handshake.
+    """
+
+    def __init__(self, allow: AllowList, label: str) -> None:
+        self.allow = allow
         self.label = label
         self.denied = 0
         self.allowed = 0
 
+    @property
+    def keys(self) -> set[bytes]:
+        """The keys admitted now."""
+        return set(self.allow.robots)
+
     def callback(self, domain: str, key: bytes) -> bool:
-        if key in self.keys:
+        if key in self.allow.robots:
             self.allowed += 1
             return True
         self.denied += 1
@@ -156,22 +316,25 @@ _AUTH_LOCK = threading.Lock()
 _AUTHENTICATORS: dict[int, ThreadAuthenticator] = {}
 
 
-def authorise_clients(context: zmq.Context, domain: str, keys: set[bytes],
-                      label: str = "receiver") -> _AllowList:
-    """Register ``keys`` for ZAP ``domain`` on the process's single authenticator.
+def authorise_clients(context: zmq.Context, domain: str,
+                      allow: AllowList | Mapping[bytes, str], label: str = "receiver"
+                      ) -> _AllowList:
+    """Register an allow-list for ZAP ``domain`` on the process's single authenticator.
 
     One ``ThreadAuthenticator`` serves the whole Context (ZAP binds one inproc endpoint per
     Context); each server socket uses its own domain, so several receivers can coexist.
+    Each admitted message carries the client's Z85 key as its ``User-Id``.
     """
+    allow = load_allow_list(allow)
     with _AUTH_LOCK:
         auth = _AUTHENTICATORS.get(id(context))
         if auth is None:
             auth = ThreadAuthenticator(context, log=logging.getLogger(f"{__name__}.zap"))
             auth.start()
             _AUTHENTICATORS[id(context)] = auth
-        allow = _AllowList(keys, label)
-        auth.configure_curve_callback(domain, credentials_provider=allow)
-        return allow
+        provider = _AllowList(allow, label)
+        auth.configure_curve_callback(domain, credentials_provider=provider)
+        return provider
 
 
 def release_domain(context: zmq.Context, domain: str) -> None:

@@ -18,7 +18,19 @@ read only to catch up after an outage, a restart or a go-back); an ACK deletes i
 as one primary-key range.
 
 A CURVE client whose key the server refuses is detected from socket-monitor events and
-logged/counted as ``auth_failures``, not mistaken for a dead server.
+logged/counted as ``auth_failures``, not mistaken for a dead server. ZeroMQ never retries
+a connection that ended in a protocol error (a refused key, a frame above
+``max_reply_bytes``), so the shipper then opens a new socket itself (``reopens``, with
+backoff): a robot whose key is allowed later connects without a restart.
+
+Bounds: batches hold at most ``max_batch_bytes`` of records (so frames stay far below the
+consolidator's inbound limit), and the socket reads no frame above ``max_reply_bytes``
+(ZMQ_MAXMSGSIZE: ZeroMQ drops such a connection before the frame is in memory).
+
+A full spool disk is never silent: the spool sheds its oldest rows to make room
+(``shed_disk_full``) and, when even that fails, ``ship`` refuses for a second at a time
+(``refused_disk_full``); acknowledged rows are deleted even on a full disk, so the spool
+drains when the consolidator is back (see ``spool``).
 """
 
 from __future__ import annotations
@@ -45,9 +57,12 @@ from thinkmem_ros.link.security import (
     load_curve_public,
 )
 from thinkmem_ros.link.sockets import RateLimitedLog, TransportError, context
-from thinkmem_ros.link.spool import Spool, SpoolError
+from thinkmem_ros.link.spool import Spool, SpoolError, SpoolFull
 
 log = logging.getLogger(__name__)
+
+_REOPEN_GRACE_S = 3.0  # a drop not followed by a ZeroMQ retry within this: new socket
+_REOPEN_MAX_S = 60.0  # longest wait between new sockets while we keep being refused
 
 
 @dataclass
@@ -65,6 +80,12 @@ class ShipperConfig:
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     send_hwm: int = 64
+    # largest frame the robot reads from its consolidator (ZMQ_MAXMSGSIZE): a bigger one
+    # drops the connection inside ZeroMQ before it is read, whoever sent it
+    max_reply_bytes: int = protocol.MAX_FRAME_BYTES
+    # payload bytes per batch (at least one record): frames stay far below the
+    # consolidator's inbound limit (a record is at most experience.MAX_RECORD_BYTES)
+    max_batch_bytes: int = 1024 * 1024
     curve: str = "auto"
     server_public_key: Path | str | bytes | None = None  # the consolidator's .key (Z85)
     client_secret_file: Path | str | None = None  # this robot's .key_secret
@@ -77,10 +98,13 @@ class ShipperConfig:
     def __post_init__(self) -> None:
         positive = ("spool_max_bytes", "queue_size", "batch_size", "max_inflight",
                     "ack_timeout_s", "backoff_initial_s", "backoff_max_s", "send_hwm",
-                    "idle_poll_s")
+                    "idle_poll_s", "max_reply_bytes", "max_batch_bytes")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ShipperConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.max_reply_bytes > protocol.MAX_FRAME_BYTES:
+            raise ValueError(f"ShipperConfig.max_reply_bytes must be <= "
+                             f"{protocol.MAX_FRAME_BYTES}, got {self.max_reply_bytes}")
         if self.batch_size > protocol.MAX_BATCH_ITEMS:
             raise ValueError(f"ShipperConfig.batch_size must be <= {protocol.MAX_BATCH_ITEMS}, "
                              f"got {self.batch_size}")
@@ -104,7 +128,10 @@ class _Stats:
     stored: int = 0
     duplicates: int = 0
     rejected: int = 0
-    shed: int = 0
+    shed: int = 0  # spooled experiences dropped by the spool's size bound (oldest first)
+    shed_disk_full: int = 0  # experiences dropped because the spool's disk was full
+    refused_disk_full: int = 0  # ship() calls refused while nothing could be spooled
+    spool_failed: int = 0  # experiences lost to a spool write error other than a full disk
     timeouts: int = 0
     send_blocked: int = 0
     auth_failures: int = 0
@@ -114,6 +141,7 @@ class _Stats:
     disconnects: int = 0
     errors: int = 0
     bundle_pushes: int = 0
+    reopens: int = 0  # sockets replaced because ZeroMQ had stopped reconnecting
 
 
 class ExperienceShipper:
@@ -139,6 +167,9 @@ class ExperienceShipper:
         self._spool_rows = 0
         self._spool_bytes = 0
         self._inflight_count = 0
+        self._disk_full = False
+        self._handled = 0  # experiences the thread took from the queue and dealt with
+        self._refuse_until = 0.0  # monotonic time until which ship() refuses (disk full)
         self._drop_log = RateLimitedLog(log, 1000)
         self._auth_log = RateLimitedLog(log, 20)
 
@@ -163,7 +194,18 @@ class ExperienceShipper:
         return self._thread is not None and self._thread.is_alive()
 
     def ship(self, experience: Experience) -> bool:
-        """Queue one experience (O(1), never blocks); False when the memory queue is full."""
+        """Queue one experience (O(1), never blocks); False when it cannot be kept.
+
+        False (and counted) when the memory queue is full (``dropped_queue_full``) or when
+        the spool's disk is so full that nothing could be written even after shedding
+        (``refused_disk_full``; tried again every second). A disk that is merely full
+        still takes new experiences by shedding the oldest spooled ones, counted in
+        ``shed_disk_full``.
+        """
+        if self._refuse_until and time.monotonic() < self._refuse_until:
+            self._stats.refused_disk_full += 1
+            self._drop_log(logging.ERROR, "spool disk full: refused an experience")
+            return False
         if self._stop.is_set() or len(self._queue) >= self.config.queue_size:
             self._stats.dropped_queue_full += 1
             self._drop_log(logging.WARNING, "shipper queue full (%d): dropped an experience",
@@ -174,18 +216,29 @@ class ExperienceShipper:
         return True
 
     def stats(self) -> dict[str, int | bool]:
-        """Counters and gauges for ``/diagnostics`` (a snapshot, safe from any thread)."""
+        """Counters and gauges for ``/diagnostics`` (a snapshot, safe from any thread).
+
+        Every experience ``ship`` accepted ends in ``queue``, ``spool_rows``,
+        ``stored``/``duplicates`` (acknowledged), or is counted as ``rejected``, ``shed``,
+        ``shed_disk_full`` or ``spool_failed`` (a batch being written to the spool is in
+        none of them for that moment). ``disk_full`` says the spool's filesystem is full
+        right now: /diagnostics should show it, and any growth of ``shed_disk_full``,
+        ``refused_disk_full`` or ``spool_failed``, as an ERROR.
+        """
         out: dict[str, int | bool] = dict(vars(self._stats))
         out.update(queue=len(self._queue), spool_rows=self._spool_rows,
                    spool_bytes=self._spool_bytes, inflight=self._inflight_count,
-                   connected=self._connected)
+                   connected=self._connected, disk_full=self._disk_full)
         return out
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued experience is acknowledged; False on timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self._queue and self._spool_rows == 0 and self._inflight_count == 0:
+            # _handled catches up with queued only once taken rows reached the spool
+            # gauges: an empty queue alone may mean "being written to the spool right now"
+            if (self._handled == self._stats.queued and not self._queue
+                    and self._spool_rows == 0 and self._inflight_count == 0):
                 return True
             if self._thread is None or not self._thread.is_alive():
                 return False
@@ -232,7 +285,7 @@ class ExperienceShipper:
             self._startup_error = exc
             self._started.set()
             return
-        loop = _ShipLoop(self, spool, socket, monitor)
+        loop = _ShipLoop(self, spool, socket, monitor, lambda: self._open_socket(keys))
         self._started.set()
         try:
             loop.run()
@@ -241,9 +294,7 @@ class ExperienceShipper:
             log.exception("experience shipper stopped on an unexpected error")
         finally:
             loop.spool_queue()
-            socket.disable_monitor()
-            monitor.close(0)
-            socket.close(0)
+            loop.close_socket()
             spool.close()
 
     def _open_socket(self, keys: tuple[bytes, bytes, bytes] | None
@@ -252,7 +303,10 @@ class ExperienceShipper:
         socket = context().socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, cfg.send_hwm)
-        socket.setsockopt(zmq.RCVHWM, 10 * cfg.max_inflight + 100)
+        # what the consolidator can make this process hold: at most RCVHWM frames of at
+        # most max_reply_bytes each (ACKs are small; one bundle push is the big one)
+        socket.setsockopt(zmq.MAXMSGSIZE, cfg.max_reply_bytes)
+        socket.setsockopt(zmq.RCVHWM, 4 * cfg.max_inflight + 16)
         socket.setsockopt(zmq.IMMEDIATE, 1)
         socket.setsockopt(zmq.RECONNECT_IVL, 100)
         socket.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -265,7 +319,7 @@ class ExperienceShipper:
             monitor = socket.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                | zmq.EVENT_DISCONNECTED)
+                | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
             socket.connect(cfg.endpoint)
         except Exception:
             socket.close(0)
@@ -279,16 +333,25 @@ class _ShipLoop:
     """State of the shipper thread: spool cursor, in-flight batches and backoff."""
 
     def __init__(self, owner: ExperienceShipper, spool: Spool, socket: zmq.Socket,
-                 monitor: zmq.Socket) -> None:
+                 monitor: zmq.Socket,
+                 open_socket: Callable[[], tuple[zmq.Socket, zmq.Socket]]) -> None:
         self.owner = owner
         self.cfg = owner.config
         self.stats = owner._stats
         self.spool = spool
+        self.open_socket = open_socket
         self.socket = socket
         self.monitor = monitor
         self.poller = zmq.Poller()
         self.poller.register(socket, zmq.POLLIN)
         self.poller.register(monitor, zmq.POLLIN)
+        # ZeroMQ gives up on a connection for good after a protocol error (a refused CURVE
+        # key, a frame above max_reply_bytes): no retry ever follows. When a drop is not
+        # followed by a retry within the grace, the socket is opened afresh (backing off
+        # while the consolidator keeps refusing us), so a robot whose key is allowed later
+        # connects without a restart.
+        self.reopen_at = 0.0
+        self.reopen_backoff = _REOPEN_GRACE_S
         # seqs stay monotonic across restarts even if the spool file is lost: never below
         # the wall clock in microseconds, never below what the spool last handed out.
         self.next_seq = max(spool.next_seq, int(time.time() * 1e6))
@@ -310,11 +373,20 @@ class _ShipLoop:
         self.backoff = self.cfg.backoff_initial_s
         self.resume_at = 0.0
         self.reject_log = RateLimitedLog(log, 100)
+        self.spool_log = RateLimitedLog(log, 100)
+        self.refused_log = RateLimitedLog(log, 100)
+        self.reply_log = RateLimitedLog(log, 100)
         self._publish_gauges()
 
     def run(self) -> None:
         stop = self.owner._stop
+        space_check_at = 0.0
         while not stop.is_set():
+            if self.reopen_at and time.monotonic() >= self.reopen_at:
+                self.reopen()
+            if self.spool.disk_full and time.monotonic() >= space_check_at:
+                space_check_at = time.monotonic() + 1.0
+                self.spool.check_space()
             busy = self.spool_queue(limit=4 * self.cfg.batch_size)
             busy |= self.send_window()
             timeout = 0 if busy else self.cfg.idle_poll_s
@@ -331,8 +403,10 @@ class _ShipLoop:
         queue = self.owner._queue
         rows: list[tuple[int, bytes]] = []
         lowest = None  # lowest seq spooled below next_seq (given by the caller), if any
+        popped = 0
         while queue and (limit is None or len(rows) < limit):
             experience = queue.popleft()
+            popped += 1
             seq = experience.seq if experience.seq is not None else self.next_seq
             if seq < self.next_seq and (lowest is None or seq < lowest):
                 lowest = seq
@@ -343,26 +417,36 @@ class _ShipLoop:
                 self.stats.rejected += 1
                 log.warning("dropped an experience that no longer validates: %s", exc)
         if not rows:
-            return False
+            self.owner._handled += popped
+            return popped > 0
+        written = len(rows)
         try:
             shed = self.spool.put(rows)
+        except SpoolFull as exc:  # the rows not written are counted in shed_disk_full
+            self.owner._refuse_until = time.monotonic() + 1.0
+            self.spool_log(logging.ERROR, "%s; refusing new experiences for 1 s", exc)
+            written, shed = exc.written, len(rows) - exc.written
         except SpoolError as exc:  # not spooled, so not sent either (and fresh stays exact)
             self.stats.errors += 1
-            log.error("could not spool %d experiences: %s", len(rows), exc)
-            shed = 0
+            self.stats.spool_failed += len(rows) - exc.written
+            self.spool_log(logging.ERROR, "could not spool %d experiences: %s",
+                           len(rows) - exc.written, exc)
+            written, shed = exc.written, len(rows) - exc.written
         else:
-            self.stats.shed += shed
-            self.stats.spooled += len(rows)
-            if lowest is not None:
-                self.ooo_epoch += 1
-                # a row behind the cursor would never be read: move the cursor back to it
-                # (rows in flight in between may go twice; the store keeps one copy)
-                self.cursor = min(self.cursor, lowest - 1)
-            if shed or lowest is not None or len(self.fresh) + len(rows) > self.fresh_cap:
-                self.unsync()
-            elif self.synced:
-                self.fresh.extend(rows)
+            self.owner._refuse_until = 0.0
+        self.stats.shed = self.spool.shed
+        self.stats.spooled += written
+        if written and lowest is not None:
+            self.ooo_epoch += 1
+            # a row behind the cursor would never be read: move the cursor back to it
+            # (rows in flight in between may go twice; the store keeps one copy)
+            self.cursor = min(self.cursor, lowest - 1)
+        if shed or lowest is not None or len(self.fresh) + len(rows) > self.fresh_cap:
+            self.unsync()
+        elif self.synced:
+            self.fresh.extend(rows)
         self._publish_gauges()
+        self.owner._handled += popped  # after the gauges: flush() must never see a gap
         return True
 
     def unsync(self) -> None:
@@ -379,18 +463,19 @@ class _ShipLoop:
         while len(self.inflight) < self.cfg.max_inflight:
             from_memory = self.synced
             if from_memory:
-                rows = list(itertools.islice(self.fresh, size))
+                read = list(itertools.islice(self.fresh, size))
             else:
-                rows = self.spool.read_after(self.cursor, size)
-                if not rows:  # nothing spooled after the cursor: new rows go via memory
+                read = self.spool.read_after(self.cursor, size)
+                if not read:  # nothing spooled after the cursor: new rows go via memory
                     self.synced = True
+            rows = _cap_bytes(read, self.cfg.max_batch_bytes)
             if not rows or not self.send_batch(rows):
                 break
             if from_memory:
                 for _ in rows:
                     self.fresh.popleft()
-            elif len(rows) < size:  # this read reached the end of the spool
-                self.synced = True
+            elif len(read) < size and len(rows) == len(read):
+                self.synced = True  # this read reached the end of the spool
             self.cursor = rows[-1][0]
             progressed = True
         return progressed
@@ -421,7 +506,7 @@ class _ShipLoop:
                 frame = protocol.decode_frame(data)
             except ProtocolError as exc:
                 self.stats.bad_replies += 1
-                log.warning("bad reply from consolidator: %s", exc)
+                self.reply_log(logging.WARNING, "bad reply from consolidator: %s", exc)
                 continue
             if frame.kind is Kind.ACK:
                 self.on_ack(frame.body)
@@ -436,7 +521,8 @@ class _ShipLoop:
                 pass  # the server's answer to our HELLO: it knows us now
             elif frame.kind is Kind.REFUSED:
                 self.stats.refused += 1
-                log.error("consolidator REFUSED our frame: %s", frame.body["reason"])
+                self.refused_log(logging.ERROR, "consolidator REFUSED our frame: %s",
+                                 frame.body["reason"])
             else:
                 self.stats.bad_replies += 1
 
@@ -452,9 +538,9 @@ class _ShipLoop:
                 self.spool.remove_range(seqs[0], seqs[-1])
             else:
                 self.spool.remove(seqs)
-        except SpoolError as exc:
+        except SpoolError as exc:  # the rows stay and go again; the store keeps one copy
             self.stats.errors += 1
-            log.error("could not remove acknowledged rows: %s", exc)
+            self.spool_log(logging.ERROR, "could not remove acknowledged rows: %s", exc)
         self.stats.acked += len(seqs)
         self.stats.stored += body["stored"]
         self.stats.duplicates += body["duplicates"]
@@ -471,7 +557,14 @@ class _ShipLoop:
             except zmq.Again:
                 return
             kind = event["event"]
+            if kind in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECTED):
+                self.reopen_at = 0.0  # ZeroMQ is still trying on its own
+            elif kind in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_DISCONNECTED):
+                self.reopen_at = time.monotonic() + self.reopen_backoff
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.reopen_at = 0.0
+                self.reopen_backoff = _REOPEN_GRACE_S
                 self.owner._connected = True
                 log.info("connected to consolidator %s", self.cfg.endpoint)
                 if self.cfg.on_bundle_push is not None:
@@ -501,6 +594,31 @@ class _ShipLoop:
                 self.owner._connected = False
                 self.go_back()
 
+    def reopen(self) -> None:
+        """Replace a socket ZeroMQ stopped reconnecting; re-send everything unacked."""
+        self.stats.reopens += 1
+        log.warning("no connection to %s and ZeroMQ is not retrying (refused key or "
+                    "protocol error): opening a new socket (next try in %.0f s)",
+                    self.cfg.endpoint, min(2 * self.reopen_backoff, _REOPEN_MAX_S))
+        self.close_socket()
+        self.reopen_at = 0.0
+        self.reopen_backoff = min(2 * self.reopen_backoff, _REOPEN_MAX_S)
+        self.socket, self.monitor = self.open_socket()
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.owner._connected = False
+        self.go_back()
+
+    def close_socket(self) -> None:
+        """Close the socket and its monitor (idempotent per pair)."""
+        try:
+            self.socket.disable_monitor()
+        except zmq.ZMQError:  # already closed
+            pass
+        self.monitor.close(0)
+        self.socket.close(0)
+
     def check_timeouts(self) -> None:
         if not self.inflight:
             return
@@ -525,7 +643,19 @@ class _ShipLoop:
     def _publish_gauges(self) -> None:
         self.owner._spool_rows = self.spool.rows
         self.owner._spool_bytes = self.spool.bytes
+        self.owner._disk_full = self.spool.disk_full
+        self.stats.shed_disk_full = self.spool.shed_disk_full
         self.owner._inflight_count = len(self.inflight)
+
+
+def _cap_bytes(rows: list[tuple[int, bytes]], limit: int) -> list[tuple[int, bytes]]:
+    """The leading rows whose payloads fit ``limit`` bytes (always at least one row)."""
+    total = 0
+    for index, (_, payload) in enumerate(rows):
+        total += len(payload)
+        if total > limit and index:
+            return rows[:index]
+    return rows
 
 
 # ------------------------------------------------------------------------------ receiver

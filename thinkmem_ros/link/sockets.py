@@ -7,6 +7,8 @@ tests. Errors from ZeroMQ that reach a caller are re-raised as ``TransportError`
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 
 import zmq
@@ -33,3 +35,27 @@ class RateLimitedLog:
         self.count += 1
         if self.count == 1 or self.count % self.every == 0:
             self.logger.log(level, message + " (%d so far)", *args, self.count)
+
+
+_LIBC: list = []
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``); False elsewhere.
+
+    Large frames are allocated by ZeroMQ's I/O thread and freed by ours; glibc keeps such
+    freed memory in its arenas, so after a burst of big (even refused) frames the process
+    would look hundreds of MB bigger for good. Trimming after a burst makes that memory
+    the system's again; it costs a few milliseconds, so callers do it when idle.
+    """
+    if not _LIBC:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC.append(ctypes.CDLL(name).malloc_trim if name else None)
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+            _LIBC.append(None)
+    trim = _LIBC[0]
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -16,42 +16,136 @@ experiences are never the ones dropped, because recent situations matter most to
 consolidator and old ones are most likely already represented. Every dropped row is
 counted in ``shed`` (in memory and persisted in the spool's ``meta`` table).
 
+A full filesystem is the same policy with a smaller, unplanned bound. SQLite needs free
+space even to delete (the WAL records the change before the database file does), so a
+spool that filled its disk could otherwise neither take new rows nor drop acknowledged
+ones, and would never drain (a checkpoint that cannot grow the database file leaves the
+WAL full, and then every write needs new space). What prevents that wedge:
+
+* when the filesystem runs low (free space under ``low_disk_bytes``) writes and deletes
+  go in small transactions, each checkpointed, and the WAL is kept at a bounded size, so
+  it is reused rather than grown;
+* the database file grows only while the free space stays above what the WAL and one
+  transaction need; beyond that, new rows take the pages of the oldest rows, shed in the
+  same transaction (SQLite reuses pages freed earlier in a transaction);
+* a reserve file (``<spool>.reserve``, ``reserve_bytes``, at most 1/8 of the filesystem)
+  holds space back for when something else fills the disk: when a write fails with
+  "database or disk is full" it is released, so the deletes that make room (and those
+  of acknowledged rows) can still commit;
+* new spool files use ``auto_vacuum=INCREMENTAL``, so pages freed by acknowledged rows go
+  back to the filesystem and the reserve can be taken again once the spool drains (a
+  spool file from before is converted the next time it is opened empty).
+
+While the disk is full, the oldest rows are shed to make room for new ones and counted in
+``shed_disk_full`` (persisted like ``shed``); if nothing can be written even with the
+spool empty (another process filled the disk), ``put`` raises ``SpoolFull`` after counting
+the incoming rows there too. ``disk_full`` tells whether the filesystem is still short of
+room (the reserve could not be taken back yet).
+
 The spool also persists ``next_seq`` so sequence numbers stay monotonic across restarts.
 A spool is used by one thread at a time (the shipper's background thread).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+from thinkmem_ros.link.sockets import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
 SPOOL_SCHEMA_VERSION = 1
 PAGE_SIZE = 16384
 """Page size of new spool files: a ~1.4 KB row costs a third of the page writes of 4 KiB."""
+RESERVE_BYTES = 1 << 20
+"""Default space held back by the reserve file (capped at 1/8 of the filesystem)."""
+LOW_DISK_BYTES = 64 << 20
+"""Below this much free space the WAL is checkpointed after every write."""
+_LOW_DISK_WAL_PAGES = 16  # most WAL pages kept (and reused) in low-disk mode
+_RESERVE_RETRY_S = 0.5  # how often a missing reserve is tried again
 
 
 class SpoolError(RuntimeError):
-    """The spool file cannot be opened, or a write to it failed."""
+    """The spool file cannot be opened, or a write to it failed.
+
+    When ``put`` raises it, its first ``written`` rows were spooled (a low disk writes a
+    batch as several transactions) and the rest were not.
+    """
+
+    written = 0
+
+
+class SpoolFull(SpoolError):
+    """The filesystem is full and nothing could be written, not even after shedding.
+
+    The rows of the batch after its first ``written`` are counted in ``shed_disk_full``.
+    """
 
 
 class Spool:
     """A bounded, durable FIFO of ``(seq, payload)`` rows keyed by sequence number."""
 
     def __init__(self, path: Path | str, max_bytes: int, *,
-                 check_same_thread: bool = True) -> None:
+                 check_same_thread: bool = True, reserve_bytes: int = RESERVE_BYTES,
+                 low_disk_bytes: int = LOW_DISK_BYTES) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        if reserve_bytes < 0:
+            raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes}")
+        if low_disk_bytes < 0:
+            raise ValueError(f"low_disk_bytes must be >= 0, got {low_disk_bytes}")
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.low_disk_bytes = low_disk_bytes
+        self._reserve_path = self.path.with_name(self.path.name + ".reserve")
+        self._low_disk = False
+        self._reserve_retry_at = 0.0
+        self._full_log = RateLimitedLog(log, 100)
+        self.disk_full = False  # the filesystem is short of room (reserve not held)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, timeout=5.0,
-                                         check_same_thread=check_same_thread)
+        except OSError as exc:
+            raise SpoolError(f"{self.path}: cannot create its folder: {exc}") from exc
+        total = _fs_total(self.path.parent)
+        self.reserve_bytes = min(reserve_bytes, total // 8) if total else reserve_bytes
+        # largest transaction on a low disk: it must fit the reserve once that is released
+        self._txn_bytes = max(PAGE_SIZE, self.reserve_bytes // 4)
+        # pages the WAL keeps (and reuses) on a low disk, and the free space kept for it
+        self._wal_pages = max(4, min(_LOW_DISK_WAL_PAGES, self.reserve_bytes // PAGE_SIZE))
+        self._headroom = 2 * self._txn_bytes + 4 * PAGE_SIZE
+        try:
+            self._open(check_same_thread)
+        except sqlite3.Error as exc:
+            # a node restarted on a full disk: the reserve of the last run makes the room
+            # that opening (the WAL index, the WAL itself) needs
+            if not self._reserve_path.exists():
+                raise SpoolError(f"{self.path}: cannot open spool: {exc}") from exc
+            self._release_reserve()
+            try:
+                self._open(check_same_thread)
+            except sqlite3.Error as again:
+                raise SpoolError(f"{self.path}: cannot open spool: {again}") from again
+        self.shed = 0  # rows dropped by the size bound since this object was opened
+        self.shed_total = self._meta("shed_total", 0)
+        self.shed_disk_full = 0  # rows dropped because the filesystem was full
+        self.shed_disk_full_total = self._meta("shed_disk_full_total", 0)
+        self.next_seq = self._meta("next_seq", 0)
+        self._check_disk()
+        self._take_reserve()
+
+    def _open(self, check_same_thread: bool) -> None:
+        self._conn = sqlite3.connect(self.path, timeout=5.0,
+                                     check_same_thread=check_same_thread)
+        try:
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # new files only
+            self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # new files only
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             with self._conn:
@@ -67,14 +161,23 @@ class Spool:
                 raise SpoolError(f"{self.path}: spool schema {version} is not supported")
             row = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool")
             self.rows, self.bytes = row.fetchone()
-        except sqlite3.Error as exc:
-            raise SpoolError(f"{self.path}: cannot open spool: {exc}") from exc
-        self.shed = 0  # rows dropped by the shedding policy since this object was opened
-        self.shed_total = self._meta("shed_total", 0)
-        self.next_seq = self._meta("next_seq", 0)
+            if not self.rows and not self._conn.execute("PRAGMA auto_vacuum").fetchone()[0]:
+                # a spool from before auto_vacuum, empty now: converting it costs nothing
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                    self._conn.execute("VACUUM")
+        except BaseException:
+            self._conn.close()
+            raise
 
     def put(self, items: Sequence[tuple[int, bytes]]) -> int:
-        """Append rows (and persist ``next_seq``) in one transaction; returns rows shed."""
+        """Append rows (and persist ``next_seq``) in one transaction; returns rows dropped.
+
+        The count covers rows shed by the size bound and, on a full disk, the oldest rows
+        shed to make room (also in ``shed_disk_full``). Raises ``SpoolFull`` when even an
+        emptied spool cannot take the rows (they are counted in ``shed_disk_full``), and
+        ``SpoolError`` on any other write failure.
+        """
         if not items:
             return 0
         incoming = list(items)
@@ -83,33 +186,36 @@ class Spool:
         while size_in > self.max_bytes and len(incoming) > 1:  # batch alone too big
             size_in -= len(incoming.pop(0)[1])
             shed += 1
-        try:
-            with self._conn:
-                shed += self._make_room(size_in)
-                before = self._conn.total_changes
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO spool (seq, payload, size) VALUES (?, ?, ?)",
-                    [(seq, payload, len(payload)) for seq, payload in incoming])
-                inserted = self._conn.total_changes - before
-                top = max(seq for seq, _ in items) + 1
-                self.next_seq = max(self.next_seq, top)
-                self._set_meta("next_seq", self.next_seq)
-                if shed:
-                    self._set_meta("shed_total", self.shed_total + shed)
-        except sqlite3.Error as exc:
-            self._recount()
-            raise SpoolError(f"{self.path}: write failed: {exc}") from exc
-        if inserted == len(incoming):
-            self.rows += inserted
-            self.bytes += size_in
-        else:  # some seqs were already spooled (a re-put); count from the table
-            self._recount()
-        if shed:
-            self.shed += shed
-            self.shed_total += shed
-            log.warning("spool full (%d bytes max): shed %d oldest experiences (%d total)",
-                        self.max_bytes, shed, self.shed_total)
-        return shed
+        self._check_disk()
+        # on a low disk, small transactions: each must fit the WAL that is kept (and the
+        # reserve), or a full disk could not even take the deletes that make room
+        step = len(incoming)
+        if self._low_disk:
+            step = max(1, len(incoming) * self._txn_bytes // max(size_in, 1))
+        dropped = written = 0
+        for start in range(0, len(incoming), step):
+            chunk = incoming[start:start + step]
+            try:
+                size_rows, disk_rows = self._put_chunk(chunk, shed if start == 0 else 0)
+            except SpoolError as exc:
+                exc.written = written
+                if start == 0 and shed:  # the rows the size bound cut are gone too
+                    self.shed += shed
+                    self.shed_total += shed
+                if isinstance(exc, SpoolFull):
+                    self._count_disk_shed(len(incoming) - written)
+                raise
+            self._after_write()
+            written += len(chunk)
+            dropped += size_rows + disk_rows
+            if size_rows:
+                self.shed += size_rows
+                self.shed_total += size_rows
+                log.warning("spool full (%d bytes max): shed %d oldest experiences (%d "
+                            "total)", self.max_bytes, size_rows, self.shed_total)
+            if disk_rows:
+                self._count_disk_shed(disk_rows, persisted=True)
+        return dropped
 
     def read_after(self, seq: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to ``limit`` rows with sequence number > ``seq``, oldest first."""
@@ -130,75 +236,309 @@ class Spool:
         return out
 
     def remove(self, seqs: Iterable[int]) -> int:
-        """Delete acknowledged rows in one transaction; returns how many were present."""
-        seqs = list(seqs)
-        if not seqs:
-            return 0
-        removed = freed = 0
-        try:
-            with self._conn:
-                for start in range(0, len(seqs), 500):
-                    chunk = seqs[start:start + 500]
-                    marks = ",".join("?" * len(chunk))
-                    count, size = self._conn.execute(
-                        f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool "
-                        f"WHERE seq IN ({marks})", chunk).fetchone()
-                    self._conn.execute(f"DELETE FROM spool WHERE seq IN ({marks})", chunk)
-                    removed += count
-                    freed += size
-        except sqlite3.Error as exc:
-            self._recount()
-            raise SpoolError(f"{self.path}: delete failed: {exc}") from exc
-        self.rows -= removed
-        self.bytes -= freed
+        """Delete acknowledged rows; returns how many were present.
+
+        One transaction normally; on a low disk several small ones (a delete writes every
+        page it empties to the WAL, which must stay within what the disk has).
+        """
+        seqs = sorted(set(seqs))
+        removed = 0
+        for start in range(0, len(seqs), 500):
+            chunk = seqs[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            if not self._low_disk:
+                removed += self._delete_txn(f"seq IN ({marks})", chunk)
+                continue
+            present = self._sizes(f"seq IN ({marks})", chunk)
+            for group in self._size_groups(present):
+                removed += self._delete_txn(
+                    f"seq IN ({','.join('?' * len(group))})", group)
         return removed
 
     def remove_range(self, first: int, last: int) -> int:
-        """Delete every row with ``first <= seq <= last`` in one transaction; returns how many.
+        """Delete every row with ``first <= seq <= last``; returns how many.
 
         The shipper's cheap path for an acknowledged batch: one range scan on the primary
         key instead of an ``IN`` list of a thousand ids. Only valid when every spooled row
-        in that range was in the batch, which the shipper tracks.
+        in that range was in the batch, which the shipper tracks. One transaction
+        normally, several small ones on a low disk (as ``remove``).
         """
         if last < first:
             return 0
-        try:
-            with self._conn:
-                count, size = self._conn.execute(
-                    "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool "
-                    "WHERE seq BETWEEN ? AND ?", (first, last)).fetchone()
-                if count:
-                    self._conn.execute("DELETE FROM spool WHERE seq BETWEEN ? AND ?",
-                                       (first, last))
-        except sqlite3.Error as exc:
-            self._recount()
-            raise SpoolError(f"{self.path}: delete failed: {exc}") from exc
-        self.rows -= count
-        self.bytes -= size
-        return count
+        if not self._low_disk:
+            return self._delete_txn("seq BETWEEN ? AND ?", (first, last))
+        present = self._sizes("seq BETWEEN ? AND ?", (first, last))
+        return sum(self._delete_txn("seq BETWEEN ? AND ?", (group[0], group[-1]))
+                   for group in self._size_groups(present))
+
+    def check_space(self) -> bool:
+        """Re-check a full disk (give back freed pages, retake the reserve); True if still full.
+
+        Writes do this themselves; the shipper also calls it about once a second, so a
+        spool that drained and went quiet reports the disk as no longer full.
+        """
+        if self.disk_full:
+            self._reserve_retry_at = 0.0
+            self._after_write()
+        return self.disk_full
+
+    def free_bytes(self) -> int:
+        """Free space on the spool's filesystem (bytes available to this process)."""
+        return _fs_free(self.path.parent)
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Close the database (idempotent); the reserve file stays for the next start."""
         try:
             self._conn.close()
         except sqlite3.Error:  # closing twice or after a failed open
             pass
 
-    def _make_room(self, incoming: int) -> int:
-        over = self.bytes + incoming - self.max_bytes
-        if over <= 0:
+    # ---- internals
+    def _put_chunk(self, chunk: list[tuple[int, bytes]], trimmed: int) -> tuple[int, int]:
+        """Insert one chunk; on a full disk shed ever more of the oldest rows until it fits."""
+        size_in = sum(len(p) for _, p in chunk)
+        top = max(seq for seq, _ in chunk) + 1
+        room = -1  # bytes of old rows to shed for the disk (-1: not worked out yet)
+        released = False  # the reserve was given back for this chunk
+        while True:
+            try:
+                if room < 0:
+                    room = self._room_needed(size_in)
+                return self._put_once(chunk, size_in, top, room, trimmed)
+            except sqlite3.Error as exc:
+                if not self._is_full(exc):
+                    self._recount()
+                    raise SpoolError(f"{self.path}: write failed: {exc}") from exc
+                if released and room >= self.bytes:  # an emptied spool did not take them
+                    raise SpoolFull(f"{self.path}: filesystem full, experiences could not "
+                                    f"be spooled") from exc
+                if not released:
+                    self._disk_full()
+                    released = True
+                room = max(2 * room, size_in, PAGE_SIZE)
+
+    def _room_needed(self, size_in: int) -> int:
+        """Bytes of old rows to shed first so that ``size_in`` new bytes fit on a low disk.
+
+        A checkpoint that cannot grow the database file leaves the WAL un-reset, and then
+        every later write (deletes included) needs new space: the wedge. So the file may
+        grow only while the free space stays above what the WAL and the reserve need;
+        otherwise the new rows go into pages freed by shedding the oldest (SQLite reuses
+        pages freed earlier in the same transaction).
+        """
+        if not self._low_disk:
             return 0
-        victims: list[int] = []
-        freed = 0
+        free_pages = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+        growth = max(0, size_in * 5 // 4 + 2 * PAGE_SIZE - free_pages * PAGE_SIZE)
+        deficit = growth + self._headroom - self.free_bytes()
+        if deficit <= 0:
+            return 0
+        self.disk_full = True
+        # shed about what comes in: over many writes the pages it empties are the pages
+        # the new rows fill, so the file stops growing without emptying the spool
+        return min(deficit, size_in * 5 // 4)
+
+    def _put_once(self, incoming: list[tuple[int, bytes]], size_in: int, top: int,
+                  room: int, trimmed: int) -> tuple[int, int]:
+        """One insert transaction; ``room`` > 0 first sheds that many old bytes for the disk.
+
+        ``trimmed`` rows of the batch were already cut by the size bound (persisted here).
+        Returns ``(rows shed by the size bound, rows shed for the disk)``. The in-memory
+        gauges move only once the transaction committed, so a failed try leaves them exact.
+        """
+        with self._conn:
+            disk_rows, disk_bytes = self._shed_oldest(room) if room else (0, 0)
+            over = self.bytes - disk_bytes + size_in - self.max_bytes
+            size_rows, size_bytes = self._shed_oldest(over) if over > 0 else (0, 0)
+            before = self._conn.total_changes
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO spool (seq, payload, size) VALUES (?, ?, ?)",
+                [(seq, payload, len(payload)) for seq, payload in incoming])
+            inserted = self._conn.total_changes - before
+            self._set_meta("next_seq", max(self.next_seq, top))
+            size_rows += trimmed
+            if size_rows:
+                self._set_meta("shed_total", self.shed_total + size_rows)
+            if disk_rows:
+                self._set_meta("shed_disk_full_total", self.shed_disk_full_total + disk_rows)
+        self.next_seq = max(self.next_seq, top)
+        if inserted == len(incoming):
+            self.rows += inserted - disk_rows - (size_rows - trimmed)
+            self.bytes += size_in - disk_bytes - size_bytes
+        else:  # some seqs were already spooled (a re-put); count from the table
+            self._recount()
+        return size_rows, disk_rows
+
+    def _sizes(self, where: str, params: Sequence[int]) -> list[tuple[int, int]]:
+        try:
+            return self._conn.execute(
+                f"SELECT seq, size FROM spool WHERE {where} ORDER BY seq", params).fetchall()
+        except sqlite3.Error as exc:
+            raise SpoolError(f"{self.path}: read failed: {exc}") from exc
+
+    def _size_groups(self, rows: Iterable[tuple[int, int]]) -> list[list[int]]:
+        """Split ``(seq, size)`` rows (in seq order) into groups of at most a low-disk txn."""
+        groups: list[list[int]] = [[]]
+        size = 0
+        for seq, row_size in rows:
+            if groups[-1] and size + row_size > self._txn_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(seq)
+            size += row_size
+        return [g for g in groups if g]
+
+    def _delete_txn(self, where: str, params: Sequence[int]) -> int:
+        """Delete the rows ``where`` selects in one transaction; returns how many.
+
+        On a full disk the reserve is released and the delete tried once more, so
+        acknowledged rows can always leave a spool that filled its disk.
+        """
+        def delete() -> tuple[int, int]:
+            with self._conn:
+                count, size = self._conn.execute(
+                    f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool WHERE {where}",
+                    params).fetchone()
+                if count:
+                    self._conn.execute(f"DELETE FROM spool WHERE {where}", params)
+            return count, size
+
+        try:
+            try:
+                count, size = delete()
+            except sqlite3.Error as exc:
+                if not self._is_full(exc):
+                    raise
+                self._disk_full()
+                count, size = delete()
+        except sqlite3.Error as exc:
+            self._recount()
+            raise SpoolError(f"{self.path}: delete failed: {exc}") from exc
+        self.rows -= count
+        self.bytes -= size
+        self._after_write()
+        return count
+
+    def _shed_oldest(self, nbytes: int) -> tuple[int, int]:
+        """Delete the oldest rows holding at least ``nbytes`` (inside the open transaction).
+
+        Returns ``(rows, bytes)`` deleted; the caller moves the gauges after the commit.
+        """
+        count = freed = 0
+        last = None
         for seq, size in self._conn.execute("SELECT seq, size FROM spool ORDER BY seq"):
-            victims.append(seq)
+            count += 1
             freed += size
-            if freed >= over:
+            last = seq
+            if freed >= nbytes:
                 break
-        self._conn.executemany("DELETE FROM spool WHERE seq = ?", [(s,) for s in victims])
-        self.rows -= len(victims)
-        self.bytes -= freed
-        return len(victims)
+        if last is not None:
+            self._conn.execute("DELETE FROM spool WHERE seq <= ?", (last,))
+        return count, freed
+
+    def _count_disk_shed(self, count: int, persisted: bool = False) -> None:
+        self.shed_disk_full += count
+        self.shed_disk_full_total += count
+        if not persisted:  # best effort: the disk is full, the meta row may not fit
+            with contextlib.suppress(sqlite3.Error), self._conn:
+                self._set_meta("shed_disk_full_total", self.shed_disk_full_total)
+        self._full_log(logging.ERROR, "spool filesystem full (%s): %d experiences dropped, "
+                       "%d in all", self.path.parent, count, self.shed_disk_full_total)
+
+    def _is_full(self, exc: sqlite3.Error) -> bool:
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+        if code == sqlite3.SQLITE_FULL:
+            return True
+        # ENOSPC on some paths (WAL index, fallocate) surfaces as an I/O error
+        return code == sqlite3.SQLITE_IOERR and self.free_bytes() < PAGE_SIZE
+
+    def _disk_full(self) -> None:
+        """The disk is full: give back the reserve and move the WAL's pages into the file."""
+        if not self.disk_full:
+            log.error("spool filesystem %s is full (%d bytes free): releasing the %d-byte "
+                      "reserve; the oldest experiences are shed to make room",
+                      self.path.parent, self.free_bytes(), self.reserve_bytes)
+        self.disk_full = True
+        self._reserve_retry_at = time.monotonic() + _RESERVE_RETRY_S
+        self._release_reserve()
+        self._set_low_disk(True)
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _release_reserve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._reserve_path.unlink()
+
+    def _after_write(self) -> None:
+        """Keep the WAL small on a low disk, and take the reserve back when there is room."""
+        self._check_disk()
+        if self._low_disk:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        if self.disk_full and time.monotonic() >= self._reserve_retry_at:
+            self._reserve_retry_at = time.monotonic() + _RESERVE_RETRY_S
+            self._give_back_pages(self.reserve_bytes + 2 * self._headroom)
+            if self.free_bytes() >= self.reserve_bytes + 2 * self._headroom \
+                    and self._take_reserve():
+                self.disk_full = False
+                log.warning("spool filesystem %s has room again (%d bytes free)",
+                            self.path.parent, self.free_bytes())
+
+    def _give_back_pages(self, want_free: int) -> None:
+        """Return pages freed by acknowledged rows to the filesystem until ``want_free``.
+
+        A few pages per step: moving pages writes them to the WAL, which must stay within
+        what it keeps on a low disk; each step is checkpointed before the next.
+        """
+        with contextlib.suppress(sqlite3.Error):
+            for _ in range(256):
+                need = want_free - self.free_bytes()
+                free_pages = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+                if need <= 0 or not free_pages:
+                    return
+                step = min(free_pages, max(1, self._wal_pages // 2), -(-need // PAGE_SIZE))
+                self._conn.execute(f"PRAGMA incremental_vacuum({step})").fetchall()
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _check_disk(self) -> None:
+        self._set_low_disk(self.free_bytes() < self.low_disk_bytes)
+
+    def _set_low_disk(self, low: bool) -> None:
+        if low == self._low_disk:
+            return
+        self._low_disk = low
+        pages = self._wal_pages if low else 1000
+        limit = self._wal_pages * (PAGE_SIZE + 24) + 32 if low else -1
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+            self._conn.execute(f"PRAGMA journal_size_limit={limit}")
+
+    def _take_reserve(self) -> bool:
+        """Make sure the reserve file holds ``reserve_bytes`` of real blocks; True if it does."""
+        want = self.reserve_bytes
+        if want == 0:
+            return True
+        try:
+            if self._reserve_path.stat().st_size >= want:
+                return True
+        except FileNotFoundError:
+            pass
+        if self.free_bytes() < want + self._headroom:  # leave the spool room to write
+            return False
+        try:
+            fd = os.open(self._reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._reserve_path.unlink()
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                log.warning("cannot create the spool's reserve file %s: %s",
+                            self._reserve_path, exc)
+            return False
+        return True
 
     def _recount(self) -> None:
         row = self._conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool")
@@ -210,3 +550,19 @@ class Spool:
 
     def _set_meta(self, key: str, value: int) -> None:
         self._conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+def _fs_free(folder: Path) -> int:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return 1 << 62  # unknown: behave as if there were room
+    return stat.f_bavail * stat.f_frsize
+
+
+def _fs_total(folder: Path) -> int:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return 0
+    return stat.f_blocks * stat.f_frsize

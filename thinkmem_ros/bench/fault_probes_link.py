@@ -1,0 +1,610 @@
+"""Fault probes of the experience link: spoofed identities, hostile frames, full disks.
+
+Each probe is a plain function that starts real processes and sockets on 127.0.0.1 at
+random ports, runs one hostile or faulty situation against them, and returns::
+
+    {"probe": name, "crashed": bool, "lost": int, "spoofed_accepted": int,
+     "rss_growth_mb": float, "detail": str}
+
+``crashed``: a process of the link (consolidator or robot) died or its serving thread
+stopped. ``lost``: experiences ``ship()`` accepted (or a genuine robot sent) that are
+neither stored, nor still spooled, nor counted as shed/refused. ``spoofed_accepted``:
+frames or rows the consolidator took in a robot's name from a key bound to another robot
+(or a revoked key). ``rss_growth_mb``: resident memory the target process kept after the
+probe (measured after it settled), the sign of unbounded per-peer state.
+
+``PROBES`` names them; ``run_probes`` runs a selection (``thinkmem bench faults`` calls
+these). The consolidator runs as ``python -m thinkmem_ros.consolidator.ingest serve``; the
+robot, where a probe needs it in its own process, as ``python -m
+thinkmem_ros.bench.fault_probes_link robot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import zmq
+
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.link import protocol
+from thinkmem_ros.link.experience import Experience, encode_experience
+from thinkmem_ros.link.security import (
+    load_curve_keypair,
+    load_curve_public,
+    write_curve_keypair,
+)
+from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _result(name: str, *, crashed: bool = False, lost: int = 0, spoofed: int = 0,
+            rss_growth_mb: float = 0.0, detail: str = "") -> dict:
+    return {"probe": name, "crashed": bool(crashed), "lost": int(lost),
+            "spoofed_accepted": int(spoofed), "rss_growth_mb": round(float(rss_growth_mb), 1),
+            "detail": detail}
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process in MB (``/proc``); NaN when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def settled_rss_mb(pid: int, timeout_s: float = 8.0) -> float:
+    """RSS once it stopped moving (two readings 0.5 s apart within 1 MB), or at timeout."""
+    deadline = time.monotonic() + timeout_s
+    last = rss_mb(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = rss_mb(pid)
+        if abs(now - last) < 1.0:
+            return now
+        last = now
+    return last
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH",
+                                                                               ""))
+
+
+def _exp(robot: str, seq: int | None, trace: str, i: int = 0) -> Experience:
+    return Experience(robot_id=robot, episode_id="probe", stamp=float(i), seq=seq,
+                      window=np.full((16, 7), i % 5, np.float32), labels=["trend", "hazard"],
+                      probabilities=[0.5, 0.2], bundle_version=1, trace=trace)
+
+
+def _wait(pred: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+class Consolidator:
+    """The consolidator's receiver in its own process (what robots talk to)."""
+
+    def __init__(self, work: Path, keys: Path | None = None, allow: Path | None = None,
+                 bind: str = "tcp://127.0.0.1:*") -> None:
+        self.db = work / "store.db"
+        cmd = [sys.executable, "-m", "thinkmem_ros.consolidator.ingest", "serve",
+               "--db", str(self.db), "--bind", bind]
+        if keys is not None:
+            cmd += ["--curve", "on", "--server-key", str(keys / "server.key_secret"),
+                    "--allow", str(allow or keys / "allowed")]
+        else:
+            cmd += ["--curve", "off"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=_env(), cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"consolidator did not start: {line!r}")
+        self.endpoint = line.split()[1]
+
+    def alive(self) -> bool:
+        """Tell whether the process still runs."""
+        return self.proc.poll() is None
+
+    def rss_mb(self) -> float:
+        """Its resident memory now."""
+        return rss_mb(self.proc.pid)
+
+    def rows(self, robot: str | None = None) -> list[Experience]:
+        """What its store holds (of one robot, if given)."""
+        if not self.db.exists():
+            return []
+        with ExperienceStore(self.db) as store:
+            return [e for _, e in store.iter_experiences(robot_id=robot)]
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def make_keys(folder: Path, robots: tuple[str, ...] = ("alpha", "bravo")) -> Path:
+    """Server pair, one pair per robot and the allow-list folder ``allowed/<robot>.key``."""
+    write_curve_keypair(folder, "server")
+    (folder / "allowed").mkdir(parents=True, exist_ok=True)
+    for robot in robots:
+        public, _ = write_curve_keypair(folder, robot)
+        shutil.copyfile(public, folder / "allowed" / f"{robot}.key")
+    return folder
+
+
+@contextlib.contextmanager
+def _dealer(endpoint: str, keys: Path | None = None, name: str | None = None
+            ) -> Iterator[zmq.Socket]:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        public, secret = load_curve_keypair(keys / f"{name}.key_secret")
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.curve_serverkey = load_curve_public(keys / "server.key")
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close(0)
+
+
+def _reply_kind(sock: zmq.Socket, timeout_ms: int = 5000) -> str:
+    if not sock.poll(timeout_ms):
+        return "none"
+    try:
+        return protocol.decode_frame(sock.recv()).kind.name
+    except protocol.ProtocolError:
+        return "garbage"
+
+
+def _shipper_cfg(endpoint: str, spool: Path, robot: str, keys: Path | None = None,
+                 **kw) -> ShipperConfig:
+    curve: dict = {"curve": "off"}
+    if keys is not None:
+        curve = dict(curve="on", server_public_key=keys / "server.key",
+                     client_secret_file=keys / f"{robot}.key_secret")
+    base = dict(endpoint=endpoint, robot_id=robot, spool_path=spool, ack_timeout_s=0.5,
+                backoff_initial_s=0.05, backoff_max_s=0.5)
+    base.update(kw)
+    return ShipperConfig(**base, **curve)
+
+
+def _accounted(stats: dict) -> int:
+    """Experiences a shipper can account for (stored, spooled, queued or counted as lost)."""
+    keys = ("stored", "duplicates", "spool_rows", "queue", "shed", "shed_disk_full",
+            "rejected", "spool_failed")
+    return sum(int(stats.get(k, 0)) for k in keys)
+
+
+# ------------------------------------------------------------------------------ probes
+
+def probe_spoofed_batch(work: Path, quick: bool = False) -> dict:
+    """Key ``bravo`` sends a batch as robot ``alpha`` (alpha's seqs), then alpha ships.
+
+    Before identity binding the store kept the spoofed rows and ACKed alpha's genuine
+    ones as duplicates (lost from alpha's spool).
+    """
+    keys = make_keys(work / "keys")
+    cons = Consolidator(work, keys)
+    n = 10
+    try:
+        with _dealer(cons.endpoint, keys, "bravo") as liar:
+            items = [encode_experience(_exp("alpha", seq, "spoofed", seq)) for seq in range(n)]
+            liar.send(protocol.experience_batch(1, "alpha", items))
+            answer = _reply_kind(liar)
+        with ExperienceShipper(_shipper_cfg(cons.endpoint, work / "alpha.db", "alpha",
+                                            keys)) as alpha:
+            for seq in range(n):
+                alpha.ship(_exp("alpha", seq, "genuine", seq))
+            alpha.flush(15.0)
+            stats = alpha.stats()
+        traces = [e.trace for e in cons.rows("alpha")]
+        crashed = not cons.alive()
+    finally:
+        cons.stop()
+    genuine = traces.count("genuine")
+    return _result("link_spoofed_batch", crashed=crashed, lost=n - genuine - stats["spool_rows"],
+                   spoofed=traces.count("spoofed"),
+                   detail=f"reply to the spoofed batch: {answer}; alpha stored {genuine}/{n}, "
+                          f"acked as duplicates {stats['duplicates']}")
+
+
+def probe_spoofed_hello(work: Path, quick: bool = False) -> dict:
+    """Key ``bravo`` says HELLO as ``alpha`` (it would then receive alpha's bundle pushes)."""
+    keys = make_keys(work / "keys")
+    cons = Consolidator(work, keys)
+    try:
+        with _dealer(cons.endpoint, keys, "bravo") as liar:
+            liar.send(protocol.hello("alpha"))
+            answer = _reply_kind(liar)
+            liar.send(protocol.hello("bravo"))
+            own = _reply_kind(liar)
+        crashed = not cons.alive()
+    finally:
+        cons.stop()
+    return _result("link_spoofed_hello", crashed=crashed, spoofed=int(answer == "HELLO"),
+                   detail=f"HELLO as alpha -> {answer}; HELLO as itself -> {own}")
+
+
+def probe_revoked_key(work: Path, quick: bool = False) -> dict:
+    """Delete alpha's key from the allow-list while alpha is connected; it ships on."""
+    keys = make_keys(work / "keys")
+    cons = Consolidator(work, keys)
+    try:
+        cfg = _shipper_cfg(cons.endpoint, work / "alpha.db", "alpha", keys)
+        with ExperienceShipper(cfg) as alpha:
+            for i in range(5):
+                alpha.ship(_exp("alpha", None, "before", i))
+            alpha.flush(10.0)
+            (keys / "allowed" / "alpha.key").unlink()
+            time.sleep(2.5)  # the receiver re-reads the allow-list every second
+            for i in range(5):
+                alpha.ship(_exp("alpha", None, "after", i))
+            time.sleep(2.0)
+            stats = alpha.stats()
+        after = [e.trace for e in cons.rows("alpha")].count("after")
+        with _dealer(cons.endpoint, keys, "alpha") as again:  # a fresh handshake
+            again.send(protocol.hello("alpha"))
+            fresh = _reply_kind(again, 1500)
+        crashed = not cons.alive()
+    finally:
+        cons.stop()
+    return _result("link_revoked_key", crashed=crashed, spoofed=after + int(fresh == "HELLO"),
+                   lost=5 - after - stats["spool_rows"],
+                   detail=f"rows stored after revocation {after}, kept in the spool "
+                          f"{stats['spool_rows']}, refused {stats['refused']}; a new "
+                          f"connection with the revoked key -> {fresh}")
+
+
+def _flood(work: Path, name: str, frame: bytes, connections: int) -> dict:
+    cons = Consolidator(work)
+    try:
+        time.sleep(0.3)
+        before = cons.rss_mb()
+        peak = before
+        socks = [zmq.Context.instance().socket(zmq.DEALER) for _ in range(connections)]
+        try:
+            for sock in socks:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(cons.endpoint)
+            for sock in socks:
+                sock.send(frame, copy=False)
+                peak = max(peak, cons.rss_mb())
+            replies = 0
+            deadline = time.monotonic() + 3.0  # refused frames get no reply: wait a while
+            pending = list(socks)
+            while pending and time.monotonic() < deadline:
+                pending = [s for s in pending if not s.poll(20)]
+                peak = max(peak, cons.rss_mb())
+            replies = len(socks) - len(pending)
+        finally:
+            for sock in socks:
+                sock.close(0)
+        after = settled_rss_mb(cons.proc.pid)
+        with _dealer(cons.endpoint) as probe:  # still serving?
+            probe.send(protocol.hello("probe"))
+            serving = _reply_kind(probe) == "HELLO"
+        crashed = not cons.alive() or not serving
+    finally:
+        cons.stop()
+    return _result(name, crashed=crashed, rss_growth_mb=after - before,
+                   detail=f"{connections} connections x {len(frame) / 1e6:.1f} MB: RSS "
+                          f"{before:.0f} -> peak {peak:.0f} -> {after:.0f} MB settled; "
+                          f"{replies} replies")
+
+
+def _raw_frame(kind: protocol.Kind, body: dict) -> bytes:
+    """A frame with this body, built without the encoder's checks (what an attacker sends)."""
+    return protocol.MAGIC + bytes((protocol.PROTOCOL_VERSION, int(kind))) + msgpack.packb(
+        body, use_bin_type=True)
+
+
+def probe_hello_flood(work: Path, quick: bool = False) -> dict:
+    """60 connections each say HELLO with a 7.9 MB robot id (loopback, CURVE off)."""
+    frame = _raw_frame(protocol.Kind.HELLO, {"robot_id": "r" * 7_900_000})
+    return _flood(work, "link_hello_flood", frame, 20 if quick else 60)
+
+
+def probe_batch_long_robot_id(work: Path, quick: bool = False) -> dict:
+    """60 connections each send a batch whose robot id is 7.9 MB (records are garbage)."""
+    frame = _raw_frame(protocol.Kind.EXPERIENCE_BATCH,
+                       {"batch": 1, "robot_id": "r" * 7_900_000, "items": [b"x"]})
+    return _flood(work, "link_batch_long_robot_id", frame, 20 if quick else 60)
+
+
+def probe_msgpack_bomb(work: Path, quick: bool = False) -> dict:
+    """Batches just under the frame limit made of lists of one-byte entries (7 MB -> GBs)."""
+    inner = [0] * 8000
+    body = {"batch": 1, "robot_id": "r", "items": [inner] * 900}  # 7.2 MB on the wire
+    return _flood(work, "link_msgpack_bomb", _raw_frame(protocol.Kind.EXPERIENCE_BATCH, body),
+                  10 if quick else 30)
+
+
+def probe_record_bomb(work: Path, quick: bool = False) -> dict:
+    """Batches of records whose 2.8 MB are lists of one-byte entries (decoded one by one)."""
+    record = msgpack.packb({"v": 2, "events": [[0] * 2000] * 1400})
+    body = {"batch": 1, "robot_id": "r", "items": [record, record]}
+    return _flood(work, "link_record_bomb", _raw_frame(protocol.Kind.EXPERIENCE_BATCH, body),
+                  10 if quick else 30)
+
+
+def probe_big_frame_flood(work: Path, quick: bool = False) -> dict:
+    """60 connections each send a frame just above the inbound limit (8 MiB + 32 KiB)."""
+    frame = _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {
+        "batch": 1, "robot_id": "r", "items": [bytes(8 * 1024 * 1024 + 32 * 1024)]})
+    return _flood(work, "link_big_frame_flood", frame, 20 if quick else 60)
+
+
+def probe_oversize_frame(work: Path, quick: bool = False) -> dict:
+    """Frames above the consolidator's limit (200 MB): dropped before they are read."""
+    frame = b"TM\x01\x03" + bytes(200_000_000)
+    return _flood(work, "link_oversize_frame_to_consolidator", frame, 1 if quick else 2)
+
+
+def probe_malformed_frames(work: Path, quick: bool = False) -> dict:
+    """Twenty kinds of malformed frames between the batches of a genuine robot."""
+    good = encode_experience(_exp("probe", 1, "x"))
+    bads = [b"", b"x", b"TM", b"TM\x01", b"GET / HTTP/1.1\r\n\r\n", b"TM\x09\x03\x80",
+            b"TM\x01\x63\x80", b"TM\x01\x03\xc1", b"TM\x01\x03" + b"\xdd\xff\xff\xff\xff",
+            _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {"batch": -1, "robot_id": "r",
+                                                        "items": [good]}),
+            _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {"batch": 1, "robot_id": 5,
+                                                        "items": [good]}),
+            _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {"batch": 1, "robot_id": "r",
+                                                        "items": [b"\x00" * 1000]}),
+            _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {"batch": 2**64 - 1, "robot_id": "r",
+                                                        "items": [good]}),
+            _raw_frame(protocol.Kind.EXPERIENCE_BATCH, {"batch": 1, "robot_id": "r",
+                                                        "items": [[0] * 5000] * 10}),
+            _raw_frame(protocol.Kind.ACK, {"batch": 1, "stored": 1, "duplicates": 0,
+                                           "rejected": [["x"] * 10]}),
+            _raw_frame(protocol.Kind.HELLO, {}),
+            _raw_frame(protocol.Kind.HELLO, {"robot_id": ["a"] * 1000}),
+            _raw_frame(protocol.Kind.REFUSED, {"reason": "r" * 100_000}),
+            _raw_frame(protocol.Kind.BUNDLE_PUSH, {"artefacts": {"../x": b"1"}}),
+            _raw_frame(protocol.Kind.RECALL_REQ, {"k": 2**64 - 1}),
+            b"TM\x01\x03" + msgpack.packb({"batch": 1, "robot_id": "r",
+                                           "items": [good]})[:-3]]
+    cons = Consolidator(work)
+    try:
+        before = cons.rss_mb()
+        with ExperienceShipper(_shipper_cfg(cons.endpoint, work / "spool.db", "probe")) as ship:
+            with _dealer(cons.endpoint) as raw:
+                for i in range(100):
+                    ship.ship(_exp("probe", None, f"m{i}", i))
+                    for frame in bads:
+                        raw.send(frame)
+                    raw.send_multipart([b"two", b"parts"])
+            ship.flush(20.0)
+            stats = ship.stats()
+        stored = len(cons.rows("probe"))
+        growth = settled_rss_mb(cons.proc.pid) - before
+        crashed = not cons.alive()
+    finally:
+        cons.stop()
+    return _result("link_malformed_frames", crashed=crashed,
+                   lost=100 - stored - stats["spool_rows"], rss_growth_mb=growth,
+                   detail=f"{len(bads) + 1} kinds x 100 among 100 genuine experiences: "
+                          f"{stored} stored")
+
+
+def probe_huge_reply_frame(work: Path, quick: bool = False) -> dict:
+    """A fake consolidator answers a robot with a 600 MB frame; the robot must not read it."""
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(endpoint)
+    robot = _Robot(endpoint, work / "robot-spool.db", "victim")
+    size = 200_000_000 if quick else 600_000_000
+    try:
+        if not router.poll(10_000):
+            raise RuntimeError("the robot never sent anything")
+        identity = router.recv_multipart()[0]
+        time.sleep(0.3)
+        before = robot.rss_mb()
+        peak = before
+        router.send_multipart([identity, b"TM\x01\x04" + bytes(size)], copy=False)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            peak = max(peak, robot.rss_mb())
+            time.sleep(0.05)
+        after = robot.rss_mb()
+        crashed = not robot.alive()
+        stats = robot.stop()
+    finally:
+        router.close(0)
+        robot.kill()
+    return _result("link_huge_reply_frame", crashed=crashed, rss_growth_mb=max(peak, after)
+                   - before, detail=f"{size / 1e6:.0f} MB frame to the robot: RSS {before:.0f}"
+                   f" -> peak {peak:.0f} -> {after:.0f} MB; bad_replies "
+                   f"{stats.get('bad_replies')}, disconnects {stats.get('disconnects')}")
+
+
+@contextlib.contextmanager
+def tiny_filesystem(work: Path, size: str = "2m") -> Iterator[Path | None]:
+    """Mount a tmpfs of ``size`` (root only); yields None when mounting is not permitted."""
+    target = work / "tinyfs"
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                           str(target)], capture_output=True, text=True)
+    if done.returncode != 0:
+        yield None
+        return
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def probe_full_disk(work: Path, quick: bool = False) -> dict:
+    """A robot's spool on a 2 MiB filesystem while the consolidator is down, then back."""
+    n = 8000 if quick else 30000
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with tiny_filesystem(work) as fs:
+        if fs is None:
+            return _result("link_full_disk", detail="skipped: cannot mount a tmpfs here")
+        cfg = _shipper_cfg(endpoint, fs / "spool.db", "disk-bot")
+        accepted = refused = 0
+        with ExperienceShipper(cfg) as shipper:
+            for i in range(n):
+                while len(shipper._queue) > 4000:
+                    time.sleep(0.005)
+                if shipper.ship(_exp("disk-bot", None, f"d{i}", i)):
+                    accepted += 1
+                else:
+                    refused += 1
+            _wait(lambda: _accounted(shipper.stats()) >= accepted, 30)
+            offline = shipper.stats()
+            cons = Consolidator(work, bind=endpoint)
+            try:
+                drained = shipper.flush(60.0)
+                crashed = not shipper.alive() or not cons.alive()
+            finally:
+                stats = shipper.stats()
+                cons.stop()
+        stored = len(cons.rows("disk-bot"))
+    lost = accepted - stored - stats["spool_rows"] - stats.get("shed", 0) \
+        - stats.get("shed_disk_full", 0) - stats.get("rejected", 0) \
+        - stats.get("spool_failed", 0)
+    return _result("link_full_disk", crashed=crashed, lost=max(lost, 0),
+                   detail=f"{n} shipped, {accepted} accepted ({refused} refused); offline: "
+                          f"spooled {offline['spool_rows']}, shed for the disk "
+                          f"{offline.get('shed_disk_full', 'n/a')}; back online: stored "
+                          f"{stored}, drained {drained}, spool errors {stats['errors']}")
+
+
+PROBES: dict[str, Callable[..., dict]] = {
+    "link_spoofed_batch": probe_spoofed_batch,
+    "link_spoofed_hello": probe_spoofed_hello,
+    "link_revoked_key": probe_revoked_key,
+    "link_hello_flood": probe_hello_flood,
+    "link_batch_long_robot_id": probe_batch_long_robot_id,
+    "link_msgpack_bomb": probe_msgpack_bomb,
+    "link_record_bomb": probe_record_bomb,
+    "link_big_frame_flood": probe_big_frame_flood,
+    "link_oversize_frame_to_consolidator": probe_oversize_frame,
+    "link_malformed_frames": probe_malformed_frames,
+    "link_huge_reply_frame": probe_huge_reply_frame,
+    "link_full_disk": probe_full_disk,
+}
+"""Every link probe by name (the names are the ``probe`` field of their results)."""
+
+
+def run_probes(names: list[str] | None = None, quick: bool = False) -> list[dict]:
+    """Run probes (all by default), each in a fresh scratch folder.
+
+    A probe that raises counts as a crash, reported with its error, never silently skipped.
+    """
+    results = []
+    for name in names or list(PROBES):
+        with tempfile.TemporaryDirectory(prefix=f"{name}-") as scratch:
+            try:
+                results.append(PROBES[name](Path(scratch), quick=quick))
+            except Exception as exc:  # report, keep probing
+                results.append(_result(name, crashed=True,
+                                       detail=f"probe failed: {type(exc).__name__}: {exc}"))
+    return results
+
+
+# ----------------------------------------------------------- the robot in its own process
+
+class _Robot:
+    """A shipper in its own process, shipping one experience every 10 ms."""
+
+    def __init__(self, endpoint: str, spool: Path, robot_id: str) -> None:
+        cmd = [sys.executable, "-m", "thinkmem_ros.bench.fault_probes_link", "robot",
+               "--endpoint", endpoint, "--spool", str(spool), "--robot-id", robot_id]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=_env(), cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY"):
+            self.kill()
+            raise RuntimeError(f"robot did not start: {line!r}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def stop(self) -> dict:
+        """SIGTERM; returns the shipper's stats it printed (empty if it had died)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return {}
+        with contextlib.suppress(ValueError, IndexError):
+            return json.loads(out.strip().splitlines()[-1])
+        return {}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _robot_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.bench.fault_probes_link")
+    parser.add_argument("role", choices=["robot"])
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--spool", required=True)
+    parser.add_argument("--robot-id", required=True)
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    cfg = _shipper_cfg(args.endpoint, Path(args.spool), args.robot_id)
+    with ExperienceShipper(cfg) as shipper:
+        print("READY", flush=True)
+        i = 0
+        while not stop.wait(0.01):
+            shipper.ship(_exp(args.robot_id, None, f"r{i}", i))
+            i += 1
+        stats = shipper.stats()
+    print(json.dumps(stats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_robot_main(sys.argv[1:]))
