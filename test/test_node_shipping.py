@@ -91,6 +91,18 @@ def test_shipping_status_levels():
     assert values["acked"] == "5" and values["connected"] == "true"
 
 
+def test_shipping_status_is_an_error_while_the_spool_disk_is_full():
+    full = shipping_status(_ship_snap(shipper={"connected": True, "disk_full": True,
+                                               "shed_disk_full": 7},
+                                      previous={"connected": True, "shed_disk_full": 2}))
+    assert full.level == ERROR and "disk full" in full.message
+    assert "5 oldest spooled experiences shed" in full.message
+    refused = shipping_status(_ship_snap(shipper={"connected": True, "refused_disk_full": 3},
+                                         previous={"connected": True}))
+    assert refused.level == ERROR and "3 experiences refused" in refused.message
+    assert dict(full.values)["shed_disk_full"] == "7"
+
+
 def test_push_status_warns_after_a_rejection_until_a_good_push():
     snap = dict(configured=True, counters={"pushes": 1, "rejected_signature": 1},
                 last_outcome="rejected", last_reason="signature: bad", installed_version=2,

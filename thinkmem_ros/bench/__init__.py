@@ -6,7 +6,7 @@
 
 BENCHMARKS: tuple[str, ...] = (
     "exp1", "exp2", "exp3", "exp5", "exp6", "latency",
-    "node", "transport", "values", "memctl",
+    "node", "transport", "values", "memctl", "rounds", "faults",
 )
 
 
@@ -33,6 +33,10 @@ def load(name: str):
             from thinkmem_ros.bench import values as module
         case "memctl":
             from thinkmem_ros.bench import memctl as module
+        case "rounds":
+            from thinkmem_ros.bench import rounds as module
+        case "faults":
+            from thinkmem_ros.bench import faults as module
         case _:
             raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     return module

@@ -138,7 +138,8 @@ def _values(snap: HealthSnapshot, rate: float) -> list[tuple[str, str]]:
 
 SHIPPING_VALUES = ("queue", "spool_rows", "spool_bytes", "inflight", "sent", "resent", "acked",
                    "stored", "duplicates", "shed", "dropped", "rejected", "auth_failures",
-                   "handshake_failures", "refused", "disconnects", "errors", "bundle_pushes")
+                   "handshake_failures", "refused", "disconnects", "errors", "bundle_pushes",
+                   "shed_disk_full", "refused_disk_full", "spool_failed", "reopens")
 """Shipper gauges and counters reported in the "shipping" status, in this order."""
 
 BUILDER_VALUES = ("frames", "pending", "shipped", "skipped", "feedback", "feedback_matched",
@@ -178,6 +179,14 @@ def shipping_status(snap: ShippingSnapshot) -> StatusReport:
                       "auth failures): add this robot's public key to its allowed keys")
     if delta("errors"):
         errors.append(f"{delta('errors')} spool/shipper errors")
+    if cur.get("disk_full"):
+        errors.append("spool disk full: new experiences are shed or refused (free space on "
+                      "the spool's filesystem)")
+    for key, what in (("shed_disk_full", "oldest spooled experiences shed (disk full)"),
+                      ("refused_disk_full", "experiences refused (disk full)"),
+                      ("spool_failed", "experiences the spool could not write")):
+        if delta(key):
+            errors.append(f"{delta(key)} {what}")
     if not connected and rows:
         growing = rows > int(prev.get("spool_rows", 0))
         warns.append(f"not connected to {snap.endpoint}; {rows} experiences spooled"
@@ -260,7 +269,9 @@ def push_status(snap: PushSnapshot) -> StatusReport:
 # ------------------------------------------------------------- values and memory control
 
 GATE_VALUES = ("value_suppressed", "value_explored", "memctl_compress", "memctl_recall",
-               "memctl_head_errors", "memctl_missing_id", "recall_evidence", "recall_errors")
+               "memctl_head_errors", "memctl_missing_id", "recall_evidence", "recall_errors",
+               "anticipation_added", "anticipation_dropped", "anticipation_opened",
+               "anticipation_closed", "anticipation_expired", "anticipation_backwards_resets")
 """Gate counters (``ThinkingGates.stats``) reported in the "memory" status, in this order."""
 
 
