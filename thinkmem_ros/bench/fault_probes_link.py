@@ -512,6 +512,160 @@ def probe_full_disk(work: Path, quick: bool = False) -> dict:
                           f"{stored}, drained {drained}, spool errors {stats['errors']}")
 
 
+def _stored_traces(cons: Consolidator, robot: str) -> list[str]:
+    return [e.trace for e in cons.rows(robot)]
+
+
+def _stored_count(cons: Consolidator, robot: str) -> int:
+    """Rows of one robot in the store (cheap: no decoding), 0 before the store exists."""
+    if not cons.db.exists():
+        return 0
+    with ExperienceStore(cons.db) as store:
+        return store.count(robot)
+
+
+def _exactly_once(shipped: set[str], stored: list[str]) -> tuple[int, int, int]:
+    """Compare what was shipped with what the store holds, trace by trace.
+
+    Returns ``(missing, doubled, foreign)``: shipped traces not stored, extra stored copies
+    of a trace, and stored traces that were never shipped.
+    """
+    seen: dict[str, int] = {}
+    for trace in stored:
+        seen[trace] = seen.get(trace, 0) + 1
+    missing = len(shipped - set(seen))
+    doubled = sum(count - 1 for count in seen.values())
+    foreign = len(set(seen) - shipped)
+    return missing, doubled, foreign
+
+
+def probe_consolidator_kill9_midstream(work: Path, quick: bool = False) -> dict:
+    """The receiver process is SIGKILLed while a robot process streams, then restarted.
+
+    Batches are in flight when it dies; the robot resends from its spool after the
+    restart. Every experience ``ship()`` accepted must be stored exactly once.
+    """
+    robot_id = "kill-bot"
+    cons = Consolidator(work)
+    endpoint = cons.endpoint
+    robot = _Robot(endpoint, work / "spool.db", robot_id, "--period", "0.001", "--flush",
+                   "60")
+    stats: dict = {}
+    try:
+        before = robot.rss_mb()
+        killed_at = 400 if quick else 1500
+        streaming = _wait(lambda: time.sleep(0.1) or _stored_count(cons, robot_id)
+                          >= killed_at, 60.0)
+        cons.proc.send_signal(signal.SIGKILL)  # mid-stream: batches in flight, unacked
+        cons.proc.wait(10)
+        stored_at_kill = _stored_count(cons, robot_id)
+        time.sleep(1.0)  # the robot ships into a dead consolidator meanwhile
+        cons = Consolidator(work, bind=endpoint)
+        time.sleep(1.0 if quick else 3.0)  # streaming on after the restart
+        growth = robot.rss_mb() - before
+        robot_alive = robot.alive()
+        stats = robot.stop()  # SIGTERM: stops shipping, flushes, prints its stats
+        stored = _stored_traces(cons, robot_id)
+        crashed = not robot_alive or not stats or not cons.alive()
+    finally:
+        robot.kill()
+        cons.stop()
+    queued = int(stats.get("queued", 0))
+    missing, doubled, foreign = _exactly_once({f"r{i}" for i in range(queued)}, stored)
+    unaccounted = int(stats.get("spool_rows", 0)) + int(stats.get("shed", 0)) \
+        + int(stats.get("shed_disk_full", 0)) + int(stats.get("rejected", 0)) \
+        + int(stats.get("spool_failed", 0))
+    lost = max(0, missing - unaccounted)
+    if crashed:
+        detail = f"robot alive {robot_alive}, stats {bool(stats)}; "
+    else:
+        detail = ""
+    detail += (f"{'streaming' if streaming else 'NOT streaming'} at the kill "
+               f"({stored_at_kill} stored); shipped {queued}, stored {len(set(stored))} "
+               f"distinct of {len(stored)} rows (doubled {doubled}, never shipped {foreign}); "
+               f"left in the spool {stats.get('spool_rows')}; acked as duplicates "
+               f"{stats.get('duplicates')}, resent {stats.get('resent')}, timeouts "
+               f"{stats.get('timeouts')}, disconnects {stats.get('disconnects')}")
+    record = _result("link_consolidator_kill9_midstream", crashed=crashed, lost=lost,
+                     rss_growth_mb=max(0.0, growth) if np.isfinite(growth) else 0.0,
+                     detail=detail)
+    record["ok"] = (not crashed and streaming and queued > 0 and missing == 0
+                    and doubled == 0 and foreign == 0)
+    return record
+
+
+def _spool_traces(path: Path) -> list[str]:
+    """Traces of the rows a spool file holds (read after its owner was killed)."""
+    from thinkmem_ros.link.experience import decode_experience
+    from thinkmem_ros.link.spool import Spool
+
+    spool = Spool(path, 256 * 1024 * 1024)
+    try:
+        return [decode_experience(payload).trace for _, payload in
+                spool.read_after(-1, 10**7)]
+    finally:
+        spool.close()
+
+
+def probe_shipper_kill9_with_spool(work: Path, quick: bool = False) -> dict:
+    """A robot spools while its consolidator is away, is SIGKILLed, restarts on that spool.
+
+    The restarted robot ships new experiences on top; once the consolidator comes up,
+    every spooled and every new experience must be stored exactly once.
+    """
+    robot_id = "spool-bot"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    spool = work / "spool.db"
+    count = 2000 if quick else 8000
+    first = _Robot(endpoint, spool, robot_id, "--prefix", "a", "--count", str(count),
+                   "--period", "0")
+    try:
+        line = first.proc.stdout.readline()  # "SPOOLED n" once every row reached the spool
+        spooled_said = int(line.split()[1]) if line.startswith("SPOOLED ") else -1
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(10)
+    finally:
+        first.kill()
+    on_disk = _spool_traces(spool)
+    second = _Robot(endpoint, spool, robot_id, "--prefix", "b", "--period", "0.002",
+                    "--flush", "60")
+    cons = None
+    stats: dict = {}
+    try:
+        time.sleep(0.5)  # the restarted robot ships into the void a little longer
+        before = second.rss_mb()
+        cons = Consolidator(work, bind=endpoint)
+        time.sleep(1.0 if quick else 2.0)
+        growth = second.rss_mb() - before
+        robot_alive = second.alive()
+        stats = second.stop()
+        stored = _stored_traces(cons, robot_id)
+        crashed = not robot_alive or not stats or not cons.alive()
+    finally:
+        second.kill()
+        if cons is not None:
+            cons.stop()
+    queued = int(stats.get("queued", 0))
+    shipped = {f"a{i}" for i in range(count)} | {f"b{i}" for i in range(queued)}
+    missing, doubled, foreign = _exactly_once(shipped, stored)
+    unaccounted = int(stats.get("spool_rows", 0)) + int(stats.get("shed", 0)) \
+        + int(stats.get("shed_disk_full", 0)) + int(stats.get("rejected", 0)) \
+        + int(stats.get("spool_failed", 0))
+    detail = (f"first robot: {count} shipped, said spooled {spooled_said}, found in the "
+              f"spool after SIGKILL {len(on_disk)}; restarted robot shipped {queued} more; "
+              f"stored {len(set(stored))} distinct of {len(stored)} rows for "
+              f"{len(shipped)} shipped (missing {missing}, doubled {doubled}, never shipped "
+              f"{foreign}); left in the spool {stats.get('spool_rows')}, acked as duplicates "
+              f"{stats.get('duplicates')}")
+    record = _result("link_shipper_kill9_with_spool", crashed=crashed,
+                     lost=max(0, missing - unaccounted),
+                     rss_growth_mb=max(0.0, growth) if np.isfinite(growth) else 0.0,
+                     detail=detail)
+    record["ok"] = (not crashed and spooled_said == count and len(on_disk) == count
+                    and missing == 0 and doubled == 0 and foreign == 0)
+    return record
+
+
 PROBES: dict[str, Callable[..., dict]] = {
     "link_spoofed_batch": probe_spoofed_batch,
     "link_spoofed_hello": probe_spoofed_hello,
@@ -525,6 +679,8 @@ PROBES: dict[str, Callable[..., dict]] = {
     "link_malformed_frames": probe_malformed_frames,
     "link_huge_reply_frame": probe_huge_reply_frame,
     "link_full_disk": probe_full_disk,
+    "link_consolidator_kill9_midstream": probe_consolidator_kill9_midstream,
+    "link_shipper_kill9_with_spool": probe_shipper_kill9_with_spool,
 }
 """Every link probe by name (the names are the ``probe`` field of their results)."""
 
@@ -548,11 +704,17 @@ def run_probes(names: list[str] | None = None, quick: bool = False) -> list[dict
 # ----------------------------------------------------------- the robot in its own process
 
 class _Robot:
-    """A shipper in its own process, shipping one experience every 10 ms."""
+    """A shipper in its own process, shipping one experience every 10 ms (by default).
 
-    def __init__(self, endpoint: str, spool: Path, robot_id: str) -> None:
+    ``extra`` are more ``_robot_main`` options: ``--prefix`` of the traces, ``--count``
+    (stop shipping after that many; it then prints ``SPOOLED n`` once they all reached
+    the spool or the store), ``--period`` between experiences and ``--flush S`` (on
+    SIGTERM, wait up to S seconds for every experience to be acknowledged first).
+    """
+
+    def __init__(self, endpoint: str, spool: Path, robot_id: str, *extra: str) -> None:
         cmd = [sys.executable, "-m", "thinkmem_ros.bench.fault_probes_link", "robot",
-               "--endpoint", endpoint, "--spool", str(spool), "--robot-id", robot_id]
+               "--endpoint", endpoint, "--spool", str(spool), "--robot-id", robot_id, *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=_env(), cwd=ROOT)
         line = self.proc.stdout.readline()
@@ -566,12 +728,12 @@ class _Robot:
     def rss_mb(self) -> float:
         return rss_mb(self.proc.pid)
 
-    def stop(self) -> dict:
+    def stop(self, timeout_s: float = 90.0) -> dict:
         """SIGTERM; returns the shipper's stats it printed (empty if it had died)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            out, _ = self.proc.communicate(timeout=15)
+            out, _ = self.proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             return {}
@@ -591,6 +753,10 @@ def _robot_main(argv: list[str]) -> int:
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--spool", required=True)
     parser.add_argument("--robot-id", required=True)
+    parser.add_argument("--prefix", default="r")
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--period", type=float, default=0.01)
+    parser.add_argument("--flush", type=float, default=0.0)
     args = parser.parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -598,9 +764,23 @@ def _robot_main(argv: list[str]) -> int:
     with ExperienceShipper(cfg) as shipper:
         print("READY", flush=True)
         i = 0
-        while not stop.wait(0.01):
-            shipper.ship(_exp(args.robot_id, None, f"r{i}", i))
-            i += 1
+        while not stop.is_set() and (not args.count or i < args.count):
+            if shipper.ship(_exp(args.robot_id, None, f"{args.prefix}{i}", i)):
+                i += 1
+            elif args.count:
+                time.sleep(0.01)  # the queue is full: a counted robot ships every one
+            if args.period > 0:
+                stop.wait(args.period)
+        if args.count:
+            def kept() -> bool:
+                done = shipper.stats()
+                return (done["queue"] == 0 and done["spool_rows"] + done["stored"]
+                        + done["duplicates"] >= i)
+            _wait(kept, 60.0)
+            print(f"SPOOLED {shipper.stats()['spool_rows']}", flush=True)
+            stop.wait()
+        if args.flush > 0:
+            shipper.flush(args.flush)
         stats = shipper.stats()
     print(json.dumps(stats), flush=True)
     return 0

@@ -22,6 +22,7 @@ Every child gets its own DDS domain (``ProbeContext.domain_id``) on localhost on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -550,6 +551,78 @@ def probe_no_input(ctx: ProbeContext) -> dict:
     return _with_node(ctx, "no_input", {}, body, wait_frames=False)
 
 
+def probe_nan_inf_samples(ctx: ProbeContext) -> dict:
+    """NaN, +-inf and 1e39 (beyond float32) sensor values: counted invalid, frames go on."""
+    from sensor_msgs.msg import Temperature
+    from std_msgs.msg import Float32
+
+    def body(node: Child, obs: Observer) -> tuple[bool, str]:
+        current = obs.publisher(Float32, "/sensors/current")
+        temperature = obs.publisher(Temperature, "/sensors/temperature")
+        invalid0 = obs.counter("invalid")
+        bad = 0
+        for value in (float("nan"), float("inf"), float("-inf")):
+            current.publish(Float32(data=value))
+            bad += 1
+        for value in (1e39, -1e39, float("nan"), float("inf")):
+            msg = Temperature(temperature=value)
+            msg.header.stamp = obs.stamp_now()
+            temperature.publish(msg)
+            bad += 1
+        counted = obs.wait(lambda: obs.counter("invalid") >= invalid0 + bad, 10.0)
+        running = _still_publishing(obs)
+        recent = obs.recent_activations(10)
+        finite = all(np.isfinite(float(p)) for a in recent
+                     for p in (a.get("probabilities") or {}).values())
+        got = obs.counter("invalid") - invalid0
+        return counted and running and finite and obs.counter("input_errors") == 0, (
+            f"invalid +{got}/{bad}; activations {'continue' if running else 'STOPPED'}; "
+            f"probabilities {'finite' if finite else 'NOT finite'}; input_errors "
+            f"{obs.counter('input_errors')}")
+
+    return _with_node(ctx, "nan_inf_samples", {}, body)
+
+
+def probe_burst_10khz(ctx: ProbeContext, seconds: float = 2.0, rate_hz: float = 10_000.0
+                      ) -> dict:
+    """One sensor published at ~10 kHz for 2 s: frames keep to the frame rate, RSS bounded."""
+    from std_msgs.msg import Float32
+
+    def body(node: Child, obs: Observer) -> tuple[bool, str]:
+        pub = obs.publisher(Float32, "/sensors/motion", depth=100)
+        frames0, samples0 = obs.counter("frames"), obs.counter("samples")
+        skipped0, errors0 = obs.counter("frames_skipped"), obs.counter("inference_errors")
+        rss0, peak = _rss_mb(node.pid), _rss_mb(node.pid)
+        sent = 0
+        start = time.monotonic()
+        while (elapsed := time.monotonic() - start) < seconds:
+            while sent < elapsed * rate_hz:  # paced: catch up to the target rate
+                sent += 1
+                pub.publish(Float32(data=float(sent % 1000)))
+            if sent % 500 == 0:
+                peak = max(peak, _rss_mb(node.pid))
+            time.sleep(0.0005)
+        elapsed = time.monotonic() - start
+        time.sleep(1.0)  # two diagnostics periods and more: the counters catch up
+        peak = max(peak, _rss_mb(node.pid))
+        frames = obs.counter("frames") - frames0
+        samples = obs.counter("samples") - samples0
+        expected = BASE_PARAMS["frame_rate_hz"] * (time.monotonic() - start)
+        paced = 0.7 * expected <= frames <= 1.3 * expected + 2
+        clean = (obs.counter("frames_skipped") == skipped0
+                 and obs.counter("inference_errors") == errors0)
+        running = _still_publishing(obs)
+        growth = peak - rss0
+        ok = paced and clean and running and samples > 0 and growth < 50.0
+        return ok, (f"{sent} messages in {elapsed:.2f} s ({sent / elapsed:.0f}/s); node took "
+                    f"{samples} samples, published {frames} frames (expected ~{expected:.0f}"
+                    f"); frames_skipped +{obs.counter('frames_skipped') - skipped0}, "
+                    f"inference_errors +{obs.counter('inference_errors') - errors0}; RSS "
+                    f"{rss0:.0f} -> peak {peak:.0f} MB")
+
+    return _with_node(ctx, "burst_10khz", {}, body)
+
+
 def probe_param_set_bad_bundle(ctx: ProbeContext) -> dict:
     """``ros2 param set /thinking_node bundle_path /nonexistent`` must fail with a reason."""
     from rcl_interfaces.srv import GetParameters, SetParameters
@@ -684,6 +757,41 @@ def probe_bundle_not_object(ctx: ProbeContext) -> dict:
     folder = _broken_bundle(ctx, "bundle_not_object", lambda m: json.dumps([m]))
     return _refusal_probe(ctx, "bundle_not_object", ["-p", f"bundle_path:={folder}"],
                           "expected a JSON object")
+
+
+def _truncated_onnx_bundle(ctx: ProbeContext, name: str, rehash: bool) -> Path:
+    """A copy of the bundle whose policy.onnx is cut to half (manifest re-hashed or not)."""
+    import shutil
+
+    from thinkmem_ros.policy.bundle import ONNX_FILE, load_bundle, write_bundle
+
+    folder = ctx.folder(name) / "bundle"
+    if folder.exists():
+        shutil.rmtree(folder)
+    source = load_bundle(ctx.bundle)
+    data = source.onnx_path.read_bytes()
+    if rehash:  # the manifest names the truncated bytes: only ONNX Runtime can tell
+        manifest = source.manifest
+        manifest.created_at = ""
+        write_bundle(folder, data[: len(data) // 2], manifest)
+    else:  # a copy cut short (a full disk, an interrupted transfer)
+        shutil.copytree(ctx.bundle, folder)
+        (folder / ONNX_FILE).write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def probe_truncated_onnx_at_start(ctx: ProbeContext) -> dict:
+    """A bundle whose policy.onnx was cut short: exit 2 with one line naming it."""
+    folder = _truncated_onnx_bundle(ctx, "truncated_onnx_at_start", rehash=False)
+    return _refusal_probe(ctx, "truncated_onnx_at_start", ["-p", f"bundle_path:={folder}"],
+                          "policy.onnx")
+
+
+def probe_truncated_onnx_rehashed(ctx: ProbeContext) -> dict:
+    """A truncated policy.onnx whose manifest carries its sha256: ONNX Runtime refuses it."""
+    folder = _truncated_onnx_bundle(ctx, "truncated_onnx_rehashed", rehash=True)
+    return _refusal_probe(ctx, "truncated_onnx_rehashed", ["-p", f"bundle_path:={folder}"],
+                          "policy.onnx")
 
 
 # ------------------------------------------------------------------ the bag player
@@ -824,6 +932,77 @@ def probe_bag_play_memory(ctx: ProbeContext, messages: int = 300_000) -> dict:
                          f"({messages} msgs); all played: {played}")
 
 
+def _hostile_bags(folder: Path) -> dict[str, Path]:
+    """Broken bag folders: each a way a copied, truncated or foreign bag can look."""
+    import shutil
+
+    good = write_probe_bag(folder / "good", seconds=2.0)
+    data_files = [p for p in good.iterdir() if p.name != "metadata.yaml"]
+    bags: dict[str, Path] = {}
+
+    def variant(name: str) -> Path:
+        path = folder / name
+        shutil.copytree(good, path)
+        bags[name] = path
+        return path
+
+    empty = folder / "empty"
+    empty.mkdir()
+    bags["empty"] = empty
+    (variant("metadata_garbage") / "metadata.yaml").write_bytes(b"\x00\xff{{{ not: [yaml")
+    (variant("metadata_list") / "metadata.yaml").write_text("- 1\n- 2\n")
+    (variant("metadata_deep") / "metadata.yaml").write_text("[" * 100_000)
+    (variant("metadata_fields") / "metadata.yaml").write_text(
+        "rosbag2_bagfile_information:\n  version: nine\n  storage_identifier: []\n")
+    for name in ("data_truncated", "data_garbage", "data_missing", "data_empty"):
+        path = variant(name)
+        for data in data_files:
+            target = path / data.name
+            raw = data.read_bytes()
+            if name == "data_truncated":
+                target.write_bytes(raw[: len(raw) // 2])
+            elif name == "data_garbage":
+                target.write_bytes(np.random.default_rng(0).bytes(len(raw)))
+            elif name == "data_missing":
+                target.unlink()
+            else:
+                target.write_bytes(b"")
+    return bags
+
+
+def probe_hostile_bag(ctx: ProbeContext) -> dict:
+    """Truncated, garbage and half-missing bag folders to ``bag info`` and ``bag play``.
+
+    Each must end with a non-zero exit and one error line naming the problem, never a
+    traceback (a bag copied off a robot is often cut short).
+    """
+    name = "hostile_bag"
+    bags = _hostile_bags(ctx.folder(name))
+    bad: list[str] = []
+    crashed = False
+    runs = 0
+    for kind, bag in bags.items():
+        for verb in ("info", "play"):
+            args = [sys.executable, "-m", "thinkmem_ros.cli", "bag", verb, str(bag)]
+            if verb == "play":
+                args += ["--rate", "1000"]
+            child = Child(args, ctx.env())
+            rc = child.finish(timeout=60.0)
+            runs += 1
+            err = [line for line in "".join(child.err).splitlines() if line.strip()]
+            traceback = "Traceback" in child.output
+            crashed |= traceback or rc < 0 or rc == 137
+            if rc == 0 or traceback or len(err) != 1 or "error" not in err[0]:
+                bad.append(f"{verb} {kind}: exit {rc}, {len(err)} stderr line(s)"
+                           f"{' with a TRACEBACK' if traceback else ''}: "
+                           f"{(err[-1] if err else child.tail(1))[:160]}")
+    detail = (f"{runs - len(bad)}/{runs} runs over {len(bags)} broken bags ended with one "
+              f"error line and a non-zero exit")
+    if bad:
+        detail += "; " + " | ".join(bad[:6])
+    return result(name, crashed=crashed, ok=not bad, detail=detail)
+
+
 # ------------------------------------------------------------------ bundle install
 
 _DISK_FULL_SCRIPT = textwrap.dedent("""
@@ -883,6 +1062,103 @@ def probe_bundle_push_disk_full(ctx: ProbeContext) -> dict:
                          f"{report['reason'][:160]!r}, left in bundles_dir: {report['left']}")
 
 
+def _signed_copy(source: Path, folder: Path, version: int, key: Path,
+                 onnx: bytes | None = None) -> Path:
+    """``source`` re-versioned (optionally other ONNX bytes), its artefacts kept, signed."""
+    import shutil
+
+    from thinkmem_ros.link.security import SIGNATURE_FILE, sign_bundle
+    from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, load_bundle, write_bundle
+
+    bundle = load_bundle(source)
+    manifest = bundle.manifest
+    manifest.model_version, manifest.created_at = version, ""
+    write_bundle(folder, onnx if onnx is not None else bundle.onnx_path.read_bytes(),
+                 manifest)
+    for path in Path(source).iterdir():  # listed value/memctl artefacts travel along
+        if path.is_file() and path.name not in (MANIFEST, ONNX_FILE, SIGNATURE_FILE):
+            shutil.copyfile(path, folder / path.name)
+    sign_bundle(folder, key)
+    return folder
+
+
+def probe_tampered_bundle_pushes(ctx: ProbeContext) -> dict:
+    """Hostile BUNDLE_PUSH bodies to a robot's receiver: every one refused and counted.
+
+    Bad signature, unsigned, ONNX bytes not the signed ones, a truncated ONNX, a replayed
+    older version, a signed old manifest in a frame claiming a newer version, an artefact
+    named with a path, wrong field types, and an exact replay of the running bundle. The
+    running bundle must stay installed and untouched, nothing may be written outside the
+    bundles folder, and a genuine newer push must still install afterwards.
+    """
+    from thinkmem_ros.consolidator.publish import push_frame
+    from thinkmem_ros.link.protocol import decode_frame
+    from thinkmem_ros.link.security import write_signing_keypair
+    from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+
+    name = "tampered_bundle_pushes"
+    folder = ctx.folder(name)
+    pub, key = write_signing_keypair(folder / "keys", "consolidator")
+    _, evil = write_signing_keypair(folder / "keys", "evil")
+    onnx = (Path(ctx.bundle) / "policy.onnx").read_bytes()
+
+    def body(version: int, signer: Path = key, data: bytes | None = None) -> dict:
+        path = _signed_copy(ctx.bundle, folder / f"v{version}-{len(list(folder.iterdir()))}",
+                            version, signer, data)
+        return decode_frame(push_frame(path)).body
+
+    target = folder / "robot_bundles"
+    rx = BundleReceiver(BundleReceiverConfig(target, pub, current_version=1))
+    running = rx.handle_push(body(3))
+    if running is None:
+        return result(name, crashed=False, ok=False,
+                      detail=f"a genuine v3 push was refused: {rx.last_reason}")
+    attacks: dict[str, dict] = {"bad_signature": body(4, evil)}
+    attacks["unsigned"] = dict(body(4), signature=b"")
+    flipped = body(4)
+    flipped["onnx"] = flipped["onnx"][:-1] + bytes([flipped["onnx"][-1] ^ 1])
+    attacks["wrong_sha256"] = flipped
+    attacks["truncated_onnx"] = dict(body(4), onnx=onnx[: len(onnx) // 2])
+    attacks["signed_truncated_onnx_older"] = body(2, data=onnx[: len(onnx) // 2])
+    attacks["replayed_older_version"] = body(2)
+    attacks["old_manifest_claims_newer"] = dict(body(2), version=4)
+    attacks["artefact_path"] = dict(body(4), artefacts={"../../escaped.npz": b"x"})
+    attacks["artefact_absolute"] = dict(body(4), artefacts={str(folder / "escaped.npz"): b"x"})
+    attacks["wrong_types"] = {"version": "4", "manifest": b"{}", "onnx": b"",
+                              "signature": b""}
+    attacks["not_a_map"] = [b"x"]  # type: ignore[assignment]
+    replay = body(3)
+    installed_before = rx.installed()
+    accepted: list[str] = []
+    quiet = logging.NullHandler()  # each refusal is logged; the counters are what we judge
+    logger = logging.getLogger("thinkmem_ros.robot.bundle_receiver")
+    logger.addHandler(quiet)
+    try:
+        for kind, hostile in attacks.items():
+            if rx.handle_push(hostile) is not None:
+                accepted.append(kind)
+        replay_ignored = rx.handle_push(replay) is None
+    finally:
+        logger.removeHandler(quiet)
+    stats = rx.stats()
+    refused = sum(int(v) for k, v in stats.items() if k.startswith("rejected_"))
+    kept = rx.installed() == installed_before and stats["running_version"] == 3
+    listing = sorted(p.name for p in target.iterdir())
+    escaped = list(folder.parent.rglob("escaped.npz"))
+    fresh = rx.handle_push(body(5)) is not None
+    ok = (not accepted and refused == len(attacks) and replay_ignored and kept
+          and listing == ["current", "v000003"] and not escaped and fresh)
+    counters = ", ".join(f"{k[9:]} {v}" for k, v in stats.items()
+                         if k.startswith("rejected_") and v)
+    return result(name, crashed=False, ok=ok,
+                  detail=f"{refused}/{len(attacks)} hostile pushes refused ({counters}); "
+                         f"accepted {accepted or 'none'}; exact replay "
+                         f"{'ignored' if replay_ignored else 'INSTALLED'}; running v3 "
+                         f"{'kept' if kept else 'CHANGED'}; bundles dir {listing}; escaped "
+                         f"files {len(escaped)}; a genuine v5 afterwards "
+                         f"{'installed' if fresh else 'REFUSED'}")
+
+
 # ------------------------------------------------------------------ registry
 
 PROBES: dict[str, Callable[[ProbeContext], dict]] = {
@@ -909,6 +1185,12 @@ PROBES: dict[str, Callable[[ProbeContext], dict]] = {
     "bag_play_sigterm": probe_bag_play_sigterm,
     "bag_play_memory": probe_bag_play_memory,
     "bundle_push_disk_full": probe_bundle_push_disk_full,
+    "tampered_bundle_pushes": probe_tampered_bundle_pushes,
+    "nan_inf_samples": probe_nan_inf_samples,
+    "burst_10khz": probe_burst_10khz,
+    "truncated_onnx_at_start": probe_truncated_onnx_at_start,
+    "truncated_onnx_rehashed": probe_truncated_onnx_rehashed,
+    "hostile_bag": probe_hostile_bag,
 }
 """Every robot-side probe by name, in the order ``run_probes`` runs them."""
 
