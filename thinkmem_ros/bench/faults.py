@@ -89,7 +89,7 @@ def plot(result: dict, path: str | Path) -> None:
     ax.set(xlabel="RSS growth over the probe (MB)",
            title=f"{result['results']['probes']} probes: {result['results']['crashes']} "
                  f"crashes, {result['results']['lost']} lost, "
-                 f"{result['results']['spoofed_accepted']} spoofed accepted "
+                 f"{result['results']['spoofed_accepted']} spoofed accepted\n"
                  "(red = crashed or misbehaved; blue link, green node)")
     ax.invert_yaxis()
     ax.legend()
