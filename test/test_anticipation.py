@@ -26,6 +26,13 @@ from thinkmem_ros.consolidator.anticipation_export import (
 )
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.policy.anticipation import (
+    DUPLICATE,
+    OUT_OF_ORDER,
+    RESET,
+    AnticipationTracker,
+    TrackerConfig,
+)
 from thinkmem_ros.policy.anticipation_rules import (
     RULES_JSON,
     RULES_META,
@@ -35,13 +42,6 @@ from thinkmem_ros.policy.anticipation_rules import (
     chain_gaps,
 )
 from thinkmem_ros.policy.bundle import load_bundle
-from thinkmem_ros.robot.anticipation import (
-    DUPLICATE,
-    OUT_OF_ORDER,
-    RESET,
-    AnticipationTracker,
-    TrackerConfig,
-)
 from thinkmem_ros.robot.thinking_gates import (
     GateConfig,
     ThinkingGates,

@@ -177,7 +177,7 @@ def robot_side_modules() -> list[str]:
              for p in sorted((REPO / "thinkmem_ros" / pkg).glob("*.py"))]
     files += [REPO / "thinkmem_ros" / "policy" / f"{name}.py"
               for name in ("runtime", "config", "bundle", "value_table", "memctl_heads",
-                           "situation")]
+                           "situation", "anticipation", "anticipation_rules", "replay")]
     names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in files]
     return [n.removesuffix(".__init__") for n in names]
 

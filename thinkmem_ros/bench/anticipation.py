@@ -21,7 +21,7 @@ kind           planted events (gaps drawn from the condition's gap law, 2..300 s
 
 The rule's bounds are learned as a round learns them: ``reps`` training episodes of kind
 ``rule`` (fresh draws) -> ``consolidator.anticipation_export.build_rules`` -> ``RuleSet``;
-the test episodes are other draws. Frames at 10 Hz run ``robot.anticipation
+the test episodes are other draws. Frames at 10 Hz run ``policy.anticipation
 .AnticipationTracker`` exactly as the node does (every event fed at its time, the frame
 queried at its time, the marker resetting the episode).
 
@@ -57,8 +57,8 @@ from thinkmem_ros.consolidator.anticipation_export import ExportConfig, build_ru
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.core.metrics import mean_std
 from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
+from thinkmem_ros.policy.anticipation import AnticipationTracker, TrackerConfig
 from thinkmem_ros.policy.anticipation_rules import RuleSet
-from thinkmem_ros.robot.anticipation import AnticipationTracker, TrackerConfig
 
 KINDS = ("rule", "prefix", "reversed", "a_alone", "b_alone", "c_alone", "a_c", "b_c",
          "expired")

@@ -6,7 +6,7 @@ after each inference is plain Python (numpy only), tested here without ROS.
 
 Per frame (``ThinkingGates.apply``, on the inference thread, no I/O, no waits):
   * anticipation (when the bundle ships ``rules.json`` and ``anticipation`` is not
-    ``off``): the ``AnticipationTracker`` (``robot/anticipation.py``), fed every event by
+    ``off``): the ``AnticipationTracker`` (``policy/anticipation.py``), fed every event by
     ``on_event``, says which ``consider:C`` labels have an open A...B prefix within its
     horizon at the frame's time. ``rules`` (the default) makes the tracker decide the labels
     its rules cover: an anticipated label is added, and the policy's own activation of a
@@ -57,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
+from thinkmem_ros.policy.anticipation import AnticipationTracker, TrackerConfig
 from thinkmem_ros.policy.anticipation_rules import (
     RULES_FILES,
     RULES_JSON,
@@ -71,7 +72,6 @@ from thinkmem_ros.policy.memctl_heads import (
     MemctlHeads,
 )
 from thinkmem_ros.policy.value_table import VALUES_JSON, VALUES_NPZ, ValueArtefactError, ValueTable
-from thinkmem_ros.robot.anticipation import AnticipationTracker, TrackerConfig
 from thinkmem_ros.robot.memory_control import MemoryController, Situation
 
 VALUE_MODES = ("off", "deploy", "learn")
