@@ -1,6 +1,7 @@
 """A full consolidation round in-process, and the gate refusing a damaged candidate."""
 
 import logging
+from dataclasses import replace
 
 import consolidator_world as world
 import numpy as np
@@ -44,10 +45,13 @@ def wait(pred, timeout=15.0):
 
 def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_path, setup,
                                                                           caplog):
+    # the tiny running bundle's outputs sit close to its thresholds: distilling it exactly
+    # would copy decisions that flip on the next nudge, so only its sure cells are distilled
     config = ConsolidatorConfig(db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub",
                                 signing_key=setup["key"], initial_bundle=setup["bundle"],
                                 bind="tcp://127.0.0.1:*",
-                                trigger=TriggerConfig(buffer_limit=200))
+                                trigger=TriggerConfig(buffer_limit=200),
+                                retrain=RetrainConfig(distill_margin=0.1))
     installed = []
     robot = BundleReceiver(BundleReceiverConfig(tmp_path / "robot", setup["pub"],
                                                 current_version=1), on_install=installed.append)
@@ -70,6 +74,7 @@ def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_pa
     assert report.experiences == 200 and report.episodes == 40
     assert report.accepted >= 1 and "EA>EB>EC" in report.promoted
     assert report.gate is not None and report.gate.passed, report.gate
+    assert report.policy == "retrained" and report.attempts == []
     assert report.published_version == 2 and report.pushed_to == 1
     assert "gate pass" in caplog.text and "trigger test" in caplog.text
     with KnowledgeStore(tmp_path / "c.db") as kstore:
@@ -116,3 +121,46 @@ def test_gate_rejects_a_damaged_candidate_with_a_reason(tmp_path, setup):
     empty = validate(candidate, running, trained, material.heldout.subset(np.arange(0)), [],
                      GateConfig(), np.random.default_rng(0))
     assert any("held-out" in r for r in empty.reasons)
+
+
+def test_a_round_whose_retraining_regresses_ships_its_rules_with_the_running_policy(
+        tmp_path, setup, monkeypatch):
+    import thinkmem_ros.consolidator.retrain as retrain_module
+    from thinkmem_ros.consolidator.store import ExperienceStore
+    from thinkmem_ros.link.experience import encode_experience
+
+    real = retrain_module.retrain
+
+    def damaged(*args, **kwargs):  # a retraining that forgot the base skills
+        trained = real(*args, **kwargs)
+        with torch.no_grad():
+            trained.model.head.weight.mul_(-5.0)
+        return trained
+
+    monkeypatch.setattr(retrain_module, "retrain", damaged)
+    records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 40, 5, seed=1))]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in records])
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=setup["key"],
+        initial_bundle=setup["bundle"], retrain=RetrainConfig(epochs=2)))
+    report = service.run_round("test")
+    assert "EA>EB>EC" in report.promoted
+    assert [a["policy"] for a in report.attempts] == ["retrained"]
+    assert any("regressed" in r for r in report.attempts[0]["reasons"])
+    assert report.policy == "kept v1" and report.outcome == "published", report.gate
+    ni = report.gate.checks["noninferiority"]["micro"]
+    assert ni["delta"] == 0.0 and ni["lower"] == 0.0  # the running policy's own answers
+    assert report.gate.checks["rules"]["EA>EB>EC"]["recall"] >= 0.8  # held by the tracker
+    v2 = service.publisher.current()
+    assert v2.version == 2 and v2.manifest.extras["policy_kept_from"] == 1
+    assert "consider:EC" in v2.manifest.labels
+    running = load_bundle(setup["bundle"])
+    assert v2.manifest.event_vocabulary == running.manifest.event_vocabulary
+    zeros = np.zeros((3, world.K, 7), np.float32)
+    events = np.array([[0, 0, 0, 1, 2, 3]] * 3)
+    new, old = PolicyRuntime(v2), PolicyRuntime(running)
+    p_new = new.predict(zeros, zeros, events).probabilities
+    p_old = old.predict(zeros, zeros, events).probabilities
+    assert np.allclose(p_new[:, :len(running.manifest.labels)], p_old, atol=1e-5)
+    assert p_new[:, v2.manifest.labels.index("consider:EC")].max() < 1e-6  # silent

@@ -125,7 +125,8 @@ def round_demo(ros_env, source_bundle, tmp_path_factory):
     config = DemoConfig(out_dir=tmp_path_factory.mktemp("round") / "out", duration_s=30.0,
                         missions=6, after_duration_s=10.0, after_missions=2, retrain_epochs=2,
                         seed=5, bundle=source_bundle, quiet=True, settle_s=1.0,
-                        gate={"f1_tolerance": 1.0, "rule_recall": 0.0, "rule_false_rate": 1.0,
+                        gate={"f1_tolerance": 1.0, "label_f1_tolerance": 1.0,
+                              "rule_recall": 0.0, "rule_false_rate": 1.0,
                               "allow_no_heldout": True})
     return config, run_demo(config)
 

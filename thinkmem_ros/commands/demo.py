@@ -35,10 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of the after stream (default 96)")
     parser.add_argument("--after-missions", type=int, default=8,
                         help="episodes of the after stream (default 8)")
-    parser.add_argument("--epochs", type=int, default=30,  # = DemoConfig.retrain_epochs
-                        help="retraining epochs of the round (default 30, ~65 s here)")
-    parser.add_argument("--lr", type=float, default=2e-3,  # = DemoConfig.retrain_lr
-                        help="retraining peak learning rate of the round (default 2e-3)")
+    parser.add_argument("--epochs", type=int, default=15,  # = DemoConfig.retrain_epochs
+                        help="retraining epochs of the round (default 15)")
+    parser.add_argument("--lr", type=float, default=4e-3,  # = DemoConfig.retrain_lr
+                        help="retraining peak learning rate of what the round adds "
+                        "(default 4e-3; the running bundle's weights move at base_lr)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -161,3 +161,80 @@ def fit_memctl_heads(embeddings: np.ndarray, compress: np.ndarray, recall: np.nd
                        info={"n": int(len(embeddings)), "compress_rate": float(np.mean(compress)),
                              "recall_rate": float(np.mean(recall)),
                              "compress_precision_target": compress_precision, **(info or {})})
+
+
+MIN_JUDGED = 200
+"""Experiences with hindsight ``required`` a round needs before it fits the probes."""
+
+
+def experience_targets(experiences: list, label_names: list[str] | tuple[str, ...],
+                       rate_hz: float, window: int, *, rare_frac: float = 0.02,
+                       transition_s: float = 0.5) -> tuple[list, np.ndarray, np.ndarray]:
+    """COMPRESS / RECALL labels of stored experiences, by the module docstring's rules.
+
+    The per-frame ground truth is each experience's hindsight ``required`` set; an
+    episode's experiences (sorted by stamp) sit at frame ``round((stamp - first) *
+    rate_hz)`` and frames nothing was shipped for repeat the previous set, so thinned
+    shipping (``ship_every_n_frames``) keeps the spans right. Label-set frequencies for the
+    rare rule are counted over all judged experiences. Returns (experiences in the order
+    of the targets, compress, recall); experiences without ``required`` are left out.
+    """
+    judged = [e for e in experiences if e.required is not None]
+    index = {name: j for j, name in enumerate(label_names)}
+    episodes: dict[tuple[str, str], list] = {}
+    for exp in judged:
+        episodes.setdefault((exp.robot_id, exp.episode_id), []).append(exp)
+    ordered, per_episode = [], []
+    for key in sorted(episodes):
+        episode = sorted(episodes[key], key=lambda e: (e.stamp, e.seq or 0))
+        at = np.round((np.array([e.stamp for e in episode]) - episode[0].stamp)
+                      * rate_hz).astype(np.int64)
+        at = np.maximum.accumulate(at)
+        dense = np.zeros((int(at[-1]) + 1, len(label_names)), np.float32)
+        rows = np.zeros((len(episode), len(label_names)), np.float32)
+        for i, exp in enumerate(episode):
+            for name in exp.required:
+                if name in index:
+                    rows[i, index[name]] = 1.0
+        owner = np.searchsorted(at, np.arange(dense.shape[0]), side="right") - 1
+        dense[:] = rows[owner]
+        ordered += episode
+        per_episode.append((dense, at))
+    if not ordered:
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    frequencies = set_frequencies(np.concatenate([d[a] for d, a in per_episode]))
+    compress = np.concatenate([compress_targets(d, a, window, rate_hz, label_names=label_names)
+                               for d, a in per_episode])
+    recall = np.concatenate([recall_targets(d, a, rate_hz, frequencies, rare_frac,
+                                            transition_s) for d, a in per_episode])
+    return ordered, compress, recall
+
+
+def fit_round_memctl(experiences: list, runtime, folder, *, min_judged: int = MIN_JUDGED,
+                     seed: int = 0) -> dict:
+    """Fit the COMPRESS / RECALL probes a round ships with its candidate, save into ``folder``.
+
+    ``runtime`` is the candidate's (the probes read the embedding of the policy the robot
+    will run). Returns the round report's ``artefacts["memctl"]``: ``{"status":
+    "fitted", ...}`` or ``{"status": "missing", "reason": ...}`` when the store has too few
+    judged experiences or a probe would see one class only.
+    """
+    from thinkmem_ros.consolidator.values import embed_experiences
+
+    m = runtime.manifest
+    ordered, compress, recall = experience_targets(experiences, list(m.labels),
+                                                   float(m.frame_rate_hz), m.window)
+    if len(ordered) < min_judged:
+        return {"status": "missing", "reason": f"{len(ordered)} experiences with hindsight "
+                f"'required' (< {min_judged})"}
+    for name, target in (("COMPRESS", compress), ("RECALL", recall)):
+        if np.unique(target).size < 2:
+            return {"status": "missing", "reason": f"every {name} label is {int(target[0])} "
+                    f"in {len(ordered)} judged experiences: nothing to fit"}
+    embeddings = np.concatenate([embed_experiences(runtime, ordered[i:i + 512])
+                                 for i in range(0, len(ordered), 512)])
+    heads = fit_memctl_heads(embeddings, compress, recall, seed=seed,
+                             info={"source": "consolidation round", "judged": len(ordered)})
+    heads.save(folder)
+    return {"status": "fitted", "judged": len(ordered),
+            "compress_rate": float(np.mean(compress)), "recall_rate": float(np.mean(recall))}

@@ -35,6 +35,7 @@ from thinkmem_ros.link.security import (
     sign_bundle,
     verify_signed_bundle,
 )
+from thinkmem_ros.policy.anticipation_rules import RULES_FILES
 from thinkmem_ros.policy.bundle import (
     MANIFEST,
     ONNX_FILE,
@@ -42,12 +43,20 @@ from thinkmem_ros.policy.bundle import (
     BundleError,
     fsync_dir,
     load_bundle,
+    write_bundle,
 )
+from thinkmem_ros.policy.memctl_heads import MEMCTL_JSON, MEMCTL_NPZ
+from thinkmem_ros.policy.value_table import VALUES_JSON, VALUES_NPZ
 
 log = logging.getLogger(__name__)
 
 HISTORY = "history"
 CURRENT = "current"
+ARTEFACTS_KEY = "artefacts"  # manifest extras key the robot reads (thinking_gates)
+ARTEFACT_FILES: dict[str, tuple[str, ...]] = {"values": (VALUES_NPZ, VALUES_JSON),
+                                              "memctl": (MEMCTL_NPZ, MEMCTL_JSON),
+                                              "rules": RULES_FILES}
+"""Each artefact kind a bundle may carry and its files (data + sidecar)."""
 _VERSION_DIR = re.compile(r"v(\d{6,})")
 
 
@@ -203,3 +212,51 @@ def _fsync(path: Path) -> None:
     with open(path, "rb") as handle:
         os.fsync(handle.fileno())
 
+
+
+def attach_artefacts(bundle_folder: Path | str, sources: dict[str, Path | str]) -> dict[str, str]:
+    """Copy artefacts into an unsigned (staged) bundle and list their sha256 in its manifest.
+
+    ``sources`` maps an ``ARTEFACT_FILES`` kind to the folder holding its files. The
+    manifest's ``extras.artefacts`` ({file: sha256}) is what the publisher signs and copies
+    and what the robot checks every received file against; artefacts listed before (other
+    kinds, attached by an earlier step) stay listed, a kind attached again is replaced. The
+    robot side has the same step for hand-made bundles
+    (``robot.thinking_gates.attach_artefacts``); the consolidator may not import robot
+    code, hence this one. Returns every listed {file: sha256}.
+    """
+    bundle_folder = Path(bundle_folder)
+    bundle = load_bundle(bundle_folder)
+    files: dict[str, Path] = {}
+    for kind, folder in sources.items():
+        if kind not in ARTEFACT_FILES:
+            raise PublishError(f"unknown artefact kind {kind!r}; expected one of "
+                               f"{sorted(ARTEFACT_FILES)}")
+        for name in ARTEFACT_FILES[kind]:
+            path = Path(folder) / name
+            if not path.is_file():
+                raise PublishError(f"artefact {kind}: {path} is missing")
+            files[name] = path
+    hashes = {name: hashlib.sha256(path.read_bytes()).hexdigest()
+              for name, path in sorted(files.items())}
+    manifest = bundle.manifest
+    kept = {name: (bundle_folder / name).read_bytes() for name in _listed_artefacts(bundle)
+            if name not in hashes}  # artefacts attached before (other kinds) stay listed
+    listed = {**_listed_artefacts(bundle), **hashes}
+    manifest.extras = {**manifest.extras, ARTEFACTS_KEY: dict(sorted(listed.items()))}
+    # write_bundle swaps in a fresh folder (manifest + ONNX), so the files are copied after
+    write_bundle(bundle_folder, bundle.onnx_path.read_bytes(), manifest)
+    for name, data in kept.items():
+        (bundle_folder / name).write_bytes(data)
+    for name, path in files.items():
+        shutil.copyfile(path, bundle_folder / name)
+    return dict(sorted(listed.items()))
+
+
+def listed_artefact_kinds(bundle: Bundle) -> list[str]:
+    """Artefact kinds whose every file the bundle's manifest lists (and its folder holds)."""
+    listed = bundle.manifest.extras.get(ARTEFACTS_KEY) or {}
+    if not isinstance(listed, dict):
+        return []
+    return [kind for kind, names in ARTEFACT_FILES.items()
+            if all(n in listed and (bundle.path / n).is_file() for n in names)]

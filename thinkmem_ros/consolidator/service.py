@@ -11,13 +11,25 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
 3. material D U D_dir U D_disc: D is the training set behind the published bundle
    (``rehearsal.load_rehearsal``: saved by the round that published it, or rebuilt from
    the shipped bundle's recipe), D_dir and D_disc the round's new direct and discovered
-   material; warm-start retraining from the published bundle on all of it, export of the
-   candidate to ``<publish_dir>/staging``, and the new D (capped) staged beside it;
-4. the validation gate, its regression check on the held-out direct episodes plus the
-   held-out slice of D (``RetrainConfig.rehearsal_heldout_fraction``); on pass, the new D
-   (held-out slice included) moves to ``<publish_dir>/rehearsal/v<N>.npz``
-   (its sha256 is in the signed manifest), signed publication as version N = current+1 and
-   a push to every robot connection the receiver has seen.
+   material; anchored warm-start retraining from the published bundle on all of it
+   (``retrain.anchored_finetune``: distillation from the running bundle, its weights at a
+   small learning rate), export of the candidate to ``<publish_dir>/staging``, and the
+   new D (capped) staged beside it;
+4. the validation gate (``gate.validate``): fresh world streams replayed through the
+   node's SituationBuffer plus the held-out direct episodes and the held-out slice of D
+   (``RetrainConfig.rehearsal_heldout_fraction``), a paired non-inferiority test on the
+   base labels, rule probes. When it refuses the retrained candidate, the running policy
+   itself (``retrain.keep_running``: same weights, silent rows for the new labels) is
+   gated with the round's rules instead, so a round whose retraining would cost base
+   skills still ships what it learned (rules, values, memory control) without making the
+   robot worse (``RoundReport.policy`` / ``attempts`` say so);
+5. on pass, the artefacts the bundle ships with are fitted from the store in the
+   candidate's embedding and attached to it (values.npz from the rewards, memctl.npz from
+   the hindsight labels; a kind the store cannot fit carries the running bundle's copy
+   over, ``RoundReport.artefacts`` says which); the new D (held-out slice included) moves
+   to ``<publish_dir>/rehearsal/v<N>.npz`` (its sha256 is in the signed manifest), signed
+   publication as version N = current+1 (artefacts listed with their sha256 in the
+   signed manifest) and a push to every robot connection the receiver has seen.
 
 Novelty score of a stored experience (for the trigger): 1.0 when its event history holds
 a code this process has not seen before, else 0.0.
@@ -41,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import open_receiver
@@ -52,6 +65,8 @@ from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfi
 from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
+from thinkmem_ros.policy.anticipation_rules import RuleSet
+from thinkmem_ros.policy.bundle import load_bundle
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +97,9 @@ class ConsolidatorConfig:
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
+    # when the gate refuses the retrained candidate, gate the running policy with the
+    # round's rules and artefacts instead (``RoundReport.policy``)
+    keep_policy_fallback: bool = True
 
     def __post_init__(self) -> None:
         self.db_path, self.publish_dir = Path(self.db_path), Path(self.publish_dir)
@@ -121,6 +139,16 @@ class RoundReport:
     outcome: str = ""
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
+    # per artefact kind ("values", "memctl") of a gated candidate: {"status": "fitted"}
+    # (learned from the store this round, with what it saw), "carried" (the store lacked
+    # what the fit needs; the running bundle's copy ships again, "reason" says why) or
+    # "none" (neither: the bundle ships without it, "reason" says why)
+    artefacts: dict = field(default_factory=dict)
+    # the policy the candidate carries: "retrained", or "kept v<N>" when the gate refused
+    # the retrained one and the round shipped its rules and artefacts with the running
+    # policy (``retrain.keep_running``); ``attempts`` holds each refused candidate's reasons
+    policy: str = ""
+    attempts: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
@@ -258,7 +286,12 @@ class ConsolidatorService:
             load_rehearsal,
             save_rehearsal,
         )
-        from thinkmem_ros.consolidator.retrain import assemble, export_candidate, retrain
+        from thinkmem_ros.consolidator.retrain import (
+            assemble,
+            export_candidate,
+            keep_running,
+            retrain,
+        )
 
         cfg = self.config
         t = time.perf_counter()
@@ -314,14 +347,36 @@ class ConsolidatorService:
         candidate = export_candidate(trained, staging, model_version=version, current=current,
                                      material=material,
                                      extras={"round": round_index, "rehearsal": rehearsal_info})
+        # the promoted units as the robot will track them, bounds from the observed gaps
+        rules = build_rules(promoted, event_times(experiences), info={"round": round_index})
         report.gate = validate(candidate, current, trained, material.heldout, promoted,
                                cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]),
-                               rehearsal_heldout=material.heldout_rehearsal)
+                               rehearsal_heldout=material.heldout_rehearsal, rules=rules)
+        report.policy = "retrained"
+        if not report.gate.passed and cfg.keep_policy_fallback:
+            # the retrained policy is not shown to be as good as the running one: ship what
+            # the round learned (rules, values, memory control) with the running policy
+            report.attempts.append({"policy": "retrained", "passed": False,
+                                    "reasons": list(report.gate.reasons)})
+            kept_policy = keep_running(material, current)
+            candidate = export_candidate(
+                kept_policy, staging, model_version=version, current=current,
+                material=material, extras={"round": round_index, "rehearsal": rehearsal_info,
+                                           "policy_kept_from": current.version})
+            report.gate = validate(candidate, current, kept_policy, material.heldout, promoted,
+                                   cfg.gate, np.random.default_rng([cfg.seed, 2, round_index]),
+                                   rehearsal_heldout=material.heldout_rehearsal, rules=rules)
+            report.policy = f"kept v{current.version}"
         report.timings["gate_s"] = round(time.perf_counter() - t, 3)
         if not report.gate.passed:
             kept.unlink(missing_ok=True)
             report.outcome = "rejected by the gate"
             return
+        self._check_stop()
+        t = time.perf_counter()
+        report.artefacts = self._artefacts(experiences, candidate, current, staging, rules)
+        candidate = load_bundle(staging)
+        report.timings["artefacts_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
         # D goes in place before the bundle is linked: a published version always has its D
@@ -332,14 +387,73 @@ class ConsolidatorService:
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published"
 
+    def _artefacts(self, experiences: list[Experience], candidate, current, staging: Path,
+                   rules: RuleSet) -> dict:
+        """Fit the value table and memory-control probes the candidate ships with; add rules.
+
+        The rule set (the promoted units with gap bounds learned from the store) always
+        ships, even empty: a bundle without rules tells the robot to stop anticipating the
+        previous bundle's.
+
+        Both are learned in the candidate's embedding (the robot keys them with the policy
+        it runs) from everything the store holds. A kind the store cannot fit (too few
+        rewards or judged experiences, one class only, a failed fit) carries the running
+        bundle's copy over when it has one, with the reason in the report: the robot keeps
+        what it had rather than losing it with the swap. A carried table was learned in the
+        previous policy's embedding; clusters match less well until a round can refit it.
+        """
+        import shutil
+
+        from thinkmem_ros.consolidator.memctl_train import fit_round_memctl
+        from thinkmem_ros.consolidator.publish import attach_artefacts, listed_artefact_kinds
+        from thinkmem_ros.consolidator.values import fit_round_values
+        from thinkmem_ros.policy.runtime import PolicyRuntime
+
+        work = staging.with_name(staging.name + ".artefacts")
+        shutil.rmtree(work, ignore_errors=True)
+        runtime = PolicyRuntime(candidate, threads=1)
+        fits = {"values": lambda folder: fit_round_values(experiences, runtime, folder),
+                "memctl": lambda folder: fit_round_memctl(experiences, runtime, folder,
+                                                          seed=self.config.seed)}
+        previous = set(listed_artefact_kinds(current))
+        sources: dict[str, Path] = {}
+        out: dict[str, dict] = {}
+        for kind, fit in fits.items():
+            try:
+                info = fit(work / kind)
+            except Exception as exc:  # noqa: BLE001 - a failed fit must not cost the round
+                log.exception("fitting %s failed", kind)
+                info = {"status": "missing", "reason": f"fit failed: {type(exc).__name__}: "
+                        f"{exc}"}
+            if info["status"] == "fitted":
+                sources[kind] = work / kind
+            elif kind in previous:
+                info = {"status": "carried", "from_version": current.version,
+                        "reason": info["reason"]}
+                sources[kind] = current.path
+            else:
+                info = {"status": "none", "reason": f"{info['reason']}; bundle "
+                        f"v{current.version} has none to carry over"}
+            out[kind] = info
+        rules.save(work / "rules")
+        sources["rules"] = work / "rules"
+        out["rules"] = {"status": "fitted", "rules": [r.key for r in rules.rules],
+                        "horizons_s": {r.key: round(r.horizon_s, 2) for r in rules.rules}}
+        attach_artefacts(staging, sources)
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+
     @staticmethod
     def _log(report: RoundReport) -> None:
         gate = "n/a" if report.gate is None else (
             "pass" if report.gate.passed else "REJECT: " + "; ".join(report.gate.reasons))
         log.info("round (trigger %s): %d experiences in %d episodes; %d candidates, %d "
-                 "accepted, promoted %s; material %s; gate %s; %s%s in %.2f s",
+                 "accepted, promoted %s; material %s; gate %s (policy %s); artefacts %s; "
+                 "%s%s in %.2f s",
                  report.reason, report.experiences, report.episodes, report.candidates,
                  report.accepted, report.promoted or "none", report.material or "none", gate,
+                 report.policy or "n/a",
+                 {k: v["status"] for k, v in report.artefacts.items()} or "n/a",
                  report.outcome, "" if report.published_version is None else
                  f" v{report.published_version} to {report.pushed_to} robots", report.seconds)
 
@@ -358,12 +472,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", default="tcp://127.0.0.1:5755", help="ZeroMQ endpoint")
     parser.add_argument("--curve", default="auto", choices=("auto", "on", "off"))
     parser.add_argument("--server-key", help="consolidator .key_secret file (CURVE)")
-    parser.add_argument("--allow", help="allowed robot .key file or folder (CURVE)")
+    parser.add_argument("--allow", help="allow-list (CURVE): a folder of <robot_id>.key "
+                        "files, a TOML [robots] map, or one <robot_id>.key")
     parser.add_argument("--period-s", type=float, default=300.0, help="trigger: period")
     parser.add_argument("--buffer-limit", type=int, default=2000,
                         help="trigger: new experiences that fire a round")
     parser.add_argument("--check-s", type=float, default=1.0, help="trigger poll interval")
-    parser.add_argument("--epochs", type=int, default=20, help="retraining epochs")
+    parser.add_argument("--epochs", type=int, default=RetrainConfig.epochs,
+                        help="retraining epochs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rehearsal-npz", help="training set D to rehearse (npz from a "
                         "round); default: the one saved with the published bundle, or "

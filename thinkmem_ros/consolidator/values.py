@@ -97,3 +97,33 @@ def learn_from_store(store, runtime: PolicyRuntime, bundle_folder: Path | str | 
     if bundle_folder is not None:
         table.save(bundle_folder)
     return table
+
+
+MIN_RATED = 50
+"""Rated experiences a round needs before it fits a value table (fewer: it keeps the last)."""
+
+
+def fit_round_values(experiences: list[Experience], runtime: PolicyRuntime, folder: Path | str,
+                     *, min_rated: int = MIN_RATED, config: ValueConfig | None = None
+                     ) -> dict:
+    """Fit the value table a round ships with its candidate and save it into ``folder``.
+
+    ``runtime`` is the candidate's: the robot keys the table with the embedding of the
+    policy it runs, so the table must be learned in that embedding, from every rated
+    experience in the store (rewards of all rounds so far). Returns what happened, as the
+    round report's ``artefacts["values"]``: ``{"status": "fitted", ...}`` or
+    ``{"status": "missing", "reason": ...}`` when the store has too few rewards.
+    """
+    rated = [e for e in experiences if e.reward is not None]
+    if len(rated) < min_rated:
+        return {"status": "missing", "reason": f"{len(rated)} experiences with a reward "
+                f"(< {min_rated})"}
+    table = learn_values(rated, runtime, config)
+    rows, cols = table.compact()
+    if cols.size == 0:  # nothing was activated: an empty table would not even load
+        return {"status": "missing", "reason": f"{len(rated)} experiences with a reward, "
+                "none with thinking the node activated"}
+    table.save(folder)
+    return {"status": "fitted", "rated": len(rated),
+            "episodes": len({(e.robot_id, e.episode_id) for e in rated}),
+            "clusters": int(rows.size), "labels": int(cols.size)}

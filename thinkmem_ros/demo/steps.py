@@ -40,10 +40,10 @@ class DemoConfig:
     missions: int = 8  # episodes of the before stream (repeated evidence for discovery)
     after_duration_s: float = 96.0  # 8 missions of 12 s, 5 of them carrying the rule
     after_missions: int = 8
-    # ~65 s of retraining on D U D_dir U D_disc (~2600 rows) on the loaded 2-core box;
-    # 15 epochs (34 s) published too, but left trend recall at 0.78 after the swap
-    retrain_epochs: int = 30
-    retrain_lr: float = 2e-3  # RetrainConfig.lr; 3e-3 drifted the base skills
+    # the anchored fine-tune's measured setting (RetrainConfig defaults): old weights move at
+    # base_lr, what the round adds at retrain_lr; 15 epochs halve the old 30-epoch time
+    retrain_epochs: int = 15
+    retrain_lr: float = 4e-3  # RetrainConfig.lr
     gate: dict[str, float] = field(default_factory=dict)  # GateConfig overrides; {} = as is
     store_timeout_s: float = 60.0  # played experiences must reach the store within this
     round_timeout_s: float = 600.0

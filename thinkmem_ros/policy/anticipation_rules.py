@@ -4,7 +4,7 @@ Why an artefact and not only training material: the policy sees the last M event
 without their times, so during a long B -> C gap A falls out of view and ``consider:C``
 flickers instead of holding. The rules themselves are tiny (a few codes and three numbers
 each), so the consolidator ships them with the bundle and the robot tracks A...B progress
-with real event times (``robot/anticipation.py``). The consolidator writes the artefact
+with real event times (``policy/anticipation.py``). The consolidator writes the artefact
 (``consolidator/anticipation_export.py``), the robot reads it; both import this module,
 which is plain Python (no numpy, no torch).
 

@@ -35,7 +35,7 @@ from the embedding; RECALL sends a non-blocking request to ``recall_endpoint`` a
 evidence that comes back (within ``recall_deadline_s``) is published on
 ``/thinking/evidence`` with the next activation. When it carries ``rules.json``, every
 event also feeds the anticipation tracker and ``consider:C`` of each shipped A...B...C rule is
-held from A...B until C or the rule's horizon (``robot/anticipation.py``). The artefacts
+held from A...B until C or the rule's horizon (``policy/anticipation.py``). The artefacts
 are loaded on the hot-swap thread with their bundle; a gate failure never stops
 activations. Status "memory" in ``/diagnostics`` counts suppressions, recalls, evidence and
 failures.
