@@ -805,6 +805,13 @@ def main(args: list[str] | None = None) -> int:
             except (ValueError, BundleError, ParameterException, OSError,
                     NameValidationException, _rclpy.RCLError) as exc:
                 return _refuse(exc)
+            except Exception:
+                # Ctrl-C or SIGTERM while still starting: the signal can land inside an
+                # import (onnxruntime re-raises it as ImportError), and rclpy has already
+                # shut the context down. That is a requested stop, not a crash.
+                if not rclpy.ok():
+                    return 0
+                raise
             executor = SingleThreadedExecutor()
             executor.add_node(node)
             try:
