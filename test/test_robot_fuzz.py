@@ -63,7 +63,8 @@ def _feedback_outcome(text: str) -> Feedback | None:
 @FUZZ
 @given(st.text(max_size=300))
 def test_feedback_arbitrary_text_is_parsed_or_refused(text):
-    _feedback_outcome(text)
+    outcome = _feedback_outcome(text)  # any exception but FeedbackError fails the test
+    assert outcome is None or isinstance(outcome, Feedback)
 
 
 @FUZZ
@@ -126,7 +127,8 @@ def _manifest_outcome(text) -> BundleManifest | None:
 @FUZZ
 @given(json_values)
 def test_manifest_of_any_json_value_is_parsed_or_refused(value):
-    _manifest_outcome(_dumps(value))
+    outcome = _manifest_outcome(_dumps(value))  # any exception but BundleError fails
+    assert outcome is None or isinstance(outcome, BundleManifest)
 
 
 @FUZZ
@@ -144,7 +146,8 @@ def test_manifest_with_one_field_replaced_is_parsed_or_refused(key, value):
 @FUZZ
 @given(st.binary(max_size=200))
 def test_manifest_of_arbitrary_bytes_is_parsed_or_refused(data):
-    _manifest_outcome(data)
+    outcome = _manifest_outcome(data)  # any exception but BundleError fails
+    assert outcome is None or isinstance(outcome, BundleManifest)
 
 
 @FUZZ
@@ -180,7 +183,8 @@ def _params_outcome(path) -> dict | None:
 def test_params_file_of_arbitrary_text_is_read_or_refused(tmp_path, text):
     path = tmp_path / "fuzz.yaml"
     path.write_text(text, encoding="utf-8")
-    _params_outcome(path)
+    outcome = _params_outcome(path)  # any exception but ParamsFileError fails
+    assert outcome is None or isinstance(outcome, dict)
 
 
 @FUZZ_FILES
@@ -188,7 +192,8 @@ def test_params_file_of_arbitrary_text_is_read_or_refused(tmp_path, text):
 def test_params_file_of_arbitrary_bytes_is_read_or_refused(tmp_path, data):
     path = tmp_path / "fuzz.yaml"
     path.write_bytes(data)
-    _params_outcome(path)
+    outcome = _params_outcome(path)  # any exception but ParamsFileError fails
+    assert outcome is None or isinstance(outcome, dict)
 
 
 @FUZZ_FILES
