@@ -28,8 +28,9 @@ stream without rules; and after the consolidation rounds), the 10^6-event run
 rules planted 8-16 times and its false relations), and, on the ``sparse`` condition at
 r = 8, a small policy trained on the promoted units' material: ``future_thinking_accuracy``
 (argmax on held-out A...B prefixes of the true rules, chance 1/3) and
-``reversed_order_fire_rate`` (share of reversed B...A prefixes on which consider:C passes
-the policy's threshold).
+``reversed_order_fire_rate`` (share of reversed B...A prefixes on which the robot activates
+consider:C: the policy merged with the shipped rules' tracker in the node's default
+``rules`` mode; ``reversed_order_fire_rate_policy_only`` is the policy's threshold alone).
 """
 
 from __future__ import annotations
@@ -89,13 +90,24 @@ def _no_consolidation(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Genera
     return found
 
 
-def _policy_probes(units: list[KnowledgeUnit], rules, codes, seed: int) -> dict:
-    """Train a small policy on the units' material; probe true and reversed prefixes."""
+def _policy_probes(units: list[KnowledgeUnit], rules, codes, seed: int,
+                   episodes=()) -> dict:
+    """Train a small policy on the units' material; probe true and reversed prefixes.
+
+    ``reversed_order_fire_rate`` is what the robot does on a reversed B...A: in the node's
+    default ``rules`` mode a ``consider:C`` the shipped rules cover is active only while
+    the tracker holds it (``robot.thinking_gates.merge_anticipation``), with the rules
+    built from the units and the world's episode timelines as a round builds them.
+    ``reversed_order_fire_rate_policy_only`` is the policy's own output on the same
+    probes (what a robot running ``anticipation: off`` would do).
+    """
     chance = 1.0 / max(len(rules), 1)
     if not units:
-        return {"future_thinking_accuracy": chance, "reversed_order_fire_rate": 0.0}
+        return {"future_thinking_accuracy": chance, "reversed_order_fire_rate": 0.0,
+                "reversed_order_fire_rate_policy_only": 0.0}
     import torch
 
+    from thinkmem_ros.consolidator.anticipation_export import build_rules
     from thinkmem_ros.consolidator.material import (
         filler_codes,
         knowledge_material,
@@ -110,6 +122,7 @@ def _policy_probes(units: list[KnowledgeUnit], rules, codes, seed: int) -> dict:
     trained = train_policy(data, "default", seed=seed, epochs=30, progress=False)
     filler = filler_codes(codes, units)
     names = list(data.label_names)
+    shipped = build_rules(units, [list(ep.events) for ep in episodes])
 
     def probe(prefixes: list[list[str]]) -> np.ndarray:
         histories = [prefix_events(p, filler, 16, rng) for p in prefixes]
@@ -118,19 +131,42 @@ def _policy_probes(units: list[KnowledgeUnit], rules, codes, seed: int) -> dict:
                                       codes, 16)
         return predict_proba(trained, test)
 
-    hits, fires = [], []
+    hits, fires, robot = [], [], []
     for a, b, c in rules:
         label = f"consider:{c}"
         forward = probe([[a, b]] * 20)
         hits += [names[i] == label for i in forward.argmax(axis=1)]
         if label in names:
             col = names.index(label)
-            reverse = probe([[b, a]] * 20)[:, col]
-            fires += (reverse >= trained.thresholds.get(label, 0.5)).tolist()
+            policy = (probe([[b, a]] * 20)[:, col]
+                      >= trained.thresholds.get(label, 0.5)).tolist()
         else:
-            fires += [False] * 20
+            policy = [False] * 20
+        fires += policy
+        held = _tracker_holds(shipped, [(0.0, b), (1.0, a)], label, 2.0)
+        robot += [_robot_decides(label, on, held, shipped) for on in policy]
     return {"future_thinking_accuracy": float(np.mean(hits)),
-            "reversed_order_fire_rate": float(np.mean(fires))}
+            "reversed_order_fire_rate": float(np.mean(robot)),
+            "reversed_order_fire_rate_policy_only": float(np.mean(fires))}
+
+
+def _tracker_holds(shipped, events: list[tuple[float, str]], label: str, now: float) -> bool:
+    """Whether the node's anticipation tracker holds ``label`` after ``events``."""
+    from thinkmem_ros.policy.anticipation import AnticipationTracker
+
+    tracker = AnticipationTracker(rules=shipped)
+    for t, name in events:
+        tracker.observe(name, t)
+    return label in tracker.active(now)
+
+
+def _robot_decides(label: str, policy_on: bool, held: bool, shipped) -> bool:
+    """The node's default merge of the policy's activation and the tracker (``rules``)."""
+    from thinkmem_ros.robot.thinking_gates import merge_anticipation
+
+    merged, _, _ = merge_anticipation([label] if policy_on else [], [label] if held else [],
+                                      shipped.labels, "rules")
+    return label in merged
 
 
 def _paper(seed: int, reps: int, cfg: DiscoveryConfig, kcfg: KnowledgeConfig) -> dict:
@@ -176,7 +212,7 @@ def _condition(condition: str, seed: int, reps: int, cfg: DiscoveryConfig,
            "pairs_accepted": len(stats.accepted_patterns(2)),
            "discovery_s": stats.seconds}
     if probes:
-        out.update(_policy_probes(promoted, w.rules, w.codes, seed))
+        out.update(_policy_probes(promoted, w.rules, w.codes, seed, w.episodes))
     return out
 
 
@@ -257,7 +293,8 @@ def run(quick: bool, seeds: int) -> dict:
         results[f"false_relations_{c}"] = mean_std(
             [row["false_relations"] for r in CONDITION_REPETITIONS for row in cond[c][r]])
     probe_rows = cond["sparse"][8]
-    for key in ("future_thinking_accuracy", "reversed_order_fire_rate"):
+    for key in ("future_thinking_accuracy", "reversed_order_fire_rate",
+                "reversed_order_fire_rate_policy_only"):
         results[key] = mean_std([row[key] for row in probe_rows])
     results["null_stream_relations"] = mean_std([n["relations"] for n in null])
     results["null_stream_relations_proposed"] = mean_std([n["promoted"] for n in null])

@@ -58,7 +58,7 @@ RULES: tuple[PlantedRule, ...] = (
 
 SIZES = {
     True: {"robots": 4, "rounds": 5, "robot_s": 240.0, "missions": 12, "eval_streams": 2,
-           "eval_s": 300.0, "eval_missions": 20, "epochs": 12, "ship_every": 3},
+           "eval_s": 240.0, "eval_missions": 16, "epochs": 4, "ship_every": 3},
     False: {"robots": 4, "rounds": 5, "robot_s": 480.0, "missions": 16, "eval_streams": 4,
             "eval_s": 480.0, "eval_missions": 30, "epochs": 20, "ship_every": 2},
 }

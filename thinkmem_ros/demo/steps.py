@@ -24,7 +24,7 @@ class DemoConfig:
 
     out_dir: Path = Path("demo_output")
     scenario: str = SCENARIO_DEFAULT
-    duration_s: float = 96.0  # with consolidation: the "before" stream, cut into missions
+    duration_s: float = 192.0  # with consolidation: the "before" stream, cut into missions
     rate_hz: float = 0.0  # 0 = the bundle's frame rate
     seed: int = 7
     bundle: Path | None = None  # None = the shipped default bundle
@@ -37,7 +37,9 @@ class DemoConfig:
     quiet: bool = False  # no live display (tests, CI logs)
     # one consolidation round (ROS mode only): before bag -> round -> v2 -> after bag
     consolidation: bool = True
-    missions: int = 8  # episodes of the before stream (repeated evidence for discovery)
+    # episodes of the before stream: 10 of 16 carry the rule; discovery needs ~8 repetitions
+    # against this world's natural event structure (5 were too few to promote anything)
+    missions: int = 16
     after_duration_s: float = 96.0  # 8 missions of 12 s, 5 of them carrying the rule
     after_missions: int = 8
     # the anchored fine-tune's measured setting (RetrainConfig defaults): old weights move at

@@ -1,0 +1,57 @@
+"""``thinkmem bench rounds`` end to end at a toy size: real store, real rounds, real scoring.
+
+Why: the benchmark's full run takes most of an hour; this runs its own code path (robots
+driving planted streams through the node's replay, experiences stored in SQLite, a real
+``ConsolidatorService`` round with signed publication, scoring on fixed streams) small
+enough for CI, and checks the pinned keys and what they must mean.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from thinkmem_ros.bench import rounds
+
+TOY = {"robots": 2, "rounds": 2, "robot_s": 96.0, "missions": 8, "eval_streams": 1,
+       "eval_s": 60.0, "eval_missions": 5, "epochs": 1, "ship_every": 5}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return rounds.run_fleet(TOY, seed=0)
+
+
+def test_rows_cover_round_zero_and_every_round(fleet):
+    rows = fleet["rows"]
+    assert [row["round"] for row in rows] == [0, 1, 2]
+    assert fleet["planted"] == [">".join(r.pattern) for r in rounds.RULES[:2]]
+    # the shipped bundle on the fixed streams: the default bundle's base skills
+    assert rows[0]["base_micro_f1"] > 0.9
+    for row in rows[1:]:
+        assert row["experiences_shipped"] > 0
+        assert 0.0 <= row["false_fire_rate"] <= 1.0
+        if row["published"]:
+            # what a published round ships: rules, values and memory-control artefacts
+            assert set(row["artefacts"]) >= {"rules", "values", "memctl"}
+
+
+def test_summary_has_every_pinned_key_with_its_meaning(fleet):
+    results = rounds.summarise([fleet])
+    for key in ("base_f1_by_round", "min_base_f1_delta", "rule_recall_final",
+                "spurious_promoted", "anticipation_frame_recall", "false_fire_rate",
+                "rounds_published", "artefacts_attached"):
+        assert key in results
+    f1 = results["base_f1_by_round"]
+    assert len(f1) == 3
+    assert results["min_base_f1_delta"] == pytest.approx(min(f1[1:]) - f1[0], abs=1e-3)
+    assert 0.0 <= results["rule_recall_final"] <= 1.0
+    assert 0 <= results["rounds_published"] <= 2
+    json.dumps(results)  # JSON-ready
+
+
+def test_classify_unit_tells_planted_natural_and_spurious():
+    assert rounds.classify_unit("valve_stuck>pressure_spike>pump_trip") == "planted"
+    assert rounds.classify_unit("robot_stop>robot_start") == "natural"
+    assert rounds.classify_unit("pressure_spike>payload_change>vibration_normal") == "spurious"
