@@ -1,7 +1,9 @@
-"""``thinkmem bag write|play|info``: synthetic scenarios to rosbag2, and bags into ROS.
+"""``thinkmem bag write|play|info|convert``: synthetic scenarios to rosbag2, bags into ROS.
 
 Verb classes in the style of ``ros2 bag``: each adds its own arguments and validates
 input where it enters, naming the bad value; failures exit non-zero with one clear line.
+``info`` and ``play`` take a rosbag2 folder (MCAP or sqlite3) or a ROS 1 ``.bag`` file;
+``convert`` writes a ROS 1 bag as a rosbag2 folder once, for tools that need one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-HELP = "write synthetic scenarios to rosbag2 or play a bag into ROS"
+HELP = "write synthetic scenarios to rosbag2, play, inspect or convert a bag"
 
 
 def positive_float(text: str) -> float:
@@ -82,7 +84,7 @@ class PlayVerb:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the ``ros2 bag play`` options this player supports."""
-        parser.add_argument("bag", help="bag folder (with metadata.yaml)")
+        parser.add_argument("bag", help="rosbag2 folder (with metadata.yaml) or ROS 1 .bag")
         parser.add_argument("--rate", type=positive_float, default=1.0,
                             help="playback speed factor (default 1.0)")
         parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
@@ -100,6 +102,9 @@ class PlayVerb:
         parser.add_argument("--namespace", default="", metavar="NS",
                             help="publish the recorded absolute topics under /NS (not "
                             "/clock), for a node launched with namespace:=NS")
+        parser.add_argument("--skip-unknown", action="store_true",
+                            help="leave out topics whose message type is not installed "
+                            "here (one warning names them) instead of refusing to play")
 
     def main(self, args: argparse.Namespace) -> int:
         """Play and report how many messages went out; 130 after Ctrl-C, 0 after SIGTERM."""
@@ -109,8 +114,12 @@ class PlayVerb:
                             topics=tuple(args.topics) if args.topics else None,
                             start_offset_s=args.start_offset, delay_s=args.delay,
                             wait_for_subscribers_s=args.wait_for_subscribers,
-                            namespace=args.namespace)
+                            namespace=args.namespace, skip_unknown=args.skip_unknown)
         stats = play_bag(Path(args.bag), config)
+        if stats.skipped:
+            print(f"skipped {len(stats.skipped)} topic(s) of types not installed: "
+                  + ", ".join(f"{t} ({k})" for t, k in sorted(stats.skipped.items())),
+                  file=sys.stderr, flush=True)
         state = "stopped" if stats.stopped else "done"
         print(f"{state}: published {stats.published} messages in {stats.loops} pass(es), "
               f"{stats.clock_ticks} /clock ticks", flush=True)
@@ -125,7 +134,7 @@ class InfoVerb:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Only the bag folder."""
-        parser.add_argument("bag", help="bag folder (with metadata.yaml)")
+        parser.add_argument("bag", help="rosbag2 folder (with metadata.yaml) or ROS 1 .bag")
 
     def main(self, args: argparse.Namespace) -> int:
         """Print the summary."""
@@ -135,7 +144,31 @@ class InfoVerb:
         return 0
 
 
-VERBS = {verb.NAME: verb for verb in (WriteVerb(), PlayVerb(), InfoVerb())}
+class ConvertVerb:
+    """Convert a ROS 1 bag file into a rosbag2 folder (``rosbags``' converter)."""
+
+    NAME = "convert"
+    HELP = "convert a ROS 1 .bag file into a rosbag2 folder"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Input bag, output folder, storage."""
+        parser.add_argument("bag", help="ROS 1 .bag file")
+        parser.add_argument("out", help="output rosbag2 folder (must not exist)")
+        parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="replace an existing output folder")
+
+    def main(self, args: argparse.Namespace) -> int:
+        """Convert and print the new bag's summary."""
+        from thinkmem_ros.playback.bag_files import convert_ros1
+
+        info = convert_ros1(Path(args.bag), Path(args.out), storage=args.storage,
+                            overwrite=args.overwrite)
+        print_info(info)
+        return 0
+
+
+VERBS = {verb.NAME: verb for verb in (WriteVerb(), PlayVerb(), InfoVerb(), ConvertVerb())}
 
 
 def print_info(info) -> None:
@@ -160,6 +193,6 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         return VERBS[args.bag_verb].main(args)
-    except (BagError, ValueError, FileNotFoundError) as exc:
+    except (BagError, ValueError, OSError) as exc:
         print(f"thinkmem bag {args.bag_verb}: error: {exc}", file=sys.stderr)
         return 1

@@ -9,19 +9,34 @@ Bags are streamed (``BagStream``): memory does not grow with the bag. ``play_bag
 SIGINT and SIGTERM itself (rclpy's handlers would shut the context down under a publish
 and end in an RCLError traceback): the signal stops playback at the next wait, and the
 command exits 130 after Ctrl-C, 0 after SIGTERM, with one summary line.
+
+A real robot's recording carries types this machine may not have installed (a vendor's
+messages, a package left out): by default that is an error naming the type and the
+``--skip-unknown`` flag; with ``skip_unknown`` those topics are left out with one warning
+naming them and everything else plays. A ROS 1 ``.bag`` is converted to a temporary
+rosbag2 first (``bag_files.convert_ros1``), so it plays like any recording.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from thinkmem_ros.playback.bag_files import BagError, BagStream, RawMessage
+from thinkmem_ros.playback.bag_files import (
+    BagError,
+    BagStream,
+    RawMessage,
+    convert_ros1,
+    is_ros1_bag,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -39,6 +54,7 @@ class PlayConfig:
     wait_for_subscribers_s: float = 0.0  # wait up to this long for every topic to be heard
     qos_depth: int = 100
     namespace: str = ""  # play absolute topics under /<namespace> (not /clock); '' = as recorded
+    skip_unknown: bool = False  # leave out topics whose type is not installed (one warning)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate) and self.rate > 0):
@@ -89,6 +105,7 @@ class PlayStats:
     stopped: bool = False
     per_topic: dict[str, int] = field(default_factory=dict)
     signal: int | None = None  # the signal that stopped playback (play_bag), if any
+    skipped: dict[str, str] = field(default_factory=dict)  # topic -> type not installed
 
 
 def _message_class(msgtype: str) -> type:
@@ -128,15 +145,34 @@ class BagPlayer:
                 if types.setdefault(msg.topic, msg.msgtype) != msg.msgtype:
                     raise BagError(f"topic {msg.topic} carries two types: "
                                    f"{types[msg.topic]} and {msg.msgtype}")
-        self._publishers = {topic: node.create_publisher(_message_class(kind),
+        classes: dict[str, type] = {}
+        unknown: dict[str, str] = {}
+        for topic, kind in types.items():
+            try:
+                classes[topic] = _message_class(kind)
+            except BagError:
+                unknown[topic] = kind
+        if unknown and not config.skip_unknown:
+            kinds = sorted(set(unknown.values()))
+            raise BagError(f"cannot play {', '.join(map(repr, kinds))} (not installed here; "
+                           f"on {', '.join(sorted(unknown))}); pass --skip-unknown to play "
+                           "the other topics")
+        if unknown:
+            LOG.warning("skipping %d topic(s) of types not installed here: %s", len(unknown),
+                        ", ".join(f"{t} ({k})" for t, k in sorted(unknown.items())))
+        if not classes:
+            raise BagError("nothing to play: no installed type among "
+                           f"{sorted(set(types.values()))}")
+        types = {topic: kind for topic, kind in types.items() if topic in classes}
+        self._publishers = {topic: node.create_publisher(classes[topic],
                                                          config.topic_name(topic), qos)
-                            for topic, kind in types.items()}
+                            for topic in types}
         self._clock_pub = None
         if config.clock_hz is not None:
             from rosgraph_msgs.msg import Clock
 
             self._clock_pub = node.create_publisher(Clock, "/clock", qos)
-        self.stats = PlayStats(per_topic={topic: 0 for topic in types})
+        self.stats = PlayStats(per_topic={topic: 0 for topic in types}, skipped=unknown)
 
     def wait_for_subscribers(self, topics: Sequence[str] | None, timeout_s: float) -> bool:
         """Block until each of ``topics`` has a matched subscriber; False on timeout or stop.
@@ -192,9 +228,12 @@ class BagPlayer:
                     return False
                 self._publish_clock(next_clock)
                 next_clock += clock_step
+            publisher = self._publishers.get(msg.topic)
+            if publisher is None:
+                continue  # a skipped type (skip_unknown)
             if not self._wait_until(wall0 + round((msg.timestamp_ns - first_ns) / rate)):
                 return False
-            self._publishers[msg.topic].publish(msg.data)
+            publisher.publish(msg.data)
             self.stats.published += 1
             self.stats.per_topic[msg.topic] += 1
             if self._on_publish is not None:
@@ -251,6 +290,7 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
     while a publish is under way. Ours are installed first thing, so a signal during
     start-up (opening the bag, starting rclpy) stops the player before it plays instead
     of killing it or raising out of an rclpy call; ``PlayStats.signal`` says which one.
+    A ROS 1 ``.bag`` is converted into a temporary rosbag2 folder, removed afterwards.
     """
     import rclpy
     from rclpy.signals import SignalHandlerOptions
@@ -265,20 +305,28 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        source = BagStream(path, topics=config.topics, start_offset_s=config.start_offset_s)
-        with rclpy.init(signal_handler_options=SignalHandlerOptions.NO):
-            node = rclpy.create_node(node_name)
-            player = BagPlayer(node, source, config)
-            players.append(player)
-            if caught:
-                player.stop()
-            try:
-                stats = player.play()
-                if not stats.stopped and not player.flush():
-                    LOG.warning("some messages were not acknowledged before exit")
-            finally:
-                player.destroy()
-                node.destroy_node()
+        with contextlib.ExitStack() as stack:
+            if is_ros1_bag(path):
+                # The player streams rosbag2: a ROS 1 bag goes through a temporary copy.
+                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix="thinkmem-ros1-")))
+                LOG.info("converting ROS 1 bag %s to a temporary rosbag2", path)
+                path = convert_ros1(path, folder / "bag").path
+            source = BagStream(path, topics=config.topics,
+                               start_offset_s=config.start_offset_s)
+            with rclpy.init(signal_handler_options=SignalHandlerOptions.NO):
+                node = rclpy.create_node(node_name)
+                player = BagPlayer(node, source, config)
+                players.append(player)
+                if caught:
+                    player.stop()
+                try:
+                    stats = player.play()
+                    if not stats.stopped and not player.flush():
+                        LOG.warning("some messages were not acknowledged before exit")
+                finally:
+                    player.destroy()
+                    node.destroy_node()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -12,6 +12,13 @@ agree with them (a test checks). Input topics are relative names, as ROS users e
 node without a namespace reads ``/sensors/<signal>``, one launched in ``robot1`` reads
 ``/robot1/sensors/<signal>``, so two robots never read each other's sensors.
 
+A signal entry may also carry a signal adapter (``scale``, ``offset``, ``absolute``,
+``norm``, ``index``, ``element``, ``name_field``, ``remove_gravity``, ``unit``: see
+``core/signal_adapters``) so a real sensor's message lands in the bundle's unit, or
+``absent: true`` for a sensor the robot does not have. Adapter keys are declared with
+dynamic typing and checked here, so ``scale: 2`` works and ``scale: "2"`` stops the node
+naming ``signals.<name>.scale``; every adapter is checked against its message type.
+
 Parameter files are outside input too: ``validate_ros_args`` checks every ``--params-file``
 before rcl parses it (readable, YAML, ``ros__parameters`` structure, no parameter this
 node does not declare, no unknown signal-map key), and ``unknown_parameters`` names
@@ -29,9 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thinkmem_ros.core.signal_adapters import (
+    ADAPTER_KEYS,
+    SignalAdapter,
+    parse_adapter,
+)
 from thinkmem_ros.core.vocabulary import SIGNALS
 from thinkmem_ros.link.security import CURVE_MODES, SecurityError, curve_enabled
-from thinkmem_ros.robot.msg_fields import FieldPath, canonical_type, message_class
+from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message_class
 
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
 TRIGGER_CHOICES = ("timer", "samples")
@@ -40,14 +52,34 @@ NODE_NAME = "thinking_node"
 
 @dataclass(frozen=True)
 class SignalSource:
-    """Where one signal comes from: topic, message type and the dotted numeric field."""
+    """Where one signal comes from: topic, message type, and how its number is read.
+
+    ``adapter`` (None = read ``field`` as it is) scales, offsets, norms or picks an array
+    element so a real sensor's message lands in the bundle's unit; ``absent`` declares a
+    signal this robot does not have: it is never subscribed, its input stays masked and
+    /diagnostics reports it as absent by design instead of stale.
+    """
 
     topic: str
     msg_type: str
     field: str
+    adapter: SignalAdapter | None = None
+    absent: bool = False
+
+    def reader(self) -> SignalAdapter:
+        """The adapter that turns one message into the signal's number."""
+        return self.adapter if self.adapter is not None else SignalAdapter(self.field)
 
     def validated(self, name: str) -> SignalSource:
         """Canonical copy, or ValueError naming ``signals.<name>.<key>``."""
+        if not isinstance(self.absent, bool):
+            raise ValueError(f"signals.{name}.absent must be true or false, got {self.absent!r}")
+        if self.adapter is not None and self.adapter.field != self.field:
+            raise ValueError(f"signals.{name}.field {self.field!r} differs from its adapter's "
+                             f"{self.adapter.field!r}")
+        if self.absent:
+            # Never subscribed: its type need not even be installed on this robot.
+            return self
         if not self.topic or " " in self.topic:
             raise ValueError(f"signals.{name}.topic must be a topic name, got {self.topic!r}")
         try:
@@ -56,10 +88,11 @@ class SignalSource:
         except ValueError as exc:
             raise ValueError(f"signals.{name}.type: {exc}") from None
         try:
-            FieldPath.compile(msg_type, self.field)
+            check_adapter(msg_type, self.reader())
         except ValueError as exc:
-            raise ValueError(f"signals.{name}.field: {exc}") from None
-        return SignalSource(self.topic, msg_type, self.field)
+            key = getattr(exc, "key", "field")
+            raise ValueError(f"signals.{name}.{key}: {exc}") from None
+        return SignalSource(self.topic, msg_type, self.field, self.adapter, self.absent)
 
 
 def _float32(name: str) -> SignalSource:
@@ -77,7 +110,24 @@ ACTIVATION_TOPIC = "thinking/activation"
 PROBABILITIES_TOPIC = "thinking/probabilities"
 DIAGNOSTICS_TOPIC = "/diagnostics"
 DEFAULT_FEEDBACK_TOPIC = "thinking/feedback"
-SIGNAL_MAP_KEYS: tuple[str, ...] = ("topic", "type", "field")
+ADAPTER_PARAMS: tuple[tuple[str, Any, str], ...] = (
+    ("scale", 1.0, "multiply the (normed, gravity-free, absolute) value by this"),
+    ("offset", 0.0, "add this after scaling (e.g. -273.15 for kelvin to celsius)"),
+    ("absolute", False, "take the absolute value (before scale and offset)"),
+    ("norm", False, "Euclidean norm of a Vector3/Quaternion/Point field or number array"),
+    ("index", -1, "element of an array field by position; -1 = not an array"),
+    ("element", "", "element of an array field by name, looked up in name_field; '' = none"),
+    ("name_field", "name", "array of element names (JointState.name) for element"),
+    ("remove_gravity", 0.0, "subtract this (m/s^2; true = 9.80665) after the norm"),
+    ("unit", "", "unit of the adapted value, compared with the bundle's; '' = undeclared"),
+    ("absent", False, "this robot has no such sensor: never subscribed, masked, reported as "
+     "absent by design"),
+)
+"""Optional keys of one signal entry beyond topic/type/field: defaults and descriptions.
+Declared with dynamic typing (``scale: 2`` is as good as ``scale: 2.0``); the types are
+checked by ``parse_adapter``, whose messages name ``signals.<name>.<key>``."""
+SIGNAL_MAP_KEYS: tuple[str, ...] = ("topic", "type", "field",
+                                    *(key for key, _, _ in ADAPTER_PARAMS))
 """Keys of one signal's map entry (``signals.<name>.<key>``): the parameters declared per
 signal and the only keys a params file may give; extend it together with
 ``signal_params`` and ``NodeConfig.from_parameters``."""
@@ -97,6 +147,7 @@ class ParamSpec:
     min: float | None = None
     max: float | None = None
     read_only: bool = True
+    dynamic: bool = False  # any type accepted by rcl; the config checks it (naming the key)
 
 
 PARAMETERS: tuple[ParamSpec, ...] = (
@@ -171,7 +222,10 @@ def signal_params(name: str) -> tuple[ParamSpec, ...]:
     specs = {"topic": (src.topic, f"topic carrying {name} (relative to the namespace)"),
              "type": (src.msg_type, f"message type of {name}'s topic"),
              "field": (src.field, f"dotted numeric field holding {name}")}
-    return tuple(ParamSpec(f"{prefix}.{key}", *specs[key]) for key in SIGNAL_MAP_KEYS)
+    out = [ParamSpec(f"{prefix}.{key}", *specs[key]) for key in ("topic", "type", "field")]
+    out += [ParamSpec(f"{prefix}.{key}", default, description, dynamic=True)
+            for key, default, description in ADAPTER_PARAMS]
+    return tuple(out)
 
 
 def parse_thresholds(text: str) -> dict[str, float]:
@@ -251,7 +305,10 @@ class NodeConfig:
         if not self.signal_map:
             raise ValueError("signal_map must name at least one signal")
         self.signal_map = {name: src.validated(name) for name, src in self.signal_map.items()}
-        topics = [_topic_key(src.topic) for src in self.signal_map.values()]
+        if all(src.absent for src in self.signal_map.values()):
+            raise ValueError(f"every signal ({sorted(self.signal_map)}) is declared absent; "
+                             "at least one must be read")
+        topics = [_topic_key(src.topic) for src in self.signal_map.values() if not src.absent]
         dup = sorted({t for t in topics if topics.count(t) > 1})
         if dup:
             raise ValueError(f"signals share topics {dup}; each signal needs its own topic")
@@ -325,14 +382,63 @@ class NodeConfig:
         plain["thresholds"] = parse_thresholds(plain["thresholds"])
         signal_map = {}
         for name in signals:
-            topic, msg_type, path = (values.get(spec.name, spec.default)
-                                     for spec in signal_params(name))
-            signal_map[name] = SignalSource(topic, msg_type, path)
+            entry = {spec.name.rsplit(".", 1)[1]: values.get(spec.name, spec.default)
+                     for spec in signal_params(name)}
+            signal_map[name] = source_from_entry(name, entry)
         return cls(**plain, signal_map=signal_map)
+
+    def check_units(self, bundle_units: Mapping[str, str]) -> None:
+        """ValueError naming ``signals.<name>.unit`` when it contradicts the bundle's unit.
+
+        A declared unit is a claim about the numbers; running a bundle trained on another
+        unit would feed it numbers off by a factor, so the node refuses instead. An
+        undeclared unit on either side is not checked.
+        """
+        for name, src in self.signal_map.items():
+            unit = src.adapter.unit if src.adapter is not None else ""
+            expected = bundle_units.get(name, "")
+            if unit and expected and unit != expected and not src.absent:
+                raise ValueError(f"signals.{name}.unit {unit!r} differs from the bundle's "
+                                 f"{expected!r} for {name}: adapt the value (scale/offset) "
+                                 "and declare the bundle's unit, or run a bundle trained "
+                                 f"in {unit!r}")
+
+    @property
+    def absent_signals(self) -> tuple[str, ...]:
+        """Signals declared ``absent: true`` (never subscribed, masked by design)."""
+        return tuple(name for name, src in self.signal_map.items() if src.absent)
 
     def effective_rate(self, bundle_rate_hz: float) -> float:
         """Return the configured frame rate, or the bundle's when left at 0."""
         return self.frame_rate_hz if self.frame_rate_hz > 0 else float(bundle_rate_hz)
+
+
+def source_from_entry(name: str, entry: Mapping[str, Any]) -> SignalSource:
+    """One ``signals.<name>`` entry (a params-file mapping or declared values) as a source.
+
+    ``topic``, ``type`` and ``field`` are required strings; the adapter keys are parsed
+    strictly by ``parse_adapter``; an unknown key raises ValueError naming it.
+    """
+    unknown = sorted(set(entry) - set(SIGNAL_MAP_KEYS))
+    if unknown:
+        raise ValueError(f"signals.{name}: unknown key {unknown[0]!r}"
+                         f"{_suggest(str(unknown[0]), SIGNAL_MAP_KEYS)}; a signal takes "
+                         f"{list(SIGNAL_MAP_KEYS)}")
+    defaults = DEFAULT_SIGNAL_MAP.get(name, _float32(name))
+    topic = entry.get("topic", defaults.topic)
+    msg_type = entry.get("type", defaults.msg_type)
+    field_path = entry.get("field", defaults.field)
+    for key, value in (("topic", topic), ("type", msg_type), ("field", field_path)):
+        if not isinstance(value, str):
+            raise ValueError(f"signals.{name}.{key} must be a string, got {value!r}")
+    absent = entry.get("absent", False)
+    if not isinstance(absent, bool):
+        raise ValueError(f"signals.{name}.absent must be true or false, got {absent!r}")
+    raw = {key: value for key, value in entry.items() if key in ADAPTER_KEYS}
+    raw["field"] = field_path
+    adapter = parse_adapter(name, raw)
+    return SignalSource(topic, msg_type, field_path,
+                        None if adapter.is_plain and not adapter.unit else adapter, absent)
 
 
 def state_dir(robot_id: str) -> Path:
