@@ -18,6 +18,7 @@ VERBS: dict[str, str] = {
     "keys": "generate CURVE and signing key pairs",
     "consolidator": "run the offboard consolidator service",
     "knowledge": "list knowledge units the consolidator has discovered",
+    "calibrate": "report a recording's adapted signals (range, rate, unit) against a bundle",
 }
 
 
@@ -38,6 +39,8 @@ def _load(verb: str):
             from thinkmem_ros.commands import consolidator as module
         case "knowledge":
             from thinkmem_ros.commands import knowledge as module
+        case "calibrate":
+            from thinkmem_ros.commands import calibrate as module
         case _:
             raise KeyError(verb)
     return module

@@ -13,16 +13,97 @@ import argparse
 import logging
 import signal
 import sys
+import threading
+from collections.abc import Iterable, Sequence
 
 from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
+from thinkmem_ros.policy.bundle import Bundle, signal_set_fingerprint
 
 log = logging.getLogger(__name__)
 
 
-def open_receiver(config: ReceiverConfig) -> ExperienceReceiver:
-    """Bind a receiver whose batches go into the experience store at ``config.db_path``."""
-    return ExperienceReceiver(config, open_store=lambda: ExperienceStore(config.db_path))
+class SignalSetFilter:
+    """Which experiences belong to the bundle line this consolidator serves.
+
+    A window only means something next to the signals, units and rate it was assembled
+    for, so experiences of a robot with another signal set must never reach this line's
+    discovery or retraining. An experience names the bundle that produced it
+    (``bundle_sha256``); the filter knows the signal-set fingerprint of every bundle of
+    the line (the initial one and each published version) and accepts an experience when
+    its bundle has the served fingerprint. One without a bundle hash is accepted when its
+    window has the line's number of signals. Everything else is refused with a counted
+    reason (``refused``): ``unknown_bundle``, ``signal_set`` or ``window_width``. Refused
+    experiences are still acknowledged, so a robot's spool does not resend them forever.
+    """
+
+    def __init__(self, bundles: Iterable[Bundle]) -> None:
+        self._lock = threading.Lock()
+        self.served: set[str] = set()
+        self.known: dict[str, str] = {}  # bundle sha256 -> signal-set fingerprint
+        self.widths: set[int] = set()
+        self.refused: dict[str, int] = {}
+        for bundle in bundles:
+            self.serve(bundle)
+
+    def serve(self, bundle: Bundle) -> None:
+        """Add a bundle of the served line (a new publication keeps the line's set)."""
+        fingerprint = bundle.manifest.signal_set or signal_set_fingerprint(bundle.manifest)
+        with self._lock:
+            self.served.add(fingerprint)
+            self.known[bundle.manifest.sha256] = fingerprint
+            self.widths.add(len(bundle.manifest.signals))
+
+    def reason(self, experience: Experience) -> str | None:
+        """Why ``experience`` is refused, or None when it belongs to a served line."""
+        sha = experience.bundle_sha256
+        with self._lock:
+            if sha:
+                if sha not in self.known:
+                    return "unknown_bundle"
+                return None if self.known[sha] in self.served else "signal_set"
+            return None if int(experience.window.shape[1]) in self.widths else "window_width"
+
+    def split(self, experiences: Sequence[Experience]) -> list[Experience]:
+        """The accepted experiences; each refusal is counted under its reason."""
+        kept = []
+        for experience in experiences:
+            why = self.reason(experience)
+            if why is None:
+                kept.append(experience)
+            else:
+                with self._lock:
+                    self.refused[why] = self.refused.get(why, 0) + 1
+        return kept
+
+
+class _FilteredStore:
+    """An experience store that stores only what the signal-set filter accepts."""
+
+    def __init__(self, store: ExperienceStore, accept: SignalSetFilter) -> None:
+        self.store, self.accept = store, accept
+
+    def insert_many(self, rows: Sequence[tuple[Experience, bytes]]) -> tuple[int, int]:
+        kept = self.accept.split([e for e, _ in rows])
+        keep = {id(e) for e in kept}
+        return self.store.insert_many([(e, raw) for e, raw in rows if id(e) in keep])
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_receiver(config: ReceiverConfig,
+                  accept: SignalSetFilter | None = None) -> ExperienceReceiver:
+    """Bind a receiver whose batches go into the experience store at ``config.db_path``.
+
+    With ``accept`` only experiences of the served signal set are stored (see
+    ``SignalSetFilter``); without it every valid experience is.
+    """
+    if accept is None:
+        return ExperienceReceiver(config, open_store=lambda: ExperienceStore(config.db_path))
+    return ExperienceReceiver(
+        config, open_store=lambda: _FilteredStore(ExperienceStore(config.db_path), accept))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

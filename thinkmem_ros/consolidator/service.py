@@ -56,7 +56,7 @@ import numpy as np
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
-from thinkmem_ros.consolidator.ingest import open_receiver
+from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
@@ -199,6 +199,9 @@ class ConsolidatorService:
                                    resolve_bundle_path(config.initial_bundle))
         self.receiver: ExperienceReceiver | None = None
         self.rounds: list[RoundReport] = []
+        # this service is one bundle line: experiences of other signal sets are refused
+        # (counted in ``accept.refused``); run one consolidator per signal set
+        self.accept = SignalSetFilter(self._line_bundles())
 
     # ---- lifecycle
     def start(self) -> ConsolidatorService:
@@ -207,8 +210,19 @@ class ConsolidatorService:
         self.receiver = open_receiver(ReceiverConfig(
             bind=cfg.bind, db_path=cfg.db_path, curve=cfg.curve,
             server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
-            max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored)).start()
+            max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored),
+            accept=self.accept).start()
         return self
+
+    def _line_bundles(self) -> list:
+        """The initial bundle and every published version still in the history."""
+        bundles = [self.publisher.initial]
+        for version in self.publisher.versions():
+            try:
+                bundles.append(load_bundle(self.publisher.history / f"v{version:06d}"))
+            except Exception:  # noqa: BLE001 - an unreadable old version serves no robot
+                log.warning("history version %d unreadable; its robots are refused", version)
+        return bundles
 
     @property
     def endpoint(self) -> str:
@@ -250,6 +264,7 @@ class ConsolidatorService:
 
     # ---- ingestion hook (receiver thread)
     def _on_stored(self, experiences: list[Experience]) -> None:
+        experiences = [e for e in experiences if self.accept.reason(e) is None]
         with self._trigger_lock:
             for exp in experiences:
                 novel = any(e not in self._seen_events for e in exp.events)
@@ -296,7 +311,8 @@ class ConsolidatorService:
         cfg = self.config
         t = time.perf_counter()
         with ExperienceStore(cfg.db_path) as store:
-            experiences = [e for _, e in store.iter_experiences()]
+            experiences = [e for _, e in store.iter_experiences()
+                           if self.accept.reason(e) is None]  # a store from another line
             log_, _ = event_log(store, cfg.partitions)
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
         report.timings["read_s"] = round(time.perf_counter() - t, 3)
@@ -384,6 +400,7 @@ class ConsolidatorService:
         push = self.receiver.push_bundle if self.receiver is not None else None
         publication = self.publisher.publish(candidate, push=push)
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
+        self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published"
 

@@ -143,3 +143,24 @@ class SignalStream:
     def duration_s(self) -> float:
         """Length of the stream in seconds."""
         return self.values.shape[0] / self.rate_hz
+
+
+def signal_drop_mask(rows: int, signals: int, probability: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """(rows, 1, signals) float32 keep-mask: each signal of a row dropped with ``probability``.
+
+    A dropped signal is masked for the whole window, the way a robot without that sensor
+    (or one that declares it absent) fills its windows. Training with it makes permanent
+    absence part of the training distribution instead of an input the policy never saw;
+    at least one signal of every row is always kept, since a window with nothing
+    observed carries no situation to label.
+    """
+    if not 0.0 <= probability < 1.0:
+        raise ValueError(f"signal drop probability must be in [0, 1), got {probability!r}")
+    if rows < 0 or signals < 1:
+        raise ValueError(f"rows must be >= 0 and signals >= 1, got {rows}, {signals}")
+    keep = rng.random((rows, signals)) >= probability
+    empty = ~keep.any(axis=1)
+    if empty.any():
+        keep[np.flatnonzero(empty), rng.integers(0, signals, int(empty.sum()))] = True
+    return keep.astype(np.float32)[:, None, :]

@@ -1,0 +1,77 @@
+"""``thinkmem calibrate``: a real recording's adapted signals against a bundle's declared set."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from thinkmem_ros.commands import calibrate as command
+from thinkmem_ros.policy.bundle import BundleManifest, write_bundle
+
+REAL = Path(__file__).parent / "data" / "real"
+BAG = REAL / "husky_outdoor.bag"
+PARAMS = REAL / "husky_params.yaml"
+NAMES = ["speed", "yaw_rate", "vibration", "gyro"]
+UNITS = {"speed": "m/s", "yaw_rate": "rad/s", "vibration": "m/s^2", "gyro": "rad/s"}
+
+
+def _bundle(folder: Path, **overrides) -> Path:
+    fields = dict(model_version=1, sha256="", labels=["turning"], signals=list(NAMES),
+                  window=32, frame_rate_hz=10.0,
+                  normalisation={"mean": [0.0] * 4, "std": [1.0] * 4},
+                  thresholds={"turning": 0.5}, signal_units=dict(UNITS),
+                  signal_ranges={"speed": [0.0, 1.1], "yaw_rate": [-0.4, 0.4],
+                                 "vibration": [0.0, 1.5], "gyro": [0.0, 0.6]})
+    fields.update(overrides)
+    write_bundle(folder, b"not-read-by-calibrate", BundleManifest(**fields))
+    return folder
+
+
+def test_matching_bundle_gives_no_warning(tmp_path):
+    report = command.calibrate(BAG, PARAMS, _bundle(tmp_path / "b"))
+    assert report["warnings"] == []
+    assert report["signals"]["vibration"]["rate_hz"] == pytest.approx(30.0, rel=0.01)
+    assert report["signals"]["speed"]["bundle_unit"] == "m/s"
+
+
+def test_unit_range_and_rate_mismatches_are_reported(tmp_path):
+    units = dict(UNITS, vibration="mm/s")
+    report = command.calibrate(BAG, PARAMS, _bundle(
+        tmp_path / "b", signal_units=units, frame_rate_hz=20.0,
+        signal_ranges={"speed": [2.0, 5.0]}))
+    text = "\n".join(report["warnings"])
+    assert "vibration: unit mismatch: the adapter declares 'm/s^2', the bundle was trained " \
+           "on 'mm/s'" in text
+    assert "speed: median 0.985" in text and "outside the bundle's training range" in text
+    assert "speed: 9.99 Hz is slower than the bundle's 20 Hz frames" in text
+    assert "vibration: 30 Hz" not in text  # fast enough
+
+
+def test_default_bundle_names_missing_and_unused_signals(tmp_path):
+    from thinkmem_ros.core.paths import default_bundle
+
+    report = command.calibrate(BAG, PARAMS, default_bundle())
+    text = "\n".join(report["warnings"])
+    assert "speed: not a signal of the bundle" in text
+    assert "temperature: the bundle needs it but the params file has no signals entry" in text
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    bundle = _bundle(tmp_path / "b")
+    out = tmp_path / "report.json"
+    args = argparse.Namespace(bag=str(BAG), params=str(PARAMS), bundle=str(bundle),
+                              json=str(out))
+    assert command.main(args) == 0
+    assert "0 warning(s)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["signals"]["gyro"]["unit"] == "rad/s"
+    raw = yaml.safe_load(PARAMS.read_text())
+    raw["/**"]["ros__parameters"]["signals"]["gyro"]["nrom"] = True
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    args.params = str(bad)
+    assert command.main(args) == 2
+    assert "signals.gyro: unknown key 'nrom'" in capsys.readouterr().err

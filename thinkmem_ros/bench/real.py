@@ -1,0 +1,223 @@
+"""A real robot's recording end to end, and signal sets on the synthetic world.
+
+Reproduce: ``thinkmem bench real [--quick] --json bench_results/real.json --plot real.png``
+(from a checkout: the recording lives in ``test/data/real``).
+
+Part 1, the real recording (``test/data/real/husky_outdoor.bag``, a Clearpath Husky's
+outdoor drive from robot_localization's tests, BSD-3-Clause; see LICENSE.md there): the
+signals are read through ``husky_params.yaml`` (the node's adapters), resampled the
+node's way at 10 Hz and labelled by ``husky_rules.yaml`` (written before any model was
+trained on the recording). A bundle is trained on the first 70 % of the drive and played
+on the last 30 % through the node's SituationBuffer and ONNX runtime:
+
+- ``results.f1_holdout`` / ``results.macro_f1_holdout``: micro / macro F1 against the
+  rules on the last 30 % (mean over seeds; ``*_std`` beside);
+- ``results.current_state_f1_holdout``: the Current-State-Only baseline (the same policy
+  shown only the last frame) trained and scored on the same split;
+- ``results.label_positive_fraction``: per label, the positive share in each split;
+- ``results.signals`` (name -> unit, topic, rate), ``results.duration_s``,
+  ``results.source``.
+
+Part 2, signal sets (synthetic ``mixed`` world): a bundle trained with signal-drop
+augmentation is scored on a held-out stream with every signal present and then with
+each signal absent by design (masked for the whole stream, as a robot without that
+sensor fills its windows). ``results.absent_signal_f1_drop`` is the worst signal's loss:
+micro-F1 with all present minus micro-F1 with that signal absent (positive = worse);
+``results.absent_signal_f1_drop_per_signal`` has each signal, and
+``results.absent_signal_f1_drop_shipped`` the same measure for the shipped default
+bundle (trained without augmentation) on the same stream.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from thinkmem_ros.core.metrics import mean_std, micro_scores
+from thinkmem_ros.core.paths import find_data
+
+RECORDING = "test/data/real/husky_outdoor.bag"
+PARAMS = "test/data/real/husky_params.yaml"
+RULES = "test/data/real/husky_rules.yaml"
+SOURCE = ("robot_localization test/test1.bag (cra-ros-pkg/robot_localization, commit "
+          "70b25e4c): Clearpath Husky outdoor drive, 2015-05-21, ROS 1 bag, BSD-3-Clause")
+TRAIN_FRACTION = 0.7
+WINDOW = 32
+SIGNAL_DROP = 0.15
+
+
+def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
+                   params: str | Path | None = None, rules_path: str | Path | None = None,
+                   baseline: bool = True) -> dict:
+    """Part 1: train on the first 70 % of the recording, score on the rest (see module)."""
+    from thinkmem_ros.baselines.current_state import CurrentStateOnly
+    from thinkmem_ros.core.label_rules import load_rules
+    from thinkmem_ros.playback.recording import (
+        load_signal_map,
+        read_recording,
+        read_samples,
+        recording_windows,
+        score_recording,
+        split_stream,
+    )
+    from thinkmem_ros.policy.training.recording import fit_bundle
+
+    bag = Path(bag) if bag else find_data(RECORDING)
+    signal_map = load_signal_map(params or find_data(PARAMS))
+    rules = load_rules(rules_path or find_data(RULES), signal_map.names)
+    rate = signal_map.frame_rate_hz or 10.0
+    stream = read_recording(bag, signal_map, rate, rules=rules)
+    head, tail = split_stream(stream, TRAIN_FRACTION)
+    train = recording_windows(head, WINDOW)
+    test = recording_windows(tail, WINDOW)
+    samples = read_samples(bag, signal_map)
+    f1, macro, current, per_label, wall = [], [], [], [], []
+    for seed in range(seeds):
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="thinkmem-real-") as scratch:
+            bundle, _ = fit_bundle(train, Path(scratch) / "bundle", frame_rate_hz=rate,
+                                   units=signal_map.units, seed=seed, min_steps=min_steps)
+            scores = score_recording(bundle, tail, stale_after_s=signal_map.stale_after_s)
+        wall.append(time.perf_counter() - start)
+        f1.append(scores["f1"])
+        macro.append(scores["macro_f1"])
+        per_label.append(scores["per_label_f1"])
+        if baseline:
+            model = CurrentStateOnly(seed=seed).fit(train)
+            current.append(micro_scores(test.labels, model.predict(test))["f1"])
+    positive = {name: {"first_70": float(head.labels[:, j].mean()),
+                       "last_30": float(tail.labels[:, j].mean())}
+                for j, name in enumerate(stream.label_names)}
+    results = {
+        "f1_holdout": float(np.mean(f1)), "f1_holdout_std": float(np.std(f1)),
+        "macro_f1_holdout": float(np.mean(macro)), "macro_f1_holdout_std": float(np.std(macro)),
+        "per_label_f1_holdout": {name: float(np.mean([p[name] for p in per_label]))
+                                 for name in stream.label_names},
+        "label_positive_fraction": positive,
+        "signals": {name: {"unit": b.unit, "topic": b.topic, "type": b.msg_type,
+                           "rate_hz": samples.rate_hz(name)}
+                    for name, b in signal_map.bindings.items()},
+        "duration_s": float(samples.duration_s), "source": SOURCE,
+        "frames": {"first_70": int(head.values.shape[0]), "last_30": int(tail.values.shape[0])},
+        "train_windows": len(train), "train_wall_s": float(np.mean(wall)),
+    }
+    if current:
+        results["current_state_f1_holdout"] = float(np.mean(current))
+        results["current_state_f1_holdout_std"] = float(np.std(current))
+    return results
+
+
+def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> dict:
+    """Part 2: per-signal micro-F1 loss with the signal absent by design (see module)."""
+    from thinkmem_ros.core.paths import default_bundle
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+    from thinkmem_ros.policy.training.train import predict_proba, train_policy
+    from thinkmem_ros.world.recipe import StreamRecipe
+    from thinkmem_ros.world.streams import generate_stream, stream_windows
+
+    recipe = StreamRecipe(duration=300.0 if quick else 900.0, streams=4 if quick else 8,
+                          seed=seed)
+    data = recipe.windows()
+    start = time.perf_counter()
+    trained = train_policy(data, "default", seed=seed, epochs=8 if quick else 16,
+                           batch_size=256, patience=4, progress=False, signal_drop=drop)
+    wall = time.perf_counter() - start
+    stream = generate_stream("mixed", 300.0 if quick else 600.0, recipe.rate,
+                             recipe.rng_children()[-1])
+    test = stream_windows(stream, recipe.window, max_events=recipe.max_events)
+
+    def scores(predict) -> dict[str, float]:
+        tau = None
+        out = {}
+        for j in [None, *range(len(test.signal_names))]:
+            mask = test.mask.copy()
+            signals = test.signals.copy()
+            if j is not None:
+                mask[:, :, j] = 0.0
+                signals[:, :, j] = 0.0
+            probs, tau = predict(signals, mask)
+            name = "all" if j is None else test.signal_names[j]
+            out[name] = micro_scores(test.labels, probs >= tau)["f1"]
+        return out
+
+    def trained_predict(signals, mask):
+        view = test.subset(np.arange(len(test)))
+        view.signals, view.mask = signals, mask
+        return predict_proba(trained, view), trained.threshold_array
+
+    shipped = PolicyRuntime(default_bundle())
+
+    def shipped_predict(signals, mask):
+        probs = np.concatenate([shipped.predict(signals[i:i + 1024], mask[i:i + 1024],
+                                                test.events[i:i + 1024]).probabilities
+                                for i in range(0, len(test), 1024)])
+        return probs, shipped.thresholds
+
+    ours = scores(trained_predict)
+    theirs = scores(shipped_predict)
+    drops = {name: ours["all"] - f for name, f in ours.items() if name != "all"}
+    drops_shipped = {name: theirs["all"] - f for name, f in theirs.items() if name != "all"}
+    worst = max(drops, key=drops.get)
+    return {"absent_signal_f1_drop": float(drops[worst]), "absent_signal_worst": worst,
+            "absent_signal_f1_drop_per_signal": drops,
+            "absent_signal_f1_all_present": float(ours["all"]),
+            "absent_signal_f1_drop_shipped": float(max(drops_shipped.values())),
+            "absent_signal_f1_drop_shipped_per_signal": drops_shipped,
+            "absent_signal_shipped_f1_all_present": float(theirs["all"]),
+            "absent_signal_signal_drop": drop, "absent_signal_train_wall_s": wall,
+            "absent_signal_train_situations": len(data)}
+
+
+def run(quick: bool = False, seeds: int = 3) -> dict:
+    """Both parts; quick: 1 seed and fewer steps on the recording, a smaller synthetic set."""
+    seeds = 1 if quick else max(1, seeds)
+    results = real_recording(seeds, min_steps=800 if quick else 2000)
+    results.update(absent_signals(quick))
+    return {"experiment": "real", "metric": "micro_f1",
+            "config": {"quick": quick, "seeds": seeds, "train_fraction": TRAIN_FRACTION,
+                       "window": WINDOW, "signal_drop": SIGNAL_DROP,
+                       "recording": RECORDING, "params": PARAMS, "rules": RULES},
+            "results": results,
+            "curves": {"per_label_f1_holdout": results["per_label_f1_holdout"],
+                       "absent_signal_f1_drop_per_signal":
+                           results["absent_signal_f1_drop_per_signal"]},
+            "mean_std": {"f1_holdout": mean_std([results["f1_holdout"]])}}
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """Per-label hold-out F1 on the recording, and per-signal absent-signal loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = result["results"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = list(r["per_label_f1_holdout"])
+    left.bar(labels, [r["per_label_f1_holdout"][k] for k in labels], color="tab:blue")
+    left.axhline(r["f1_holdout"], color="k", ls="--", label=f"micro {r['f1_holdout']:.3f}")
+    if "current_state_f1_holdout" in r:
+        left.axhline(r["current_state_f1_holdout"], color="tab:red", ls=":",
+                     label=f"current-state {r['current_state_f1_holdout']:.3f}")
+    left.set_ylim(0, 1.05)
+    left.set_ylabel("F1 on the last 30 %")
+    left.set_title("real recording (Husky outdoor drive)")
+    left.tick_params(axis="x", rotation=30)
+    left.legend(loc="lower right")
+    names = list(r["absent_signal_f1_drop_per_signal"])
+    x = np.arange(len(names))
+    right.bar(x - 0.2, [r["absent_signal_f1_drop_per_signal"][n] for n in names], 0.4,
+              label="trained with signal drop")
+    right.bar(x + 0.2, [r["absent_signal_f1_drop_shipped_per_signal"][n] for n in names], 0.4,
+              label="shipped default bundle")
+    right.axhline(0.01, color="k", ls="--", lw=0.8)
+    right.set_xticks(x, names, rotation=30)
+    right.set_ylabel("micro-F1 loss with the signal absent")
+    right.set_title("synthetic mixed world: one signal absent by design")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,146 @@
+"""``thinkmem calibrate BAG --params FILE``: a recording's adapted signals against a bundle.
+
+Before a robot runs a bundle (or a bundle is trained for it), each signal's adapted values
+should be in the unit and range the bundle learned, at a rate that fills its frames. This
+reads the bag through the parameter file's signal map (the node's adapters) and reports
+per signal: samples, rate, NaN count, p1/p50/p99, the bundle's training range and unit,
+and a warning for each mismatch: a declared unit that differs from the bundle's, a median
+outside the training range, a sensor slower than the bundle's frame rate (frames would
+repeat or mask values), a signal the bundle needs that the map lacks, or one it never
+uses. Exit 0 with warnings printed; 2 on a configuration error (naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "report a recording's adapted signals (range, rate, unit) against a bundle"
+
+RATE_TOLERANCE = 0.05
+"""A sensor more than 5 % slower than the bundle's frame rate is reported."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``thinkmem calibrate``."""
+    parser.add_argument("bag", help="recording: rosbag2 folder or ROS 1 .bag file")
+    parser.add_argument("--params", required=True,
+                        help="node parameter file with the signals map (topics, adapters)")
+    parser.add_argument("--bundle", default=None,
+                        help="bundle folder to compare with (default: the params file's "
+                             "bundle_path, else the shipped default bundle)")
+    parser.add_argument("--json", default=None, help="also write the report as JSON here")
+
+
+def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = None) -> dict:
+    """The report as a dict: ``signals`` (per signal), ``warnings`` (list), ``bundle``."""
+    import yaml
+
+    from thinkmem_ros.core.paths import resolve_bundle_path
+    from thinkmem_ros.playback.recording import load_signal_map, read_samples, summarise
+    from thinkmem_ros.policy.bundle import read_manifest
+
+    signal_map = load_signal_map(params)
+    if bundle is None:
+        raw = yaml.safe_load(Path(params).read_text(encoding="utf-8"))
+        found = _find_key(raw, "bundle_path")
+        bundle = found if isinstance(found, str) else ""
+    folder = resolve_bundle_path(bundle)
+    manifest = read_manifest(folder)
+    samples = read_samples(bag, signal_map)
+    stats = summarise(samples, signal_map.names)
+    warnings: list[str] = []
+    rows: dict[str, dict] = {}
+    for name, binding in signal_map.bindings.items():
+        row = {"topic": binding.topic, "type": binding.msg_type, "unit": binding.unit,
+               "absent": binding.absent, **stats[name]}
+        rows[name] = row
+        if binding.absent:
+            continue
+        if name not in manifest.signals:
+            warnings.append(f"{name}: not a signal of the bundle {list(manifest.signals)}; "
+                            "it is read but never used")
+            continue
+        want_unit = manifest.signal_units.get(name, "")
+        row["bundle_unit"] = want_unit
+        if want_unit and binding.unit and want_unit != binding.unit:
+            warnings.append(f"{name}: unit mismatch: the adapter declares {binding.unit!r}, "
+                            f"the bundle was trained on {want_unit!r}")
+        elif want_unit and not binding.unit:
+            warnings.append(f"{name}: no unit declared; the bundle expects {want_unit!r} "
+                            f"(add unit: {want_unit!r} once the adapter converts to it)")
+        low, high = _training_range(manifest, name)
+        row["bundle_range"] = [low, high]
+        if row["samples"] == 0 or "p50" not in row:
+            warnings.append(f"{name}: no usable sample on {binding.topic}")
+            continue
+        if not low <= row["p50"] <= high:
+            warnings.append(f"{name}: median {row['p50']:.4g} is outside the bundle's "
+                            f"training range [{low:.4g}, {high:.4g}]; check scale/offset/unit")
+        if row["rate_hz"] < manifest.frame_rate_hz * (1 - RATE_TOLERANCE):
+            warnings.append(f"{name}: {row['rate_hz']:.3g} Hz is slower than the bundle's "
+                            f"{manifest.frame_rate_hz:g} Hz frames")
+        if row["nan"]:
+            warnings.append(f"{name}: {row['nan']} of {row['samples']} messages gave no "
+                            "number (field missing or not finite)")
+    for name in manifest.signals:
+        if name not in signal_map.bindings:
+            warnings.append(f"{name}: the bundle needs it but the params file has no "
+                            "signals entry (declare it absent: true if the robot lacks it)")
+    return {"bag": str(bag), "params": str(params), "bundle": str(folder),
+            "bundle_frame_rate_hz": manifest.frame_rate_hz,
+            "duration_s": samples.duration_s, "signals": rows, "warnings": warnings}
+
+
+def _find_key(raw, key: str):
+    if isinstance(raw, dict):
+        if key in raw:
+            return raw[key]
+        for value in raw.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _training_range(manifest, name: str) -> tuple[float, float]:
+    """The bundle's declared [p1, p99], or mean +- 3 std for bundles that declare none."""
+    if name in manifest.signal_ranges:
+        low, high = manifest.signal_ranges[name]
+        return float(low), float(high)
+    j = manifest.signals.index(name)
+    mean, std = manifest.normalisation["mean"][j], manifest.normalisation["std"][j]
+    return float(mean - 3 * std), float(mean + 3 * std)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the calibration table and warnings; 2 on a configuration or bag error."""
+    from thinkmem_ros.playback.bag_files import BagError
+    from thinkmem_ros.policy.bundle import BundleError
+
+    try:
+        report = calibrate(args.bag, args.params, args.bundle)
+    except (ValueError, BagError, BundleError, FileNotFoundError) as exc:
+        print(f"thinkmem calibrate: {exc}", file=sys.stderr)
+        return 2
+    print(f"{report['bag']}: {report['duration_s']:.1f} s against {report['bundle']} "
+          f"({report['bundle_frame_rate_hz']:g} Hz)")
+    print(f"{'signal':14s} {'unit':8s} {'rate Hz':>8s} {'p1':>10s} {'p50':>10s} {'p99':>10s}"
+          f"  bundle range / unit")
+    for name, row in report["signals"].items():
+        if row["absent"]:
+            print(f"{name:14s} absent by design")
+            continue
+        rng = row.get("bundle_range")
+        rng_text = f"[{rng[0]:.4g}, {rng[1]:.4g}] {row.get('bundle_unit', '')}" if rng else "-"
+        print(f"{name:14s} {row['unit'] or '-':8s} {row['rate_hz']:8.2f} "
+              f"{row.get('p1', float('nan')):10.4g} {row.get('p50', float('nan')):10.4g} "
+              f"{row.get('p99', float('nan')):10.4g}  {rng_text}")
+    for warning in report["warnings"]:
+        print(f"WARN {warning}")
+    print(f"{len(report['warnings'])} warning(s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0

@@ -1,0 +1,404 @@
+"""A robot's recording as frames: bag -> adapted signals -> fixed-rate frames with masks.
+
+Training and calibrating on one's own recordings needs the same numbers the node will see
+at run time, so this module reads a bag through the node's own signal map (the
+``signals`` section of a node parameter file: topic, type and the adapter keys of
+:mod:`thinkmem_ros.core.signal_adapters`) and resamples it the node's way: frame k at
+``start + k / rate`` takes the latest sample of each signal received at or before it, and
+a signal whose latest sample is older than ``stale_after_s`` (or that has none yet, or
+that the map declares ``absent``) is NaN, which windows turn into mask 0.
+
+rosbag2 folders are read with :mod:`thinkmem_ros.playback.bag_files`; a ROS 1 ``.bag``
+file is read directly with ``rosbags``' ROS 1 reader (message definitions come from the
+bag itself), so a recording needs no conversion before it is calibrated or trained on.
+Times are bag receive times, the clock the node uses for staleness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from thinkmem_ros.core.data import SignalStream, SituationSet
+from thinkmem_ros.core.signal_adapters import SignalAdapter, parse_adapter
+from thinkmem_ros.playback.bag_files import BagError, BagStream
+
+MAX_PARAMS_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SignalBinding:
+    """One signal of a robot: where it is recorded and how its number is read."""
+
+    topic: str
+    msg_type: str
+    adapter: SignalAdapter
+    absent: bool = False
+
+    @property
+    def unit(self) -> str:
+        """The unit the adapter declares ('' when none is declared)."""
+        return self.adapter.unit
+
+
+@dataclass
+class SignalMap:
+    """The signals section of a node parameter file, plus the rate settings beside it."""
+
+    bindings: dict[str, SignalBinding]
+    frame_rate_hz: float = 0.0  # 0 = take the bundle's
+    stale_after_s: float = 0.5
+    source: str = "params"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Signal names in file order (the order a bundle trained from them uses)."""
+        return tuple(self.bindings)
+
+    @property
+    def units(self) -> dict[str, str]:
+        """Declared unit of each signal."""
+        return {name: b.unit for name, b in self.bindings.items()}
+
+
+@dataclass
+class Samples:
+    """Raw adapted samples of each signal: receive times (s from bag start) and values."""
+
+    times: dict[str, np.ndarray]
+    values: dict[str, np.ndarray]
+    start_ns: int
+    duration_s: float
+    skipped: dict[str, int] = field(default_factory=dict)  # topic -> messages not decodable
+
+    def rate_hz(self, name: str) -> float:
+        """Mean sample rate of ``name`` over the span of its own samples (0 when < 2)."""
+        t = self.times[name]
+        return float((t.size - 1) / (t[-1] - t[0])) if t.size > 1 and t[-1] > t[0] else 0.0
+
+
+def _ros_parameters(raw: Any) -> list[dict]:
+    """Every ``ros__parameters`` mapping of a parameter file, at any namespace depth."""
+    found: list[dict] = []
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            if key == "ros__parameters" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found.extend(_ros_parameters(value))
+    return found
+
+
+def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
+    """SignalMap from a parsed parameter file (or a plain ``{signals: ...}`` mapping).
+
+    Strict like the node: an entry without topic/type, an unknown key or a bad adapter
+    raises ValueError naming ``<source>: signals.<name>.<key>``.
+    """
+    sections = _ros_parameters(raw) or ([raw] if isinstance(raw, dict) else [])
+    params: dict[str, Any] = {}
+    for section in sections:
+        params.update(section)
+    signals = params.get("signals")
+    if not isinstance(signals, dict) or not signals:
+        raise ValueError(f"{source}: no 'signals' mapping (signals.<name>: {{topic, type, "
+                         f"field, ...}}) under ros__parameters")
+    bindings: dict[str, SignalBinding] = {}
+    for name, entry in signals.items():
+        try:
+            adapter = parse_adapter(str(name), entry)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        for key in ("topic", "type"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ValueError(f"{source}: signals.{name}.{key} is required (a string)")
+        absent = entry.get("absent", False)
+        if not isinstance(absent, bool):
+            raise ValueError(f"{source}: signals.{name}.absent must be true or false, "
+                             f"got {absent!r}")
+        topic = entry["topic"] if entry["topic"].startswith("/") else "/" + entry["topic"]
+        bindings[str(name)] = SignalBinding(topic, _canonical(entry["type"]), adapter, absent)
+    rate = params.get("frame_rate_hz", 0.0)
+    stale = params.get("stale_after_s", 0.5)
+    for key, value, low in (("frame_rate_hz", rate, 0.0), ("stale_after_s", stale, 1e-3)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < low:
+            raise ValueError(f"{source}: {key} must be a number >= {low}, got {value!r}")
+    return SignalMap(bindings, float(rate), float(stale), source)
+
+
+def _canonical(msg_type: str) -> str:
+    """'sensor_msgs/Imu' -> 'sensor_msgs/msg/Imu' (the form rosbags reports for any bag)."""
+    parts = msg_type.split("/")
+    return f"{parts[0]}/msg/{parts[1]}" if len(parts) == 2 else msg_type
+
+
+def load_signal_map(path: Path | str) -> SignalMap:
+    """Read a node parameter file's signal map (ValueError naming the file and key)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_PARAMS_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_PARAMS_BYTES} bytes")
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read parameters: {exc}") from None
+    return parse_signal_map(raw, source=str(path))
+
+
+def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, int, Any]],
+                                                     dict[str, str], int, int]:
+    """(iterator of (topic, type, t_ns, msg), topic types, start_ns, end_ns) of any bag."""
+    if path.is_file() and path.suffix == ".bag":
+        from rosbags.rosbag1 import Reader
+
+        try:
+            reader = Reader(path)
+            reader.open()
+        except Exception as exc:  # rosbags raises several types for corrupt bags
+            raise BagError(f"cannot open ROS 1 bag {path}: {exc}") from exc
+        types = {c.topic: _canonical(c.msgtype) for c in reader.connections}
+        start, end = reader.start_time, reader.end_time
+
+        def ros1() -> Iterator[tuple[str, str, int, Any]]:
+            from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+            store = get_typestore(Stores.EMPTY)
+            conns = [c for c in reader.connections if c.topic in topics]
+            for conn in conns:
+                store.register(get_types_from_msg(conn.msgdef.data, conn.msgtype))
+            try:
+                for conn, stamp, data in reader.messages(connections=conns):
+                    yield conn.topic, conn.msgtype, stamp, _decode1(store, data, conn.msgtype)
+            finally:
+                reader.close()
+
+        return ros1(), types, start, end
+    stream = BagStream(path)
+    types = {t: _canonical(m) for t, (m, _) in stream.info.topics.items()}
+    chosen = BagStream(path, sorted(topics & set(types))) if topics & set(types) else None
+
+    def ros2() -> Iterator[tuple[str, str, int, Any]]:
+        from rosbags.typesys import Stores, get_typestore
+
+        # built once (the typestore bag_files writes with): per message it costs ~10 ms
+        store = get_typestore(Stores.ROS2_KILTED)
+        for raw in chosen or ():
+            try:
+                msg = store.deserialize_cdr(raw.data, raw.msgtype)
+            except Exception:  # noqa: BLE001 - undecodable message: counted by the caller
+                msg = None
+            yield raw.topic, raw.msgtype, raw.timestamp_ns, msg
+
+    return ros2(), types, stream.info.start_ns, stream.info.end_ns + 1
+
+
+def _decode1(store, data: bytes, msgtype: str) -> Any:
+    try:
+        return store.deserialize_ros1(data, msgtype)
+    except Exception:  # noqa: BLE001 - an undecodable message is counted, not fatal
+        return None
+
+
+def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
+    """Every adapted sample of the map's (present) signals in a bag, with receive times.
+
+    A topic the bag lacks, or one recorded with another message type than the map says,
+    raises BagError naming the signal; signals declared ``absent`` are not read.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise BagError(f"bag not found: {path}")
+    wanted = {name: b for name, b in signal_map.bindings.items() if not b.absent}
+    topics = {b.topic for b in wanted.values()}
+    messages, types, start_ns, end_ns = _messages(path, topics)
+    for name, binding in wanted.items():
+        if binding.topic not in types:
+            raise BagError(f"signals.{name}.topic: {binding.topic!r} is not in {path}; it has "
+                           f"{sorted(types)}")
+        if types[binding.topic] != binding.msg_type:
+            raise BagError(f"signals.{name}.type: {path} records {binding.topic!r} as "
+                           f"{types[binding.topic]!r}, not {binding.msg_type!r}")
+    by_topic: dict[str, list[str]] = {}
+    for name, binding in wanted.items():
+        by_topic.setdefault(binding.topic, []).append(name)
+    times: dict[str, list[float]] = {name: [] for name in signal_map.bindings}
+    values: dict[str, list[float]] = {name: [] for name in signal_map.bindings}
+    skipped: dict[str, int] = {}
+    for topic, _, stamp, msg in messages:
+        if msg is None:
+            skipped[topic] = skipped.get(topic, 0) + 1
+            continue
+        t = (stamp - start_ns) / 1e9
+        for name in by_topic.get(topic, ()):
+            times[name].append(t)
+            values[name].append(wanted[name].adapter.read(msg))
+    return Samples(
+        times={n: np.asarray(v, dtype=np.float64) for n, v in times.items()},
+        values={n: np.asarray(v, dtype=np.float64) for n, v in values.items()},
+        start_ns=start_ns, duration_s=max(0.0, (end_ns - start_ns) / 1e9), skipped=skipped)
+
+
+def resample(samples: Samples, names: tuple[str, ...], rate_hz: float,
+             stale_after_s: float) -> np.ndarray:
+    """(T, F) float32 frames the node's way: latest sample at each tick, NaN when stale.
+
+    Frame k sits at ``k / rate_hz`` seconds after the bag's first message (as
+    ``policy.replay`` assembles frames), T = floor(duration * rate) + 1, so a bag written
+    from a stream at the same rate reads back frame for frame. A NaN sample (the adapter
+    found no number) is skipped, as the node's buffer refuses it: the previous sample
+    stays until it is stale.
+    """
+    if not math.isfinite(rate_hz) or rate_hz <= 0:
+        raise ValueError(f"rate_hz must be a finite number > 0, got {rate_hz!r}")
+    if not math.isfinite(stale_after_s) or stale_after_s <= 0:
+        raise ValueError(f"stale_after_s must be a finite number > 0, got {stale_after_s!r}")
+    count = int(math.floor(samples.duration_s * rate_hz + 1e-6)) + 1
+    ticks = np.arange(count, dtype=np.float64) / rate_hz
+    out = np.full((count, len(names)), np.nan, dtype=np.float32)
+    for j, name in enumerate(names):
+        t, v = samples.times.get(name), samples.values.get(name)
+        if t is None or t.size == 0:
+            continue
+        ok = np.isfinite(v)
+        t, v = t[ok], v[ok]
+        if t.size == 0:
+            continue
+        idx = np.searchsorted(t, ticks + 1e-6, side="right") - 1  # 1 us: stamp rounding
+        has = idx >= 0
+        age = np.where(has, ticks - t[np.maximum(idx, 0)], np.inf)
+        fresh = has & (age <= stale_after_s)
+        out[fresh, j] = v[idx[fresh]]
+    return out
+
+
+def read_recording(path: Path | str, signal_map: SignalMap, rate_hz: float | None = None,
+                   *, rules=None, stale_after_s: float | None = None) -> SignalStream:
+    """A bag as a SignalStream at ``rate_hz`` (default: the map's), labelled by ``rules``.
+
+    ``rules`` is a :class:`thinkmem_ros.core.label_rules.LabelRules`; without it the
+    stream has no labels (an (T, 0) array).
+    """
+    rate = rate_hz if rate_hz else signal_map.frame_rate_hz
+    if not rate:
+        raise ValueError("no frame rate: give rate_hz or frame_rate_hz in the parameters")
+    stale = signal_map.stale_after_s if stale_after_s is None else stale_after_s
+    samples = read_samples(path, signal_map)
+    values = resample(samples, signal_map.names, rate, stale)
+    if rules is not None:
+        labels = rules.apply(values, signal_map.names, rate)
+        label_names = rules.label_names
+    else:
+        labels, label_names = np.zeros((values.shape[0], 0), dtype=np.float32), ()
+    return SignalStream(rate_hz=float(rate), values=values, labels=labels, events=[],
+                        label_names=tuple(label_names), signal_names=signal_map.names,
+                        scenario=f"recording:{Path(path).name}")
+
+
+def split_stream(stream: SignalStream, fraction: float) -> tuple[SignalStream, SignalStream]:
+    """(first ``fraction`` of the frames, the rest): a time split, never shuffled."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction!r}")
+    cut = int(round(stream.values.shape[0] * fraction))
+
+    def part(lo: int, hi: int, tag: str) -> SignalStream:
+        return SignalStream(rate_hz=stream.rate_hz, values=stream.values[lo:hi],
+                            labels=stream.labels[lo:hi], events=[],
+                            label_names=stream.label_names, signal_names=stream.signal_names,
+                            scenario=f"{stream.scenario}:{tag}")
+
+    return part(0, cut, "head"), part(cut, stream.values.shape[0], "tail")
+
+
+GROUP_SECONDS = 15.0
+"""Length of the recording chunks that form validation groups (a few turns or stops each)."""
+
+
+def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
+                      group_seconds: float = GROUP_SECONDS,
+                      group_base: int = 0) -> SituationSet:
+    """Windows ending at every ``stride``-th frame t >= window - 1, labelled by frame t.
+
+    A recording has no discrete events, so every row's event slot is padding. Groups are
+    ``group_seconds`` chunks of the recording (offset by ``group_base`` so several bags
+    never share a group): a validation split then holds whole stretches of the drive,
+    not frames interleaved with the training ones.
+    """
+    if window < 1 or stride < 1 or not group_seconds > 0:
+        raise ValueError(f"window and stride must be >= 1 and group_seconds > 0, got "
+                         f"{window}, {stride}, {group_seconds}")
+    values = np.asarray(stream.values, dtype=np.float32)
+    if values.shape[0] < window:
+        raise ValueError(f"recording has {values.shape[0]} frames, fewer than "
+                         f"window={window} ({window / stream.rate_hz:g} s)")
+    ends = np.arange(window - 1, values.shape[0], stride)
+    view = np.lib.stride_tricks.sliding_window_view(values, window, axis=0)  # (T-K+1, F, K)
+    signals = np.transpose(view[ends - window + 1], (0, 2, 1))
+    mask = np.isfinite(signals).astype(np.float32)
+    signals = np.where(mask > 0, signals, 0.0).astype(np.float32)
+    groups = group_base + ends // max(1, int(round(group_seconds * stream.rate_hz)))
+    return SituationSet(signals=signals, labels=stream.labels[ends], mask=mask, events=None,
+                        groups=groups.astype(np.int64), label_names=stream.label_names,
+                        signal_names=stream.signal_names, event_vocabulary=(),
+                        meta={"family": "recording", "scenario": stream.scenario,
+                              "rate_hz": stream.rate_hz, "end_frames": ends})
+
+
+def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
+                    predicted_out: list | None = None) -> dict:
+    """Play ``stream`` into ``bundle`` the node's way and score its labels against the rules.
+
+    The stream is pushed through the node's ``SituationBuffer`` at the bundle's rate and
+    the ONNX runtime the node runs (``policy.replay``); the activation at each label's
+    threshold is compared with the rules' label of the newest frame it saw. Returns
+    micro/macro F1 and per-label F1; ``predicted_out`` (a list) receives the (N, L)
+    activation and truth arrays when given.
+    """
+    from thinkmem_ros.core.metrics import micro_scores
+    from thinkmem_ros.policy.replay import ReplayConfig, predict_frames, replay_for
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime(bundle)
+    labels = list(runtime.manifest.labels)
+    if list(stream.label_names) != labels:
+        raise ValueError(f"the rules label {list(stream.label_names)} but the bundle "
+                         f"predicts {labels}")
+    frames = replay_for(stream, runtime.manifest, ReplayConfig(stale_after_s=stale_after_s))
+    predicted = predict_frames(runtime, frames) >= runtime.thresholds
+    truth = frames.truth > 0.5
+    per_label = {name: micro_scores(truth[:, j], predicted[:, j])["f1"]
+                 for j, name in enumerate(labels)}
+    if predicted_out is not None:
+        predicted_out.extend([predicted, truth])
+    return {"frames": len(frames), **micro_scores(truth, predicted),
+            "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label}
+
+
+def summarise(samples: Samples, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per signal: count, rate (Hz), NaN count and p1/p50/p99 of the adapted values."""
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        v = samples.values.get(name, np.zeros(0))
+        ok = v[np.isfinite(v)]
+        row = {"samples": int(v.size), "nan": int(v.size - ok.size),
+               "rate_hz": samples.rate_hz(name)}
+        if ok.size:
+            p1, p50, p99 = np.percentile(ok, [1, 50, 99])
+            row.update(min=float(ok.min()), p1=float(p1), p50=float(p50), p99=float(p99),
+                       max=float(ok.max()))
+        out[name] = row
+    return out
+
+
+def params_text(signal_map: Mapping[str, Mapping[str, Any]]) -> str:
+    """YAML of a ``signals`` mapping under ``/**: ros__parameters`` (a node parameter file)."""
+    import yaml
+
+    return yaml.safe_dump({"/**": {"ros__parameters": {"signals": dict(signal_map)}}},
+                          sort_keys=False)
