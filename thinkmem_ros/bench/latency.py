@@ -10,6 +10,14 @@ throughput of ``predict`` on batches of 64. The paper preset (4 layers, d=192) i
 arithmetic, so its latency is that of a trained one. ONNX Runtime is measured with spinning
 allowed and disallowed (DESIGN.md pitfall: spinning threads burn CPU between calls), and the
 CPU time each query costs is recorded beside its wall time.
+
+``results.streaming`` times the per-frame update of a streaming policy
+(``PolicyRuntime.step``: one new frame, the state carried over, input checks included), one
+frame after another on one thread: the default bundle's when it streams, else an untrained
+``streaming`` preset export with the default bundle's shapes. Both engines are timed
+(``engines.numba`` / ``engines.ort``); the top-level figures are those of the engine the
+runtime picks by itself. ``results.streaming_restart`` does the same for the
+``streaming-restart`` preset (two staggered states, so two updates per frame).
 """
 
 from __future__ import annotations
@@ -73,6 +81,77 @@ def export_untrained(preset: str, reference, folder: Path) -> Path:
     export_bundle(trained, folder, model_version=1, frame_rate_hz=rate,
                   extras={"note": "untrained; for latency only"})
     return folder
+
+
+def export_untrained_streaming(reference, folder: Path, preset: str = "streaming") -> Path:
+    """Write an untrained streaming policy with ``reference``'s shapes as a bundle."""
+    from thinkmem_ros.policy.streaming_runtime import StreamingConfig
+    from thinkmem_ros.policy.training.export import export_bundle
+    from thinkmem_ros.policy.training.streaming_model import StreamingPolicy
+    from thinkmem_ros.policy.training.train import STREAMING_PRESETS, TrainedPolicy
+
+    m = reference.manifest
+    shape = dict(STREAMING_PRESETS[preset])
+    if shape.get("restart") == -1:
+        shape["restart"] = m.window
+    config = StreamingConfig(window=m.window, n_signals=len(m.signals), n_labels=len(m.labels),
+                             max_events=m.max_events, n_event_vocab=len(m.event_vocabulary),
+                             **shape)
+    model = StreamingPolicy(config).eval()
+    model.set_normalisation(m.normalisation["mean"], m.normalisation["std"])
+    trained = TrainedPolicy(
+        model=model, config=config, preset=preset, label_names=tuple(m.labels),
+        signal_names=tuple(m.signals), event_vocabulary=tuple(m.event_vocabulary),
+        normalisation=dict(m.normalisation), thresholds=dict(m.thresholds))
+    export_bundle(trained, folder, model_version=1, frame_rate_hz=m.frame_rate_hz,
+                  extras={"note": "untrained; for latency only"})
+    return folder
+
+
+def step_times(runtime, frames: np.ndarray, events: np.ndarray,
+               warmup: int) -> tuple[list[float], float]:
+    """Per-frame wall seconds of ``step`` over consecutive frames, and CPU s per frame."""
+    mask = np.ones(frames.shape[1], np.float32)
+    for i in range(warmup):
+        runtime.step(frames[i % len(frames)], mask, events)
+    clock = time.perf_counter
+    out = []
+    cpu0 = time.process_time()
+    for frame in frames:
+        start = clock()
+        runtime.step(frame, mask, events)
+        out.append(clock() - start)
+    return out, (time.process_time() - cpu0) / len(frames)
+
+
+def measure_streaming(bundle_path: Path, cfg: dict, repeats: int,
+                      rng: np.random.Generator) -> dict:
+    """Per-frame update percentiles in microseconds for each engine, one thread."""
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
+    out: dict = {"engines": {}}
+    for engine in (None, "ort"):
+        runtime = PolicyRuntime(bundle_path, threads=1, engine=engine)
+        events = np.zeros(runtime.max_events, np.int64)
+        events[-2:] = 1 if runtime.manifest.event_vocabulary else 0
+        samples, cpu = [], []
+        for _ in range(repeats):
+            frames = situations(runtime.manifest, cfg["queries"] // runtime.window + 1, rng)
+            frames = np.ascontiguousarray(frames.reshape(-1, frames.shape[-1])[:cfg["queries"]])
+            times, cpu_s = step_times(runtime, frames, events, cfg["warmup"])
+            samples.extend(times)
+            cpu.append(cpu_s * 1e6)
+        us = np.asarray(samples) * 1e6
+        row = {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99)),
+               "p999_us": float(np.percentile(us, 99.9)), "mean_us": float(us.mean()),
+               "cpu_us_per_frame": float(np.mean(cpu)), "frames": int(us.size)}
+        name = runtime.engine.engine
+        out["engines"][name] = row
+        if engine is None:
+            out.update(row, engine=name, fallback_reason=runtime.engine.fallback_reason)
+    out.update(threads=1, hidden=runtime.engine.config.hidden,
+               onnx_bytes=runtime.bundle.onnx_path.stat().st_size)
+    return out
 
 
 def batch1_times(runtime, windows: np.ndarray, warmup: int) -> tuple[list[float], float]:
@@ -142,7 +221,7 @@ def run(quick: bool, seeds: int, size: str | None = None,
                 # same shapes (weights do not change latency) and say so in the JSON.
                 path = export_untrained("default", None, Path(tmp) / "default")
                 source = "stand-in: untrained default preset (models/default missing)"
-        task = bar.add_task("latency", total=5)
+        task = bar.add_task("latency", total=6)
         bar.update(task, description="latency: default bundle")
         results["default"] = measure(path, cfg, seeds, rng)
         bar.update(task, advance=1, description="latency: default, spinning allowed")
@@ -154,6 +233,18 @@ def run(quick: bool, seeds: int, size: str | None = None,
         bar.update(task, advance=1, description="latency: fast preset")
         fast_path = export_untrained("fast", load_bundle(path), Path(tmp) / "fast")
         results["fast"] = measure(fast_path, cfg, seeds, rng)
+        bar.update(task, advance=1, description="latency: streaming per-frame update")
+        reference = load_bundle(path)
+        stream_path, stream_source = path, source
+        if not reference.manifest.streaming:
+            stream_path = export_untrained_streaming(reference, Path(tmp) / "streaming")
+            stream_source = "untrained 'streaming' preset with the default bundle's shapes"
+        results["streaming"] = measure_streaming(stream_path, cfg, seeds, rng)
+        results["streaming"]["source"] = stream_source
+        # The restart schedule (two staggered states: two updates per frame), for reference.
+        restart_path = export_untrained_streaming(reference, Path(tmp) / "restart",
+                                                  "streaming-restart")
+        results["streaming_restart"] = measure_streaming(restart_path, cfg, seeds, rng)
         bar.update(task, advance=1)
     keys = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "cpu_ms_per_query")
     results["default"]["spinning"] = {
@@ -161,7 +252,9 @@ def run(quick: bool, seeds: int, size: str | None = None,
         "allowed": {k: spinning[k] for k in keys}}
     return {"metric": "latency_ms", "results": results,
             "targets": {"default_p99_ms_below": 1.0,
-                        "default_p99_met": results["default"]["p99_ms"] < 1.0},
+                        "default_p99_met": results["default"]["p99_ms"] < 1.0,
+                        "streaming_p50_us_at_most": 5.0,
+                        "streaming_p50_met": results["streaming"]["p50_us"] <= 5.0},
             "setup": {**cfg, "repeats": seeds, "bundle": str(path), "bundle_source": source,
                       "batch": 1,
                       "paper_preset": "untrained export with the default bundle's window, "

@@ -5,6 +5,26 @@ and *no spinning* by default: ONNX Runtime's worker threads busy-wait between ca
 otherwise, burning a core the robot needs for control (DESIGN.md, known pitfalls).
 The graph is checked against the manifest on load, so a bundle whose ONNX file and
 ``bundle.json`` disagree is refused instead of producing misaligned labels.
+
+Two kinds of bundle run here. A window bundle (format 1 graph) maps a (K, F) situation to
+probabilities in one ONNX call (``predict``/``predict_one``). A streaming bundle (format 2,
+``bundle.json`` has a ``streaming`` section; ``runtime.streaming`` is True) carries a
+per-frame update with explicit state, run by ``policy.streaming_runtime`` in one compiled
+call per frame:
+
+* ``step(frame (F,), mask (F,), events (M,), t=None) -> probabilities (L,)``: advance the
+  stream by one frame (the newest row of the window; ``events`` is the register of the last
+  M event ids, oldest first, 0 = padding, as in a window). The returned array and
+  ``last_embedding`` are views that the next call overwrites: copy what you keep. With a
+  time ``t`` (seconds), a step backwards in time or a gap over ``gap_s`` restarts the state.
+* ``predict_frame(signals (K, F), mask (K, F), events (M,), t=None, seq=None) ->
+  Prediction``: what the node calls per frame. It steps the newest row only; after a reset,
+  a time jump, a gap, a skipped frame (``seq`` not one more than the last) or at the first
+  frame it replays the whole window from the reset state first, which is exactly the
+  computation every training situation went through.
+* ``reset()``: forget the stream (safe from another thread: applied at the next frame).
+* ``predict``/``predict_one`` score windows from the reset state, as training did, and
+  leave the stream's state alone.
 """
 
 from __future__ import annotations
@@ -17,6 +37,15 @@ import numpy as np
 import onnxruntime as ort
 
 from thinkmem_ros.policy.bundle import Bundle, BundleError, BundleManifest, load_bundle
+from thinkmem_ros.policy.streaming_runtime import (
+    STATE_INPUTS,
+    STEP_INPUTS,
+    STEP_OUTPUTS,
+    StreamingConfig,
+    StreamingEngine,
+    StreamingError,
+)
+from thinkmem_ros.policy.streaming_runtime import InputError as StreamInputError
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -26,8 +55,8 @@ OPTIMIZATION_LEVELS = {
 }
 
 
-class InputError(ValueError):
-    """A situation given to the runtime has the wrong shape, dtype or non-finite values."""
+InputError = StreamInputError
+"""A situation or frame given to the runtime has the wrong shape, dtype or values."""
 
 
 @dataclass
@@ -64,7 +93,7 @@ class PolicyRuntime:
 
     def __init__(self, bundle: Bundle | str | Path, threads: int = 1,
                  allow_spinning: bool = False, thresholds: dict[str, float] | None = None,
-                 optimization: str = "all") -> None:
+                 optimization: str = "all", engine: str | None = None) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         m = self.bundle.manifest
         path = self.bundle.onnx_path
@@ -84,7 +113,33 @@ class PolicyRuntime:
         except Exception as exc:  # onnxruntime raises its own unexported exception types
             raise BundleError(f"{path}: ONNX Runtime cannot load the model (sha256 "
                               f"{m.sha256}): {exc}") from exc
-        self._check_graph(m, path)
+        self.streaming = bool(m.streaming)
+        self.engine: StreamingEngine | None = None
+        if self.streaming:
+            self._check_streaming_graph(m, path)
+            try:
+                config = StreamingConfig.from_dict(m.model_config)
+                if (config.window, config.n_signals, config.n_labels, config.max_events) != (
+                        m.window, len(m.signals), len(m.labels), m.max_events):
+                    raise ValueError("model_config disagrees with window/signals/labels/events")
+                self.engine = StreamingEngine(model, config, self.session, engine=engine)
+                # restart schedule (StreamingConfig.restart): a second, staggered state
+                self._twin = (StreamingEngine(model, config, self.session, engine=engine)
+                              if config.restart else None)
+            except (ValueError, StreamingError) as exc:
+                raise BundleError(f"{path}: streaming policy cannot run (sha256 "
+                                  f"{m.sha256}): {exc}") from exc
+            self.gap_s = float(m.streaming.get("gap_s", 2.5 / m.frame_rate_hz))
+            self.stream_resets = {"start": 0, "gap": 0, "backward": 0, "requested": 0}
+            self._last_t: float | None = None
+            self._last_seq: int | None = None
+            self._period = config.restart
+            self._frames = 0  # frames since the stream (re)started
+            self._answer = self.engine
+            self._reset_pending = True
+            self._reset_reason = "start"
+        else:
+            self._check_graph(m, path)
         self.thresholds = self._thresholds(m, thresholds)
         self._labels = np.array(m.labels, dtype=object)
         k, f, e = m.window, len(m.signals), m.max_events
@@ -132,6 +187,31 @@ class PolicyRuntime:
                         f"manifest expects {dtype} [batch, {', '.join(map(str, dims))}] "
                         f"(sha256 {m.sha256})")
 
+    def _check_streaming_graph(self, m: BundleManifest, path: Path) -> None:
+        """Refuse a step graph whose names or shapes disagree with the manifest."""
+        state = m.streaming.get("state", {})
+        if not isinstance(state, dict) or set(state) != set(STATE_INPUTS):
+            raise BundleError(f"{path}: streaming.state must name {list(STATE_INPUTS)}, got "
+                              f"{state!r}")
+        f = len(m.signals)
+        dims = {"frame": [f], "mask": [f], "events": [m.max_events],
+                "probabilities": [len(m.labels)], "embedding": list(state["h"])}
+        for name in STATE_INPUTS:
+            dims[name] = dims[f"{name}_out"] = list(state[name])
+        for kind, nodes, names in (("input", self.session.get_inputs(), STEP_INPUTS),
+                                   ("output", self.session.get_outputs(), STEP_OUTPUTS)):
+            found = {node.name: node for node in nodes}
+            if set(found) != set(names):
+                raise BundleError(f"{path}: streaming graph {kind}s {sorted(found)} != "
+                                  f"expected {sorted(names)} (sha256 {m.sha256})")
+            for name in names:
+                node = found[name]
+                dtype = "tensor(int64)" if name == "events" else "tensor(float)"
+                if node.type != dtype or list(node.shape[1:]) != dims[name]:
+                    raise BundleError(f"{path}: streaming graph {kind} {name!r} is "
+                                      f"{node.type} {node.shape}, the manifest expects "
+                                      f"{dtype} [batch, {dims[name]}] (sha256 {m.sha256})")
+
     # -- properties -------------------------------------------------------------------------
     @property
     def manifest(self) -> BundleManifest:
@@ -173,7 +253,11 @@ class PolicyRuntime:
                 events: np.ndarray | None = None) -> Prediction:
         """Predict for one (K, F) situation or a (B, K, F) batch of raw signal values."""
         feed = self.validate(signals, mask, events)
-        probs, embedding = self.session.run(self._outputs, feed)
+        if self.engine is not None:
+            probs, embedding = self.engine.run_windows(feed["signals"], feed["mask"],
+                                                       feed["events"])
+        else:
+            probs, embedding = self.session.run(self._outputs, feed)
         return Prediction(probs, self._active(probs), embedding)
 
     def predict_one(self, signals: np.ndarray, mask: np.ndarray | None = None,
@@ -199,8 +283,111 @@ class PolicyRuntime:
             one["events"].fill(0)
         else:
             one["events"][0] = self._pad_events(np.asarray(events)[None])[0]
-        probs, embedding = self.session.run(self._outputs, one)
+        if self.engine is not None:
+            probs, embedding = self.engine.run_windows(one["signals"], one["mask"],
+                                                       one["events"])
+        else:
+            probs, embedding = self.session.run(self._outputs, one)
         return Prediction(probs, self._active(probs), embedding)
+
+    # -- streaming ---------------------------------------------------------------------------
+    def reset(self, reason: str = "requested") -> None:
+        """Forget the stream's state; the next frame starts afresh (thread-safe flag)."""
+        if self.engine is None:
+            return
+        self._reset_reason = reason if reason in self.stream_resets else "requested"
+        self._reset_pending = True
+
+    def _check_time(self, t: float | None) -> None:
+        if t is None:
+            return
+        last = self._last_t
+        if last is not None and not self._reset_pending:
+            if t < last:
+                self._reset_pending, self._reset_reason = True, "backward"
+            elif t - last > self.gap_s:
+                self._reset_pending, self._reset_reason = True, "gap"
+        self._last_t = t
+
+    def step(self, frame: np.ndarray, mask: np.ndarray, events: np.ndarray,
+             t: float | None = None) -> np.ndarray:
+        """One frame of a streaming bundle: probabilities (L,), a view reused next call."""
+        engine = self.engine
+        if engine is None:
+            raise TypeError("step() needs a streaming bundle; use predict_one for windows")
+        if t is not None:
+            self._check_time(t)
+        if self._reset_pending:
+            self._restart()
+            self.stream_resets[self._reset_reason] += 1
+            self._reset_pending = False
+        return self._advance(frame, mask, events)[0]
+
+    def _restart(self) -> None:
+        self.engine.reset()
+        if self._twin is not None:
+            self._twin.reset()
+        self._frames = 0
+
+    def _advance(self, frame, mask, events) -> tuple[np.ndarray, np.ndarray]:
+        """One frame through the state(s); returns (probabilities, embedding) views.
+
+        With a restart period P two states run, each restarted every P frames half a period
+        apart, and the older one answers: it has seen P/2+1..P frames, a history length
+        training cropped its windows to.
+        """
+        twin = self._twin
+        if twin is None:
+            return self.engine.step(frame, mask, events)
+        n, period = self._frames, self._period
+        half = period // 2
+        if n and n % period == 0:
+            self.engine.reset()
+        if n % period == half and n >= half:
+            twin.reset()
+        self.engine.step_pair(twin, frame, mask, events)
+        self._frames = n + 1
+        answer = self.engine if n % period + 1 > half or n < half else twin
+        self._answer = answer
+        return answer.probabilities, answer.embedding
+
+    @property
+    def last_embedding(self) -> np.ndarray:
+        """Embedding (H,) of the last ``step``: a view the next call overwrites."""
+        if self.engine is None:
+            raise TypeError("last_embedding needs a streaming bundle")
+        return self._answer.embedding
+
+    def predict_frame(self, signals: np.ndarray, mask: np.ndarray, events: np.ndarray,
+                      t: float | None = None, seq: int | None = None) -> Prediction:
+        """The node's per-frame call: step the newest row (replaying the window after a reset).
+
+        Window bundles answer with ``predict_one`` (the whole window every frame).
+        """
+        if self.engine is None:
+            return self.predict_one(signals, mask, events)
+        self._check_time(t)
+        if seq is not None:
+            if self._last_seq is not None and seq != self._last_seq + 1 \
+                    and not self._reset_pending:
+                self._reset_pending, self._reset_reason = True, "gap"
+            self._last_seq = seq
+        if self._reset_pending:
+            k, f = self.window, len(self.manifest.signals)
+            _check_array("signals", signals, (k, f), float_only=True)
+            _check_array("mask", mask, (k, f), float_only=False)
+            self._restart()
+            self.stream_resets[self._reset_reason] += 1
+            try:
+                for row in range(k - 1):  # the window from the reset state, as in training
+                    self._advance(signals[row], mask[row], events)
+            except InputError:
+                self._reset_reason = "requested"
+                raise  # still pending: the next good frame replays its window
+            self._reset_pending = False
+        probs, embedding = self._advance(signals[-1], mask[-1], events)
+        probs2 = probs[None].copy()
+        return Prediction(probs2, self._active(probs2), embedding[None].copy())
 
     def validate(self, signals, mask=None, events=None) -> dict[str, np.ndarray]:
         """Return a checked, batched float32/int64 feed dict; raise InputError with the reason."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -97,6 +98,7 @@ class Frame:
     stale: tuple[str, ...]  # signals masked in the newest row (stale or never seen)
     last_arrival: float | None  # perf_counter of the newest sample in the newest row
     inputs_stamp: float | None  # newest header stamp among the newest row's samples
+    assembled_at: float | None = None  # perf_counter when the frame was assembled
 
 
 @dataclass
@@ -271,7 +273,8 @@ class SituationBuffer:
                 signals=self._ring_values[order].copy(), mask=self._ring_mask[order].copy(),
                 events=self._event_array(now), stale=stale,
                 last_arrival=float(arrivals.max()) if arrivals.size else None,
-                inputs_stamp=float(stamps.max()) if stamps.size else None)
+                inputs_stamp=float(stamps.max()) if stamps.size else None,
+                assembled_at=time.perf_counter())
 
     def _event_array(self, now: float) -> np.ndarray:
         horizon = self.config.event_horizon_s

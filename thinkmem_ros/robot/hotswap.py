@@ -111,6 +111,11 @@ class PolicySlot:
                 return self._current, False
             self._current, self._pending = self._pending, None
             self.swaps += 1
+            # A streaming policy's state belongs to the stream it last saw: the swapped-in
+            # one starts afresh (it replays the node's window at its first frame).
+            reset = getattr(self._current.runtime, "reset", None)
+            if reset is not None:
+                reset("start")
             return self._current, True
 
     def peek(self) -> LoadedPolicy:

@@ -3,7 +3,12 @@
 Uses the TorchScript-based exporter (``dynamo=False``): it handles this small encoder
 without the extra ``onnxscript`` dependency. Constant folding is left to ONNX Runtime at
 session creation, so the graph's initialisers keep their module names (``head.weight``...)
-and ``train.warm_start`` can read weights back from a shipped bundle.
+and ``train.warm_start`` can read weights back from a shipped bundle (the robot's compiled
+streaming kernel reads them by the same names).
+
+A streaming policy (``streaming_model.StreamingPolicy``) is exported as its per-frame
+update with explicit state inputs and outputs (``streaming_runtime.STEP_INPUTS`` /
+``STEP_OUTPUTS``), in a format-2 bundle whose manifest has a ``streaming`` section.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ from pathlib import Path
 import torch
 
 from thinkmem_ros.policy.bundle import Bundle, BundleManifest, write_bundle
+from thinkmem_ros.policy.streaming_runtime import (
+    STATE_OUTPUTS,
+    STEP_INPUTS,
+    STEP_OUTPUTS,
+    StreamingConfig,
+)
 from thinkmem_ros.policy.training.train import TrainedPolicy
 
 OPSET = 17
@@ -26,6 +37,8 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
     """Serialise the policy as ONNX with a dynamic batch axis on every input and output."""
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
+    if isinstance(trained.config, StreamingConfig):
+        return streaming_onnx_bytes(trained, opset)
     c = trained.config
     model = trained.model.eval()
     example = (torch.zeros(2, c.window, c.n_signals), torch.ones(2, c.window, c.n_signals),
@@ -42,6 +55,40 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
             dynamic_axes={name: {0: "batch"} for name in INPUTS + OUTPUTS},
             do_constant_folding=False)
     return buffer.getvalue()
+
+
+def streaming_onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
+    """Serialise a streaming policy's per-frame update, state in and state out."""
+    c = trained.config
+    model = trained.model.eval()
+    f = c.n_signals
+    example = (torch.zeros(2, f), torch.ones(2, f),
+               torch.zeros(2, c.max_events, dtype=torch.int64),
+               *(torch.zeros(2, *shape) for shape in c.state_shapes().values()))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(
+            model, example, buffer, dynamo=False, opset_version=opset,
+            input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
+            dynamic_axes={name: {0: "batch"} for name in STEP_INPUTS + STEP_OUTPUTS},
+            do_constant_folding=False)
+    return buffer.getvalue()
+
+
+def streaming_section(config: StreamingConfig, frame_rate_hz: float) -> dict:
+    """The manifest's ``streaming`` section: state layout and when the robot resets it.
+
+    ``gap_s``: a frame later than this after the previous one (an input gap, a dropped
+    frame, a forward sim-time jump) restarts the state from the node's window, as does any
+    backward step of time (a looped bag, a seek).
+    """
+    return {"kind": config.kind, "inputs": list(STEP_INPUTS), "outputs": list(STEP_OUTPUTS),
+            "state": {name: list(shape) for name, shape in config.state_shapes().items()},
+            "state_outputs": list(STATE_OUTPUTS), "warmup_frames": config.window,
+            "restart_period": config.restart,
+            "gap_s": round(2.5 / float(frame_rate_hz), 6)}
 
 
 def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
@@ -66,7 +113,9 @@ def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
         training_fingerprint=training_fingerprint or trained.fingerprint,
         preset=trained.preset, model_config=trained.config.to_dict(),
         metrics=dict(metrics or {"validation": trained.val_metrics}),
-        extras=dict(extras or {}))
+        extras=dict(extras or {}),
+        streaming=(streaming_section(trained.config, frame_rate_hz)
+                   if isinstance(trained.config, StreamingConfig) else {}))
 
 
 def export_bundle(trained: TrainedPolicy, folder: str | Path, *, model_version: int = 1,
