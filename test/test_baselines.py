@@ -121,6 +121,10 @@ def test_sequence_rag_uses_mask_only_when_data_has_gaps_and_bytes_grow_linearly(
     mask[:, 0, 0] = 0
     gappy = SequenceRAG().fit(make_set(small.signals, small.labels, mask))
     assert gappy.bytes_per_record() > a.bytes_per_record()
+    # the mask can be left out on purpose (Exp 1 indexes K*F values per window)
+    plain = SequenceRAG(append_mask=False).fit(make_set(small.signals, small.labels, mask))
+    assert plain.bytes_per_record() == a.bytes_per_record()
+    assert plain.vectoriser.dim == K * F and gappy.vectoriser.dim == 2 * K * F
 
 
 def test_rf_summary_learns_a_rule_that_summaries_do_show():

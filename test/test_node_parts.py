@@ -163,3 +163,40 @@ def test_watcher_swaps_replaced_files_and_keeps_old_on_tamper(source_bundle, tmp
     finally:
         swapper.stop()
     assert not swapper.is_alive()
+
+
+def test_activation_splits_latency_into_wait_and_compute():
+    result = make_result([0.6, 0.2, 0.95])
+    record = json.loads(activation_json(result, "r1"))
+    assert record["wait_us"] is None and record["compute_us"] is None  # unknown: null
+    result.wait_us, result.compute_us = 80000.04, 312.26
+    record = json.loads(activation_json(result, "r1"))
+    assert record["wait_us"] == 80000.0 and record["compute_us"] == 312.3
+    assert record["latency_us"] == 456.7  # kept for readers of the old field
+
+
+def test_diagnostics_report_wait_and_compute_percentiles():
+    v = values(build_status(snapshot(wait_us=np.arange(1.0, 101.0),
+                                     compute_us=np.full(100, 250.0))))
+    assert float(v["wait_p50_us"]) == pytest.approx(50.5)
+    assert float(v["wait_p99_us"]) == pytest.approx(99.01, abs=0.05)  # one decimal
+    assert float(v["compute_p50_us"]) == 250.0 and float(v["compute_p99_us"]) == 250.0
+    assert v["wait_p50_us"] != v["compute_p50_us"]
+    empty = values(build_status(snapshot()))  # a node that has not published yet
+    assert empty["wait_p50_us"] == "nan" and empty["compute_p99_us"] == "nan"
+
+
+def test_frames_carry_their_assembly_time_after_the_newest_sample():
+    import time
+
+    from thinkmem_ros.policy.situation import BufferConfig, SituationBuffer
+
+    buffer = SituationBuffer(BufferConfig(signals=("a", "b"), window=3, stale_after_s=1.0))
+    first = time.perf_counter()
+    buffer.offer(0, 1.0, now=0.0, arrival=first)
+    newest = time.perf_counter()
+    buffer.offer(1, 2.0, now=0.0, arrival=newest)
+    frame = buffer.assemble(0.05)
+    assert frame.last_arrival == newest
+    assert frame.assembled_at is not None and frame.assembled_at >= newest
+    assert frame.assembled_at - frame.last_arrival < 1.0  # the wait part of the latency

@@ -9,8 +9,13 @@ carries a value table or memory-control probes, ``active`` is
 what the gates kept, in rank order, and the record adds ``policy_active`` (what the policy
 activated), ``ranked``, ``suppressed`` {label: reason}, ``values``, ``uncertainties``,
 ``value_mode`` and ``memctl`` {p_compress, p_recall, compress, recall, error} (see
-``thinking_gates``). ``/thinking/probabilities`` is a Float32MultiArray whose layout names each
-dimension after its thinking label, so a consumer never guesses the output order.
+``thinking_gates``). Timings split ``latency_us`` (newest sample -> activation built) into
+``wait_us`` (newest sample -> frame assembled: with the timer trigger mostly the wait for
+the next tick, with the sample trigger the callback's own cost) and ``compute_us`` (frame
+assembled -> activation built: hand-off, inference and gates), so a reader can tell a slow
+policy from a frame schedule that waits; ``inference_us`` is the policy call alone.
+``/thinking/probabilities`` is a Float32MultiArray whose layout names each dimension after
+its thinking label, so a consumer never guesses the output order.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class FrameResult:
     inputs_stamp: float | None
     gate: dict | None = None  # ThinkingGates decisions (GateOutcome.record()), if any
     no_input: bool = False  # every signal stale: nothing is claimed active
+    wait_us: float | None = None  # newest sample arrival -> frame assembled
+    compute_us: float | None = None  # frame assembled -> activation built (just before publish)
 
 
 def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,
@@ -73,6 +80,8 @@ def activation_record(result: FrameResult, robot_id: str) -> dict:
         "no_input": result.no_input,
         "inference_us": round(result.inference_us, 1),
         "latency_us": None if result.latency_us is None else round(result.latency_us, 1),
+        "wait_us": None if result.wait_us is None else round(result.wait_us, 1),
+        "compute_us": None if result.compute_us is None else round(result.compute_us, 1),
     }
     if result.gate is not None:  # value rerank / memory control ran: what the policy said too
         record["policy_active"] = list(result.active)
