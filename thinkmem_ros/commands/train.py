@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     StreamRecipe.add_arguments(parser)
     parser.add_argument("--test-duration", type=float, default=600.0,
                         help="seconds of the held-out evaluation stream (0 = none)")
-    parser.add_argument("--preset", default="default", help="policy preset (default, paper)")
+    parser.add_argument("--preset", default="default",
+                        help="policy preset: window (default, paper, fast) or per-frame "
+                             "(streaming-restart, streaming, streaming-small)")
     parser.add_argument("--epochs", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -43,6 +45,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-version", type=int, default=1)
     parser.add_argument("--out", default="models/default", help="bundle folder to write")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--signal-drop", type=float, default=0.0,
+                        help="probability of masking a signal for a whole training window, "
+                             "so a robot without it stays in-distribution (0 = off)")
+    own = parser.add_argument_group(
+        "training on your own recordings (instead of the synthetic world)")
+    own.add_argument("--bag", action="append", default=[], metavar="BAG",
+                     help="a recording (rosbag2 folder or ROS 1 .bag); repeat for several")
+    own.add_argument("--labels", metavar="RULES.yaml",
+                     help="labelling rules (threshold, trend, co_occurrence) for --bag")
+    own.add_argument("--params", metavar="FILE",
+                     help="node parameter file whose 'signals' (topics, types, adapters) "
+                          "read --bag; its frame_rate_hz, when set, overrides --rate")
+    own.add_argument("--train-fraction", type=float, default=1.0,
+                     help="train on the first fraction of each bag and score the bundle on "
+                          "the rest (1 = train on everything)")
+    own.add_argument("--min-steps", type=int, default=1500,
+                     help="floor on optimiser steps when training on --bag")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,6 +72,10 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.training.export import build_manifest, export_bundle
     from thinkmem_ros.policy.training.train import train_policy
 
+    if args.bag:
+        return main_bags(args)
+    if args.labels or args.params:
+        raise SystemExit("--labels and --params need --bag (the recordings to label)")
     if args.streams < 1:
         raise SystemExit(f"--streams must be >= 1, got {args.streams}")
     torch.set_num_threads(args.threads)
@@ -66,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     trained = train_policy(data, args.preset, seed=args.seed, epochs=args.epochs,
                            batch_size=args.batch_size, lr=args.lr, patience=args.patience,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, signal_drop=args.signal_drop)
     wall = time.perf_counter() - start
     command = "thinkmem train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else REPRODUCE_DEFAULT
@@ -93,6 +116,26 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def streamed_probabilities(runtime, test):
+    """(N, L) probabilities of a streaming runtime stepped over consecutive windows' rows.
+
+    ``test`` holds stride-1 windows of one stream, so row t's newest frame is frame t: the
+    runtime sees every frame once, in order, from the first window's replay on.
+    """
+    import numpy as np
+
+    ends = np.asarray(test.meta["end_frames"])
+    if len(ends) > 1 and not (np.diff(ends) == 1).all():
+        raise ValueError("streamed scoring needs stride-1 windows of one stream")
+    runtime.reset()
+    out = np.empty((len(test), len(test.label_names)), np.float32)
+    out[0] = runtime.predict_frame(test.signals[0], test.mask[0], test.events[0]
+                                   ).probabilities[0]
+    for i in range(1, len(test)):
+        out[i] = runtime.step(test.signals[i, -1], test.mask[i, -1], test.events[i])
+    return out
+
+
 def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
     """Micro and per-label F1 of the exported ONNX bundle on a fresh held-out stream."""
     import numpy as np
@@ -104,9 +147,14 @@ def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
     stream = generate_stream(args.scenario, args.test_duration, args.rate, rng)
     test = stream_windows(stream, args.window, max_events=args.max_events)
     runtime = PolicyRuntime(bundle)
-    probs = np.concatenate([runtime.predict(test.signals[i:i + 1024], test.mask[i:i + 1024],
-                                            test.events[i:i + 1024]).probabilities
-                            for i in range(0, len(test), 1024)])
+    if runtime.streaming:
+        # Scored the way the robot runs it: one update per frame over the whole stream,
+        # never reset, read at each situation's last frame.
+        probs = streamed_probabilities(runtime, test)
+    else:
+        probs = np.concatenate([runtime.predict(
+            test.signals[i:i + 1024], test.mask[i:i + 1024],
+            test.events[i:i + 1024]).probabilities for i in range(0, len(test), 1024)])
     predicted = probs >= runtime.thresholds
     scores = micro_scores(test.labels, predicted)
     per_label = {name: micro_scores(test.labels[:, j], predicted[:, j])["f1"]
@@ -116,3 +164,76 @@ def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
     return {"scenario": args.scenario, "duration_s": args.test_duration,
             "situations": len(test), **{f"micro_{k}": v for k, v in scores.items()},
             "per_label_f1": per_label}
+
+
+def main_bags(args: argparse.Namespace) -> int:
+    """Train a bundle for a robot's own signals from its recordings and a rules file.
+
+    Each bag is read through the parameter file's signal map (adapters included) and
+    resampled the node's way; the rules label every frame. With ``--train-fraction`` < 1
+    the last part of each bag is held out and the written bundle is scored on it the
+    node's way (``metrics.held_out``).
+    """
+    import torch
+
+    from thinkmem_ros.core.data import SituationSet
+    from thinkmem_ros.core.label_rules import RulesError, load_rules
+    from thinkmem_ros.playback.bag_files import BagError
+    from thinkmem_ros.playback.recording import (
+        load_signal_map,
+        read_recording,
+        recording_windows,
+        score_recording,
+        split_stream,
+    )
+    from thinkmem_ros.policy.training.recording import fit_bundle
+
+    if not args.labels or not args.params:
+        raise SystemExit("--bag needs --labels RULES.yaml and --params FILE (the signal map)")
+    if not 0.0 < args.train_fraction <= 1.0:
+        raise SystemExit(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
+    torch.set_num_threads(args.threads)
+    try:
+        signal_map = load_signal_map(args.params)
+        rules = load_rules(args.labels, signal_map.names)
+    except (ValueError, RulesError) as exc:
+        raise SystemExit(str(exc)) from None
+    rate = signal_map.frame_rate_hz or args.rate
+    parts, tails = [], []
+    for i, bag in enumerate(args.bag):
+        try:
+            stream = read_recording(bag, signal_map, rate, rules=rules)
+        except (BagError, ValueError) as exc:
+            raise SystemExit(str(exc)) from None
+        if args.train_fraction < 1.0:
+            stream, tail = split_stream(stream, args.train_fraction)
+            tails.append(tail)
+        try:
+            parts.append(recording_windows(stream, args.window, group_base=i * 1_000_000))
+        except ValueError as exc:
+            raise SystemExit(f"{bag}: {exc}") from None
+    data = SituationSet.concat(parts)
+    print(f"training on {len(data)} situations from {len(args.bag)} recording(s) at "
+          f"{rate:g} Hz; signals {list(signal_map.names)}, labels {list(rules.label_names)}",
+          file=sys.stderr)
+    command = "thinkmem train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if sys.argv[1:2] == ["train"] else ""
+    start = time.perf_counter()
+    positives = {name: float(data.labels[:, j].mean())
+                 for j, name in enumerate(data.label_names)}
+    bundle, trained = fit_bundle(
+        data, args.out, frame_rate_hz=rate, units=signal_map.units, preset=args.preset,
+        seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        patience=args.patience, min_steps=args.min_steps, signal_drop=args.signal_drop,
+        model_version=args.model_version, progress=not args.no_progress,
+        metrics={"train": {"situations": len(data), "recordings": list(map(str, args.bag)),
+                           "label_positive_fraction": positives}},
+        extras={"command": command, "labels": str(args.labels), "params": str(args.params)})
+    print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train "
+          f"{time.perf_counter() - start:.0f} s, signal set {bundle.manifest.signal_set[:12]})")
+    for bag, tail in zip(args.bag, tails, strict=True):
+        scores = score_recording(bundle, tail, stale_after_s=signal_map.stale_after_s)
+        print(f"held-out last {1 - args.train_fraction:.0%} of {bag}: micro-F1 "
+              f"{scores['f1']:.4f}, macro-F1 {scores['macro_f1']:.4f} on {scores['frames']} "
+              f"frames", file=sys.stderr)
+    return 0

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-FORMAT_VERSION = 1
-SUPPORTED_FORMATS = (1,)
+FORMAT_VERSION = 2
+"""2 adds ``streaming``: a per-frame update with explicit state (policy/streaming_runtime)."""
+SUPPORTED_FORMATS = (1, 2)
 MANIFEST = "bundle.json"
 ONNX_FILE = "policy.onnx"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
@@ -51,6 +52,10 @@ class BundleManifest:
     metrics: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    streaming: dict = field(default_factory=dict)  # {} = a window policy (format 1 graph)
+    signal_units: dict[str, str] = field(default_factory=dict)  # signal -> unit ('' unknown)
+    signal_ranges: dict[str, list[float]] = field(default_factory=dict)  # signal -> [p1, p99]
+    signal_set: str = ""  # signal_set_fingerprint(); filled by write_bundle when empty
 
     def __post_init__(self) -> None:
         if self.format_version not in SUPPORTED_FORMATS:
@@ -64,10 +69,17 @@ class BundleManifest:
         missing = [label for label in self.labels if label not in self.thresholds]
         if missing:
             raise BundleError(f"bundle thresholds lack labels {missing}")
+        if self.streaming and self.format_version < 2:
+            raise BundleError("a streaming bundle needs format_version >= 2, got "
+                              f"{self.format_version}")
         for key in ("mean", "std"):
             if len(self.normalisation.get(key, [])) != len(self.signals):
                 raise BundleError(
                     f"bundle normalisation[{key!r}] must have {len(self.signals)} values")
+        for key in ("signal_units", "signal_ranges"):
+            stray = sorted(set(getattr(self, key)) - set(self.signals))
+            if stray:
+                raise BundleError(f"bundle {key} name signals {stray} it does not have")
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys) so signatures over it are reproducible."""
@@ -129,6 +141,15 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "metrics": (lambda v: isinstance(v, dict), "an object"),
     "extras": (lambda v: isinstance(v, dict), "an object"),
     "format_version": (_is_int, "an integer"),
+    "streaming": (lambda v: isinstance(v, dict), "an object"),
+    "signal_units": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+        "an object {signal: unit}"),
+    "signal_ranges": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(xs, list) and len(xs) == 2
+        and all(_is_number(x) for x in xs) for k, xs in v.items()),
+        "an object {signal: [low, high]}"),
+    "signal_set": (lambda v: isinstance(v, str), "a string"),
 }
 """What each ``bundle.json`` key must hold: a manifest is outside input (a file on disk, a
 push), so a wrong type is refused naming the key instead of failing later in a traceback."""
@@ -163,6 +184,26 @@ class Bundle:
     def version(self) -> int:
         """Monotonic model version; the node never swaps to a lower one from a push."""
         return self.manifest.model_version
+
+
+def signal_set_fingerprint(manifest: BundleManifest) -> str:
+    """sha256 over the signal names, their order, declared units and the frame rate.
+
+    Two robots can share experiences and bundles only when their windows mean the same
+    thing: the same columns, in the same units, at the same rate. The consolidator groups
+    experiences by this value and retrains each group for its own bundle line; a bundle
+    without declared units fingerprints its units as '' (the synthetic world's signals).
+    """
+    return signal_set_key(manifest.signals, manifest.signal_units, manifest.frame_rate_hz)
+
+
+def signal_set_key(signals: list[str] | tuple[str, ...], units: dict[str, str],
+                   frame_rate_hz: float) -> str:
+    """The fingerprint of ``signal_set_fingerprint`` from its parts (for a robot's config)."""
+    text = json.dumps({"signals": list(signals),
+                       "units": [units.get(name, "") for name in signals],
+                       "frame_rate_hz": round(float(frame_rate_hz), 6)}, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -230,6 +271,8 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     manifest.sha256 = hashlib.sha256(onnx_bytes).hexdigest()
+    if not manifest.signal_set:
+        manifest.signal_set = signal_set_fingerprint(manifest)
     if not manifest.created_at:
         manifest.created_at = datetime.now(UTC).isoformat(timespec="seconds")
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))

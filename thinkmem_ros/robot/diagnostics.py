@@ -4,10 +4,21 @@ Plain Python so the level rules are unit-tested without ROS; the node copies the
 into a ``diagnostic_msgs/DiagnosticStatus``. Counters are cumulative in the values (so a
 tool can difference them) while the level reacts to what happened since the previous
 report, so a burst of bad messages an hour ago does not keep the robot in WARN forever.
+
+Three things a real robot gets wrong without noticing are reported here too: a window
+whose span differs from the one the bundle was trained on (frames, or the sensors that
+drive them with ``frame_trigger: samples``, at another rate: ``RateMonitor``), a
+publisher whose QoS can never reach the node (counted per signal from rclpy's
+incompatible-QoS events), and header stamps far from the node's clock (a recording's
+stamps, a sensor with its own clock: a note, not a fault). Signals declared absent are
+reported as "absent by design", never as stale, so a robot without some sensor is not
+in WARN forever.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,15 +28,114 @@ LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR"}
 
 COUNTERS = ("frames", "invalid", "duplicate", "out_of_order", "unknown_events",
             "frames_skipped", "inference_errors", "stale_frames", "samples", "future",
-            "time_jumps", "invalid_events", "input_errors", "no_input_frames")
+            "time_jumps", "invalid_events", "input_errors", "no_input_frames",
+            "rate_mismatch_frames", "qos_incompatible", "stamp_offset_samples")
 """Cumulative counters the node reports, in the order they appear in the values.
 
 ``future``: samples refused because their stamp was further ahead of the node's clock
 than ``future_stamp_tolerance_s``; ``time_jumps``: backward clock steps that reset the
 window; ``invalid_events``: events-topic messages refused (too long); ``input_errors``:
 input messages whose handling raised (the node counts them and goes on);
-``no_input_frames``: frames published with every signal stale and so no active thinking.
+``no_input_frames``: frames published with every signal stale and so no active thinking;
+``rate_mismatch_frames``: frames published while the window's span differed from the
+bundle's by more than ``RATE_TOLERANCE``; ``qos_incompatible``: publishers on signal
+topics whose QoS can never match the node's subscription (rclpy incompatible-QoS events);
+``stamp_offset_samples``: samples whose header stamp was more than ``STAMP_NOTE_S`` behind
+the node's clock.
 """
+
+RATE_TOLERANCE = 0.05
+"""Relative difference of the window span from the bundle's that is reported (5 %)."""
+STAMP_NOTE_S = 10.0
+"""A header stamp further behind the node's clock than this is noted (never refused)."""
+
+
+@dataclass(frozen=True)
+class RateCheck:
+    """What the measured rates say about the window's span against the bundle's."""
+
+    frame_rate_hz: float  # over the last frames (up to 64); NaN until enough frames
+    span_s: float  # K frame intervals at that rate: what the window covers
+    expected_span_s: float  # K / the bundle's frame rate
+    bundle_rate_hz: float
+    mismatch: bool
+    fast_signals: tuple[str, ...] = ()  # samples faster than the bundle's rate (drive frames)
+    signal_rates_hz: dict[str, float] = field(default_factory=dict)
+
+    def reason(self) -> str:
+        """One clause for the diagnostics message ('' without a mismatch)."""
+        if not self.mismatch:
+            return ""
+        drivers = (f"; driven by {', '.join(self.fast_signals)}" if self.fast_signals else "")
+        return (f"window spans {self.span_s:.2f} s, bundle trained on "
+                f"{self.expected_span_s:.2f} s (frames at {self.frame_rate_hz:.1f} Hz, "
+                f"bundle {self.bundle_rate_hz:.1f} Hz{drivers})")
+
+
+class RateMonitor:
+    """Rates of frames and of each signal's samples over their last 64 intervals.
+
+    The rate is (intervals) / (time they span), i.e. what a window of that many frames
+    really covers: a burst of messages delivered together by a busy executor averages
+    out (a median of intervals would not), and one late timer tick moves it by about
+    1/64. Nothing is judged before a window's worth (K) of intervals has been seen; a
+    30 Hz stream driving a 10 Hz bundle (``frame_trigger: samples``) is then reported at
+    the next diagnostics tick. Times are the node's clock (sim time under a bag's /clock).
+    """
+
+    def __init__(self, signals: tuple[str, ...], bundle_rate_hz: float, window: int,
+                 *, keep: int = 65, min_intervals: int | None = None,
+                 tolerance: float = RATE_TOLERANCE) -> None:
+        self.signals = signals
+        self.bundle_rate_hz = float(bundle_rate_hz)
+        self.window = int(window)
+        self.tolerance = tolerance
+        # Judged once a full window of intervals is seen: a few start-up ticks delayed by
+        # loading must not read as another rate.
+        self.min_intervals = (min(self.window, keep - 1) if min_intervals is None
+                              else min_intervals)
+        self._lock = threading.Lock()
+        self._frames: deque[float] = deque(maxlen=keep)
+        self._samples = [deque(maxlen=keep) for _ in signals]
+
+    def frame(self, t: float) -> None:
+        """Record a frame assembled at node time ``t``."""
+        with self._lock:
+            self._frames.append(t)
+
+    def sample(self, index: int, t: float) -> None:
+        """Record an accepted sample of signal ``index`` at node time ``t``."""
+        with self._lock:
+            self._samples[index].append(t)
+
+    def reset(self) -> None:
+        """Forget the history (the clock jumped: old intervals mean nothing now)."""
+        with self._lock:
+            self._frames.clear()
+            for ring in self._samples:
+                ring.clear()
+
+    def _rate(self, ring: deque) -> float:
+        if len(ring) <= self.min_intervals:
+            return float("nan")
+        spanned = ring[-1] - ring[0]
+        return (len(ring) - 1) / spanned if spanned > 0 else float("nan")
+
+    def check(self, samples_trigger: bool) -> RateCheck:
+        """Judge the current rates; a mismatch is a span more than ``tolerance`` off."""
+        with self._lock:
+            frame_rate = self._rate(self._frames)
+            rates = {name: self._rate(ring) for name, ring in zip(
+                self.signals, self._samples, strict=True)}
+        expected = self.window / self.bundle_rate_hz
+        span = self.window / frame_rate if frame_rate > 0 else float("nan")
+        mismatch = bool(np.isfinite(span) and abs(span / expected - 1.0) > self.tolerance)
+        fast = tuple(name for name, rate in rates.items() if samples_trigger and np.isfinite(
+            rate) and rate > self.bundle_rate_hz * (1.0 + self.tolerance))
+        return RateCheck(frame_rate, span, expected, self.bundle_rate_hz, mismatch,
+                         fast if mismatch else (),
+                         {k: v for k, v in rates.items() if np.isfinite(v)})
+
 
 
 @dataclass
@@ -48,6 +158,12 @@ class HealthSnapshot:
     bundle_path: str = ""
     bundle_error: str = ""  # last rejected bundle, '' once a good one is running again
     bundle_swaps: int = 0
+    absent: tuple[str, ...] = ()  # declared absent by design: never stale, never a warning
+    rate: RateCheck | None = None
+    qos_incompatible: dict[str, tuple[int, str]] = field(default_factory=dict)
+    stamp_offset_s: float = float("nan")  # node clock minus the latest far-off header stamp
+    wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sample -> frame
+    compute_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # frame -> publish
 
 
 @dataclass
@@ -75,13 +191,27 @@ def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
     rate = delta["frames"] / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
     errors: list[str] = []
     warns: list[str] = []
+    notes: list[str] = []
     warmed = snap.uptime_s >= warmup_s
+    stale = tuple(s for s in snap.stale if s not in snap.absent)
+    present = [s for s in snap.signals if s not in snap.absent]
     if delta["inference_errors"]:
         errors.append(f"{delta['inference_errors']} inference errors")
-    if snap.stale and len(snap.stale) == len(snap.signals) and warmed:
+    if stale and len(stale) == len(present) and warmed:
         errors.append("no fresh input: every signal is stale")
-    elif snap.stale:
-        warns.append(f"stale: {', '.join(snap.stale)}")
+    elif stale:
+        warns.append(f"stale: {', '.join(stale)}")
+    if snap.rate is not None and snap.rate.mismatch:
+        warns.append(snap.rate.reason())
+    for signal, (count, policy) in sorted(snap.qos_incompatible.items()):
+        warns.append(f"incompatible QoS on {signal} ({count} publisher"
+                     f"{'s' if count != 1 else ''}, {policy}): its messages never arrive")
+    if delta["stamp_offset_samples"]:
+        notes.append(f"note: {delta['stamp_offset_samples']} samples stamped "
+                     f"{snap.stamp_offset_s:.3g} s behind the node's clock (a recording's "
+                     "or a sensor's own clock?)")
+    if snap.absent:
+        notes.append(f"absent by design: {', '.join(snap.absent)}")
     if warmed and rate < 0.5 * snap.expected_rate_hz:
         errors.append(f"frame rate {rate:.1f} Hz of {snap.expected_rate_hz:.1f} Hz")
     elif warmed and rate < rate_tolerance * snap.expected_rate_hz:
@@ -106,6 +236,8 @@ def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
         warns.append(f"inference p99 {p99:.0f} us exceeds half the frame period")
     level = ERROR if errors else WARN if warns else OK
     message = "; ".join(errors + warns) or "running"
+    if notes:
+        message += "; " + "; ".join(notes)
     return StatusReport(level, message, _values(snap, rate))
 
 
@@ -120,12 +252,29 @@ def _values(snap: HealthSnapshot, rate: float) -> list[tuple[str, str]]:
         ("inference_p99_us", f"{_pct(snap.inference_us, 99):.1f}"),
         ("latency_p50_us", f"{_pct(snap.latency_us, 50):.1f}"),
         ("latency_p99_us", f"{_pct(snap.latency_us, 99):.1f}"),
-        ("stale_signals", ",".join(snap.stale)),
-        ("stale_count", str(len(snap.stale))),
+        ("wait_p50_us", f"{_pct(snap.wait_us, 50):.1f}"),
+        ("wait_p99_us", f"{_pct(snap.wait_us, 99):.1f}"),
+        ("compute_p50_us", f"{_pct(snap.compute_us, 50):.1f}"),
+        ("compute_p99_us", f"{_pct(snap.compute_us, 99):.1f}"),
+        ("stale_signals", ",".join(s for s in snap.stale if s not in snap.absent)),
+        ("stale_count", str(sum(s not in snap.absent for s in snap.stale))),
+        ("absent_signals", ",".join(snap.absent)),
+        ("absent_count", str(len(snap.absent))),
         ("type_mismatch", mismatch),
         ("type_mismatch_count", str(len(snap.type_mismatch))),
     ]
     values += [(key, str(snap.totals.get(key, 0))) for key in COUNTERS]
+    check = snap.rate
+    values += [
+        ("frame_rate_measured_hz", "nan" if check is None else f"{check.frame_rate_hz:.3f}"),
+        ("window_span_s", "nan" if check is None else f"{check.span_s:.3f}"),
+        ("window_span_expected_s", "nan" if check is None else f"{check.expected_span_s:.3f}"),
+        ("rate_mismatch", str(bool(check is not None and check.mismatch)).lower()),
+        ("signal_rates_hz", "" if check is None else ",".join(
+            f"{name}={rate_hz:.2f}" for name, rate_hz in check.signal_rates_hz.items())),
+        ("qos_incompatible_signals", ",".join(
+            f"{name}={count}" for name, (count, _) in sorted(snap.qos_incompatible.items()))),
+        ("stamp_offset_s", f"{snap.stamp_offset_s:.3f}")]
     values += [("bundle_version", str(snap.bundle_version)),
                ("bundle_sha256", snap.bundle_sha256),
                ("bundle_path", snap.bundle_path),

@@ -41,7 +41,11 @@ activations. Status "memory" in ``/diagnostics`` counts suppressions, recalls, e
 failures.
 
 Latency, as reported: from the ``perf_counter`` reading taken on entry to the callback of
-the newest sample used by a frame to the return of the activation ``publish()``.
+the newest sample used by a frame to the return of the activation ``publish()``, split into
+``wait_us`` (that sample -> the frame assembled; with the timer trigger mostly the wait for
+the next tick) and ``compute_us`` (frame assembled -> publish returned: hand-off, inference,
+gates), in the stats file and /diagnostics; the activation's own fields stop just before
+its ``publish()``.
 
 Outside input cannot stop the node: every subscription callback is guarded and counts what
 it could not handle (``input_errors``); feedback and events are size-bounded; header stamps
@@ -73,6 +77,7 @@ from rcl_interfaces.msg import (
 )
 from rclpy.clock import ClockChange, JumpThreshold, TimeJump
 from rclpy.duration import Duration
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.exceptions import NameValidationException, ParameterException
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
@@ -82,6 +87,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
 
 from thinkmem_ros.core.paths import resolve_bundle_path
+from thinkmem_ros.core.signal_adapters import SignalAdapter
 from thinkmem_ros.link.security import (
     SecurityError,
     load_verify_key,
@@ -101,14 +107,16 @@ from thinkmem_ros.robot.activation import (
     probabilities_layout,
 )
 from thinkmem_ros.robot.diagnostics import (
+    STAMP_NOTE_S,
     GateSnapshot,
     HealthSnapshot,
+    RateMonitor,
     StatusReport,
     build_status,
     gate_status,
 )
 from thinkmem_ros.robot.hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy
-from thinkmem_ros.robot.msg_fields import FieldError, FieldPath, extract_stamp, message_class
+from thinkmem_ros.robot.msg_fields import extract_stamp, message_class
 from thinkmem_ros.robot.node_config import (
     ACTIVATION_TOPIC,
     DIAGNOSTICS_TOPIC,
@@ -173,6 +181,8 @@ class _Stats:
         self.lock = threading.Lock()
         self.inference_us: deque[float] = deque(maxlen=2000)
         self.latency_us: deque[float] = deque(maxlen=2000)
+        self.wait_us: deque[float] = deque(maxlen=2000)  # newest sample -> frame assembled
+        self.compute_us: deque[float] = deque(maxlen=2000)  # frame assembled -> published
         # per published frame, kept only for a stats file: (inputs_stamp, latency_us)
         self.all_latency_us: list[tuple] | None = [] if keep_all else None
         self.all_inference_us: list[float] | None = [] if keep_all else None
@@ -182,17 +192,25 @@ class _Stats:
         self.input_errors = 0  # input messages whose handling raised (counted, node goes on)
         self.invalid_events = 0  # events-topic messages refused (too long)
         self.no_input_frames = 0  # frames with every signal stale: nothing claimed active
+        self.rate_mismatch_frames = 0  # frames while the window span was off the bundle's
+        self.stamp_offset_samples = 0  # samples stamped far behind the node's clock
+        self.stamp_offset_s = float("nan")  # the latest such offset
 
     def record(self, inference_us: float, latency_us: float | None,
-               inputs_stamp: float | None) -> None:
+               inputs_stamp: float | None, wait_us: float | None = None,
+               compute_us: float | None = None) -> None:
         with self.lock:
             self.published += 1
             self.inference_us.append(inference_us)
             if latency_us is not None:
                 self.latency_us.append(latency_us)
+            if wait_us is not None:
+                self.wait_us.append(wait_us)
+            if compute_us is not None:
+                self.compute_us.append(compute_us)
             if self.all_latency_us is not None and len(self.all_latency_us) < 2_000_000:
                 self.all_inference_us.append(inference_us)
-                self.all_latency_us.append((inputs_stamp, latency_us))
+                self.all_latency_us.append((inputs_stamp, latency_us, wait_us, compute_us))
 
 
 MAX_EVENT_CHARS = 256
@@ -217,7 +235,8 @@ def _input_callback(method: Callable) -> Callable:
 
 
 def _descriptor(spec: ParamSpec) -> ParameterDescriptor:
-    desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only)
+    desc = ParameterDescriptor(description=spec.description, read_only=spec.read_only,
+                               dynamic_typing=spec.dynamic)
     if spec.min is not None and isinstance(spec.default, float):
         desc.floating_point_range = [FloatingPointRange(
             from_value=float(spec.min), to_value=float(spec.max), step=0.0)]
@@ -268,6 +287,12 @@ class ThinkingNode(Node):
                 nanoseconds=-int(JUMP_BACK_S * 1e9)), on_clock_change=True),
             post_callback=self._on_time_jump)
         self._stats = _Stats(keep_all=bool(self.config.stats_file))
+        # Window span against the bundle's (frames or sensors at another rate), QoS
+        # publishers that can never match, per signal: both reported in /diagnostics.
+        self._rates = RateMonitor(policy.signals, policy.frame_rate_hz, policy.window)
+        self._rate_frames_seen = 0
+        self._rate_warned_at = -float("inf")
+        self._qos_incompatible: dict[str, tuple[int, str]] = {}
         self._slot = PolicySlot(policy)
         self._layout = self._make_layout(policy)
         self._bundle_error = ""
@@ -312,7 +337,8 @@ class ThinkingNode(Node):
         for spec in PARAMETERS:
             self.declare_parameter(spec.name, spec.default, _descriptor(spec))
         bundle_path = self.get_parameter("bundle_path").value
-        signals = tuple(read_manifest(resolve_bundle_path(bundle_path)).signals)
+        manifest = read_manifest(resolve_bundle_path(bundle_path))
+        signals = tuple(manifest.signals)
         specs = list(PARAMETERS)
         for name in signals:
             for spec in signal_params(name):
@@ -322,8 +348,18 @@ class ThinkingNode(Node):
         # be ignored: rcl hands over every override meant for this node, declared or not.
         check_parameter_names(getattr(self, "_parameter_overrides", {}), signals,
                               source="parameters")
+        # A base-vocabulary signal this bundle does not use (config/thinkmem.yaml lists all
+        # of them) is not an error, but it is not read either: say so once.
+        unused = sorted({name.split(".")[1] for name in getattr(self, "_parameter_overrides", {})
+                         if name.startswith("signals.") and name.count(".") == 2}
+                        - set(signals))
+        if unused:
+            self.get_logger().info(f"signals {unused} are configured but not used by this "
+                                   f"bundle (it reads {list(signals)})")
         values = {spec.name: self.get_parameter(spec.name).value for spec in specs}
-        return NodeConfig.from_parameters(values, signals)
+        config = NodeConfig.from_parameters(values, signals)
+        config.check_units(getattr(manifest, "signal_units", None) or {})
+        return config
 
     def _load_verify_key(self):
         key = self.config.bundle_signing_public_key
@@ -458,10 +494,14 @@ class ThinkingNode(Node):
         self._subs = []
         for index, name in enumerate(policy.signals):
             src = self.config.signal_map[name]
-            path = FieldPath.compile(src.msg_type, src.field)
+            if src.absent:
+                continue  # absent by design: masked, never subscribed
+            events = SubscriptionEventCallbacks(
+                incompatible_qos=functools.partial(self._on_incompatible_qos, name))
             self._subs.append(self.create_subscription(
                 message_class(src.msg_type), src.topic,
-                functools.partial(self._on_sample, index, path), qos))
+                functools.partial(self._on_sample, index, src.reader()), qos,
+                event_callbacks=events))
         if self.config.events_topic:
             self._subs.append(self.create_subscription(
                 String, self.config.events_topic, self._on_event, qos))
@@ -485,23 +525,40 @@ class ThinkingNode(Node):
                 return
             now = self._now()
             self.buffer.reset_time(now)
+            self._rates.reset()
             self._last_frame_at = -float("inf")  # the 'samples' watchdog restarts too
+            self._slot.peek().runtime.reset("backward")  # streaming state: start afresh
             self.get_logger().info(f"clock jumped by {jump.delta.nanoseconds * 1e-9:+.3f} s "
                                    f"to {now:.3f}: situation window reset",
                                    throttle_duration_sec=1.0)
         except Exception as exc:  # noqa: BLE001 - rcl calls this; it must not raise
             self.get_logger().error(f"time jump handling failed: {exc}")
 
+    def _on_incompatible_qos(self, signal: str, info) -> None:
+        """A publisher on ``signal``'s topic whose QoS can never match ours (rclpy event)."""
+        try:
+            policy = getattr(info.last_policy_kind, "name", str(info.last_policy_kind))
+            policy = policy.removeprefix("RMW_QOS_POLICY_")  # 'RELIABILITY', as users say it
+            self._qos_incompatible[signal] = (int(info.total_count), policy)
+            self.get_logger().warning(
+                f"{signal}: {info.total_count} publisher(s) with incompatible QoS "
+                f"({policy}); set qos to match them", throttle_duration_sec=10.0)
+        except Exception as exc:  # noqa: BLE001 - rcl calls this; it must not raise
+            self._input_error("incompatible_qos", exc)
+
     @_input_callback
-    def _on_sample(self, index: int, path: FieldPath, msg) -> None:
+    def _on_sample(self, index: int, adapter: SignalAdapter, msg) -> None:
         arrival = time.perf_counter()
         now = self._now()
-        try:
-            value = path.extract(msg)
-        except FieldError:
-            value = float("nan")  # counted as invalid by the buffer
-        verdict = self.buffer.offer(index, value, now=now, stamp=extract_stamp(msg),
-                                    arrival=arrival)
+        value = adapter.read(msg)  # NaN when the message holds no number there (invalid)
+        stamp = extract_stamp(msg)
+        verdict = self.buffer.offer(index, value, now=now, stamp=stamp, arrival=arrival)
+        if verdict is Verdict.ACCEPTED:
+            self._rates.sample(index, now)
+        if stamp is not None and now - stamp > STAMP_NOTE_S:
+            with self._stats.lock:
+                self._stats.stamp_offset_samples += 1
+                self._stats.stamp_offset_s = now - stamp
         if (verdict is Verdict.ACCEPTED and self.config.frame_trigger == "samples"
                 and self.buffer.complete(now)):
             self._emit(now)
@@ -529,6 +586,7 @@ class ThinkingNode(Node):
 
     def _emit(self, now: float) -> None:
         self._last_frame_at = now
+        self._rates.frame(now)
         if self.config.frame_trigger == "samples":
             # Lowest latency: no thread hand-off; callbacks wait at most one inference.
             self._infer(self.buffer.assemble(now))
@@ -560,7 +618,10 @@ class ThinkingNode(Node):
             self._policy = policy
         start = time.perf_counter()
         try:
-            pred = policy.runtime.predict_one(frame.signals, frame.mask, events)
+            # a streaming bundle steps the newest row; its state restarts (from this
+            # window) on a swap, a backward stamp or a gap; a window bundle runs the window
+            pred = policy.runtime.predict_frame(frame.signals, frame.mask, events,
+                                                t=frame.stamp, seq=frame.seq)
         except Exception as exc:  # noqa: BLE001 - a bad frame must not stop the node
             with self._stats.lock:
                 self._stats.inference_errors += 1
@@ -584,14 +645,20 @@ class ThinkingNode(Node):
                 self._stats.no_input_frames += 1
         else:
             result.gate = self._apply_gates(result)
+        built = time.perf_counter()
         if frame.last_arrival is not None:
-            result.latency_us = (time.perf_counter() - frame.last_arrival) * 1e6
+            result.latency_us = (built - frame.last_arrival) * 1e6
+        if frame.assembled_at is not None:  # latency = wait (sample -> frame) + compute
+            result.compute_us = (built - frame.assembled_at) * 1e6
+            if frame.last_arrival is not None:
+                result.wait_us = (frame.assembled_at - frame.last_arrival) * 1e6
         self._act_pub.publish(String(data=activation_json(result, self.config.robot_id)))
-        latency = (None if frame.last_arrival is None
-                   else (time.perf_counter() - frame.last_arrival) * 1e6)
+        published = time.perf_counter()
+        latency = None if frame.last_arrival is None else (published - frame.last_arrival) * 1e6
+        compute = None if frame.assembled_at is None else (published - frame.assembled_at) * 1e6
         self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
         self._publish_evidence(result)
-        self._stats.record(inference_us, latency, frame.inputs_stamp)
+        self._stats.record(inference_us, latency, frame.inputs_stamp, result.wait_us, compute)
         for listener in list(self.frame_listeners):
             try:
                 listener(result)
@@ -638,6 +705,7 @@ class ThinkingNode(Node):
 
     def _on_swapped(self, policy: LoadedPolicy) -> None:
         self._layout = self._make_layout(policy)
+        self._rates.bundle_rate_hz = float(policy.frame_rate_hz)
         self._gates.use(self._artefacts_for(policy))
         self.buffer.set_event_vocabulary(policy.event_vocabulary)
         self.get_logger().info(f"swapped to bundle v{policy.version} sha256 "
@@ -658,11 +726,16 @@ class ThinkingNode(Node):
             skipped, errors = stats.frames_skipped, stats.inference_errors
             input_errors, invalid_events = stats.input_errors, stats.invalid_events
             no_input = stats.no_input_frames
-        return {"frames": stats.published, "invalid": sum(counters.invalid.values()),
+            extra = {"rate_mismatch_frames": stats.rate_mismatch_frames,
+                     "stamp_offset_samples": stats.stamp_offset_samples,
+                     "qos_incompatible": sum(n for n, _ in self._qos_incompatible.values())}
+        absent = set(self.config.absent_signals)
+        return extra | {"frames": stats.published, "invalid": sum(counters.invalid.values()),
                 "duplicate": sum(counters.duplicate.values()),
                 "out_of_order": sum(counters.out_of_order.values()),
                 "unknown_events": counters.unknown_events, "frames_skipped": skipped,
-                "inference_errors": errors, "stale_frames": sum(counters.stale_frames.values()),
+                "inference_errors": errors, "stale_frames": sum(
+                    n for name, n in counters.stale_frames.items() if name not in absent),
                 "samples": sum(counters.accepted.values()),
                 "future": sum(counters.future.values()), "time_jumps": counters.time_jumps,
                 "invalid_events": invalid_events, "input_errors": input_errors,
@@ -672,7 +745,8 @@ class ThinkingNode(Node):
         """Topics of the signal map that also carry publishers of another message type."""
         out: dict[str, list[str]] = {}
         expected = {self.resolve_topic_name(self.config.signal_map[s].topic):
-                    self.config.signal_map[s].msg_type for s in self.buffer.signals}
+                    self.config.signal_map[s].msg_type for s in self.buffer.signals
+                    if not self.config.signal_map[s].absent}
         if self.config.events_topic:
             expected[self.resolve_topic_name(self.config.events_topic)] = "std_msgs/msg/String"
         for topic, msg_type in expected.items():
@@ -688,8 +762,24 @@ class ThinkingNode(Node):
                             "its messages cannot reach this node")
         return out
 
+    def _check_rates(self):
+        """Judge the window span; count the frames since the last check when it is off."""
+        check = self._rates.check(self.config.frame_trigger == "samples")
+        with self._stats.lock:
+            published = self._stats.published
+            if check.mismatch:
+                self._stats.rate_mismatch_frames += published - self._rate_frames_seen
+            self._rate_frames_seen = published
+        if check.mismatch and time.monotonic() - self._rate_warned_at > 60.0:
+            self._rate_warned_at = time.monotonic()
+            self.get_logger().warning(f"{check.reason()}: the policy sees another time "
+                                      "scale than it was trained on; set frame_rate_hz / "
+                                      "frame_trigger or train a bundle for this rate")
+        return check
+
     def health(self) -> HealthSnapshot:
         """Snapshot for ``build_status``; advances the 'since previous report' baseline."""
+        rate_check = self._check_rates()
         now = time.monotonic()
         totals = self._totals()
         last_at, previous = self._last_diag
@@ -697,18 +787,23 @@ class ThinkingNode(Node):
         with self._stats.lock:
             inference = np.array(self._stats.inference_us)
             latency = np.array(self._stats.latency_us)
+            wait, compute = np.array(self._stats.wait_us), np.array(self._stats.compute_us)
         fresh = self.buffer.fresh(self._now())
         policy = self._slot.peek()
         return HealthSnapshot(
             robot_id=self.config.robot_id, expected_rate_hz=self.frame_rate_hz,
             elapsed_s=now - last_at, uptime_s=now - self._started, totals=totals,
             previous=previous, inference_us=inference, latency_us=latency,
+            wait_us=wait, compute_us=compute,
             signals=self.buffer.signals,
             stale=tuple(s for s, ok in zip(self.buffer.signals, fresh, strict=True)
                         if not ok),
             type_mismatch=self.type_mismatches(), bundle_version=policy.version,
             bundle_sha256=policy.sha256, bundle_path=str(policy.path),
-            bundle_error=self._bundle_error, bundle_swaps=self._slot.swaps)
+            bundle_error=self._bundle_error, bundle_swaps=self._slot.swaps,
+            absent=tuple(s for s in self.buffer.signals if s in self.config.absent_signals),
+            rate=rate_check, qos_incompatible=dict(self._qos_incompatible),
+            stamp_offset_s=self._stats.stamp_offset_s)
 
     def _publish_diagnostics(self) -> None:
         report = build_status(self.health(), warmup_s=2.0 * self.config.diagnostics_period_s
@@ -741,7 +836,8 @@ class ThinkingNode(Node):
     def write_stats(self, path: str | Path) -> None:
         """Latency/inference samples and counters as JSON (called at shutdown, off the tick)."""
         with self._stats.lock:
-            data = {"frames": [[stamp, lat] for stamp, lat in self._stats.all_latency_us or []],
+            # per frame: [inputs_stamp, latency_us, wait_us, compute_us] (publish returned)
+            data = {"frames": [list(row) for row in self._stats.all_latency_us or []],
                     "inference_us": list(self._stats.all_inference_us or []),
                     "published": self._stats.published}
         data["totals"] = self._totals()

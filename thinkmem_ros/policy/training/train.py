@@ -20,11 +20,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.data import SituationSet, signal_drop_mask
 from thinkmem_ros.core.metrics import micro_scores
 from thinkmem_ros.policy.bundle import Bundle, load_bundle
 from thinkmem_ros.policy.config import PolicyConfig
+from thinkmem_ros.policy.streaming_runtime import StreamingConfig
 from thinkmem_ros.policy.training.model import ThinkingPolicy
+from thinkmem_ros.policy.training.streaming_model import StreamingPolicy
+
+STREAMING_PRESETS = {"streaming": {"hidden": 64}, "streaming-small": {"hidden": 48},
+                     "streaming-restart": {"hidden": 64, "restart": -1}}
+"""Presets of the per-frame GRU policy (streaming_model.py); the rest are window presets.
+
+``restart: -1`` means "restart every K frames" (the data's window): two staggered states,
+the answer from one that has seen K/2..K frames (``StreamingConfig.restart``)."""
 
 TAU_GRID = np.round(np.arange(0.1, 0.91, 0.05), 2)
 
@@ -33,8 +42,8 @@ TAU_GRID = np.round(np.arange(0.1, 0.91, 0.05), 2)
 class TrainedPolicy:
     """A trained model plus everything a bundle needs to describe it."""
 
-    model: ThinkingPolicy
-    config: PolicyConfig
+    model: ThinkingPolicy | StreamingPolicy
+    config: PolicyConfig | StreamingConfig
     normalisation: dict[str, list[float]]
     label_names: tuple[str, ...]
     signal_names: tuple[str, ...]
@@ -102,10 +111,16 @@ def signal_statistics(data: SituationSet) -> tuple[np.ndarray, np.ndarray]:
     return mean.astype(np.float32), std.astype(np.float32)
 
 
-def _resolve_config(data: SituationSet, config: PolicyConfig | str) -> tuple[PolicyConfig, str]:
+def _resolve_config(data: SituationSet, config: PolicyConfig | StreamingConfig | str
+                    ) -> tuple[PolicyConfig | StreamingConfig, str]:
     sizes = {"window": data.window, "n_signals": len(data.signal_names),
              "n_labels": len(data.label_names), "max_events": int(data.events.shape[1]),
              "n_event_vocab": len(data.event_vocabulary)}
+    if isinstance(config, str) and config in STREAMING_PRESETS:
+        preset = dict(STREAMING_PRESETS[config])
+        if preset.get("restart") == -1:
+            preset["restart"] = data.window
+        return StreamingConfig(**sizes, **preset), config
     if isinstance(config, str):
         return PolicyConfig.from_preset(config, **sizes), config
     for key, value in sizes.items():
@@ -201,7 +216,8 @@ def warm_start(model: ThinkingPolicy, init_from: WarmStart, label_names: tuple[s
                 report["copied"].append(key)
             else:
                 report["fresh"].append(key)
-        if not any(key.startswith("shape_in.") for key in source):
+        if "shape_in.weight" in target and not any(key.startswith("shape_in.")
+                                                   for key in source):
             # A bundle from before the window-shape input: start that input at zero so the
             # warm-started model computes exactly what the old one did, then learns it.
             for key in ("shape_in.weight", "shape_in.bias"):
@@ -216,7 +232,7 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
                  weight_decay: float = 0.01, val_fraction: float = 0.15, patience: int = 5,
                  progress: bool = True, init_from: WarmStart | None = None,
                  tune_tau: bool = True, balance: bool = True,
-                 min_steps: int = 0) -> TrainedPolicy:
+                 min_steps: int = 0, signal_drop: float = 0.0) -> TrainedPolicy:
     """Train a policy on ``data`` and return it with thresholds and validation metrics.
 
     Early stopping watches validation loss and restores the best epoch's weights; with
@@ -228,16 +244,26 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
     early stopping waits for it. A few hundred rows give a handful of steps per epoch, and
     a fixed epoch count would end training before the model learned anything (order over
     unseen identities took > 1,000 steps where 105 left it at chance).
+
+    ``signal_drop`` > 0 masks each signal of each training row for its whole window with
+    that probability, drawn afresh every epoch (validation rows stay intact): a robot
+    without one of the signals then runs in-distribution instead of on inputs the policy
+    never saw (a bundle trained without it lost 0.045 micro-F1 with ``visibility``
+    absent). Labels are kept: they say what thinking the situation needs, whatever the
+    robot can observe of it.
     """
     _check_data(data)
     if epochs < 1 or batch_size < 1 or patience < 1 or min_steps < 0:
         raise ValueError(f"epochs, batch_size and patience must be >= 1 and min_steps >= 0, "
                          f"got {epochs}, {batch_size}, {patience}, {min_steps}")
+    if not 0.0 <= signal_drop < 1.0:
+        raise ValueError(f"signal_drop must be in [0, 1), got {signal_drop!r}")
     config, preset = _resolve_config(data, config)
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     train_rows, val_rows = split_by_group(data.groups, val_fraction, rng)
-    model = ThinkingPolicy(config)
+    model = (StreamingPolicy(config) if isinstance(config, StreamingConfig)
+             else ThinkingPolicy(config))
     history: list[dict] = []
     if init_from is not None:
         report = warm_start(model, init_from, data.label_names, data.event_vocabulary)
@@ -257,7 +283,12 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
     stale = 0
     with _progress(progress, epochs * steps_per_epoch) as (bar, task):
         for epoch in range(1, epochs + 1):
-            train_loss = _run_epoch(model, train_t, batch_size, rng, optimiser, scheduler,
+            epoch_t = train_t
+            if signal_drop > 0:
+                keep = torch.from_numpy(signal_drop_mask(
+                    len(train_rows), train_t[0].shape[2], signal_drop, rng))
+                epoch_t = (train_t[0] * keep, train_t[1] * keep, *train_t[2:])
+            train_loss = _run_epoch(model, epoch_t, batch_size, rng, optimiser, scheduler,
                                     loss_fn, bar, task)
             row = {"epoch": epoch, "train_loss": train_loss}
             if val_t is not None:
