@@ -912,6 +912,12 @@ def main(args: list[str] | None = None) -> int:
             executor.add_node(node)
             try:
                 executor.spin()
+            except _rclpy.RCLError:
+                # SIGINT/SIGTERM shut the context down between two waits: the executor
+                # then fails to build its next wait set instead of raising
+                # ExternalShutdownException. A requested stop, not a crash.
+                if rclpy.ok():
+                    raise
             finally:
                 executor.remove_node(node)
                 node.destroy_node()
