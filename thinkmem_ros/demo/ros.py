@@ -214,7 +214,7 @@ def match_step(ctx: DemoContext) -> None:
     stream = ctx.artefacts["stream"]
     received = ctx.artefacts["collector"].received
     ready = ctx.artefacts["ready"]
-    truth_msgs = received.truth
+    truth_msgs = dict(received.truth)  # snapshot, as for the activations below
     frames_n = stream.values.shape[0]
     period_ns = 1e9 / stream.rate_hz
     start_ns = ctx.artefacts["bag_start_ns"]
@@ -228,7 +228,9 @@ def match_step(ctx: DemoContext) -> None:
         if 0 <= frame < frames_n:
             truth[frame] = label_matrix([record["active"]], stream.label_names)[0]
             have_truth[frame] = True
-    acts = received.activations
+    # a snapshot: the collector thread may still append (the node keeps publishing until
+    # it is stopped), and every array below must describe the same activations
+    acts = list(received.activations)
     receipt = np.array([r for r, _ in acts], dtype=np.int64)
     stamp_ns = np.array([round(a["stamp"] * 1e9) for _, a in acts], dtype=np.int64)
     frames = match_frames(stamp_ns, frame_ready)
