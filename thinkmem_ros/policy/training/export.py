@@ -43,6 +43,11 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
     model = trained.model.eval()
     example = (torch.zeros(2, c.window, c.n_signals), torch.ones(2, c.window, c.n_signals),
                torch.zeros(2, c.max_events, dtype=torch.int64))
+    return _trace(model, example, INPUTS, OUTPUTS, opset)
+
+
+def _trace(model, example: tuple, inputs, outputs, opset: int) -> bytes:
+    """ONNX bytes of ``model`` traced on ``example``, batch axis dynamic everywhere."""
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         # The legacy exporter announces its own deprecation; it is chosen on purpose.
@@ -51,8 +56,8 @@ def onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
             model, example, buffer, dynamo=False, opset_version=opset,
-            input_names=list(INPUTS), output_names=list(OUTPUTS),
-            dynamic_axes={name: {0: "batch"} for name in INPUTS + OUTPUTS},
+            input_names=list(inputs), output_names=list(outputs),
+            dynamic_axes={name: {0: "batch"} for name in (*inputs, *outputs)},
             do_constant_folding=False)
     return buffer.getvalue()
 
@@ -65,16 +70,7 @@ def streaming_onnx_bytes(trained: TrainedPolicy, opset: int = OPSET) -> bytes:
     example = (torch.zeros(2, f), torch.ones(2, f),
                torch.zeros(2, c.max_events, dtype=torch.int64),
                *(torch.zeros(2, *shape) for shape in c.state_shapes().values()))
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(
-            model, example, buffer, dynamo=False, opset_version=opset,
-            input_names=list(STEP_INPUTS), output_names=list(STEP_OUTPUTS),
-            dynamic_axes={name: {0: "batch"} for name in STEP_INPUTS + STEP_OUTPUTS},
-            do_constant_folding=False)
-    return buffer.getvalue()
+    return _trace(model, example, STEP_INPUTS, STEP_OUTPUTS, opset)
 
 
 def streaming_section(config: StreamingConfig, frame_rate_hz: float) -> dict:
