@@ -52,8 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "training on your own recordings (instead of the synthetic world)")
     own.add_argument("--bag", action="append", default=[], metavar="BAG",
                      help="a recording (rosbag2 folder or ROS 1 .bag); repeat for several")
-    own.add_argument("--labels", metavar="RULES.yaml",
-                     help="labelling rules (threshold, trend, co_occurrence) for --bag")
+    own.add_argument("--labels", metavar="RULES.yaml|feedback",
+                     help="labelling rules (threshold, trend, co_occurrence) for --bag, or "
+                          "the word 'feedback': label from the hindsight the bag recorded")
+    own.add_argument("--feedback-topic", metavar="TOPIC",
+                     help="with --labels feedback: the recorded feedback topic "
+                          "(default /thinking/feedback)")
+    own.add_argument("--feedback-labels", metavar="A,B",
+                     help="with --labels feedback: train only these labels (default: every "
+                          "label the feedback names)")
     own.add_argument("--params", metavar="FILE",
                      help="node parameter file whose 'signals' (topics, types, adapters) "
                           "read --bag; its frame_rate_hz, when set, overrides --rate")
@@ -170,15 +177,22 @@ def main_bags(args: argparse.Namespace) -> int:
     """Train a bundle for a robot's own signals from its recordings and a rules file.
 
     Each bag is read through the parameter file's signal map (adapters included) and
-    resampled the node's way; the rules label every frame. With ``--train-fraction`` < 1
-    the last part of each bag is held out and the written bundle is scored on it the
-    node's way (``metrics.held_out``).
+    resampled the node's way; the rules label every frame. ``--labels feedback`` labels
+    only the frames the recorded hindsight judged (``playback.feedback_labels``). With
+    ``--train-fraction`` < 1 the last part of each bag is held out and the written bundle
+    is scored on it the node's way (``metrics.held_out``).
     """
     import torch
 
     from thinkmem_ros.core.data import SituationSet
     from thinkmem_ros.core.label_rules import RulesError, load_rules
     from thinkmem_ros.playback.bag_files import BagError
+    from thinkmem_ros.playback.feedback_labels import (
+        FeedbackConfig,
+        HindsightLabels,
+        labelled_ends,
+        score_labelled,
+    )
     from thinkmem_ros.playback.recording import (
         load_signal_map,
         read_recording,
@@ -189,32 +203,50 @@ def main_bags(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.training.recording import fit_bundle
 
     if not args.labels or not args.params:
-        raise SystemExit("--bag needs --labels RULES.yaml and --params FILE (the signal map)")
+        raise SystemExit("--bag needs --labels RULES.yaml (or --labels feedback) and --params "
+                         "FILE (the signal map)")
+    hindsight = None  # --labels feedback: labels from the recorded /thinking/feedback
+    if args.labels != "feedback" and (args.feedback_topic or args.feedback_labels):
+        raise SystemExit("--feedback-topic and --feedback-labels need --labels feedback")
     if not 0.0 < args.train_fraction <= 1.0:
         raise SystemExit(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
     torch.set_num_threads(args.threads)
     try:
         signal_map = load_signal_map(args.params)
-        rules = load_rules(args.labels, signal_map.names)
-    except (ValueError, RulesError) as exc:
+        rules = None if args.labels == "feedback" else load_rules(args.labels, signal_map.names)
+        if rules is None:
+            hindsight = HindsightLabels(args.bag, FeedbackConfig(
+                topic=args.feedback_topic or FeedbackConfig.topic,
+                labels=tuple(filter(None, args.feedback_labels.split(",")))
+                if args.feedback_labels else None))
+    except (ValueError, RulesError, BagError) as exc:
         raise SystemExit(str(exc)) from None
     rate = signal_map.frame_rate_hz or args.rate
     parts, tails = [], []
     for i, bag in enumerate(args.bag):
         try:
             stream = read_recording(bag, signal_map, rate, rules=rules)
+            stream = hindsight.label(stream, i) if hindsight else stream
         except (BagError, ValueError) as exc:
             raise SystemExit(str(exc)) from None
         if args.train_fraction < 1.0:
             stream, tail = split_stream(stream, args.train_fraction)
             tails.append(tail)
         try:
-            parts.append(recording_windows(stream, args.window, group_base=i * 1_000_000))
+            parts.append(recording_windows(
+                stream, args.window, group_base=i * 1_000_000,
+                ends=labelled_ends(stream, args.window) if hindsight else None))
         except ValueError as exc:
             raise SystemExit(f"{bag}: {exc}") from None
     data = SituationSet.concat(parts)
+    if hindsight:
+        print("\n".join(hindsight.report_lines()), file=sys.stderr)
+        try:
+            hindsight.check(len(data), len(set(data.groups.tolist())), args.window)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
     print(f"training on {len(data)} situations from {len(args.bag)} recording(s) at "
-          f"{rate:g} Hz; signals {list(signal_map.names)}, labels {list(rules.label_names)}",
+          f"{rate:g} Hz; signals {list(signal_map.names)}, labels {list(data.label_names)}",
           file=sys.stderr)
     command = "thinkmem train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["train"] else ""
@@ -228,11 +260,17 @@ def main_bags(args: argparse.Namespace) -> int:
         model_version=args.model_version, progress=not args.no_progress,
         metrics={"train": {"situations": len(data), "recordings": list(map(str, args.bag)),
                            "label_positive_fraction": positives}},
-        extras={"command": command, "labels": str(args.labels), "params": str(args.params)})
+        extras={"command": command, "labels": str(args.labels), "params": str(args.params),
+                **({"feedback_topic": hindsight.config.topic} if hindsight else {})})
     print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train "
           f"{time.perf_counter() - start:.0f} s, signal set {bundle.manifest.signal_set[:12]})")
     for bag, tail in zip(args.bag, tails, strict=True):
-        scores = score_recording(bundle, tail, stale_after_s=signal_map.stale_after_s)
+        scores = (score_labelled if hindsight else score_recording)(
+            bundle, tail, stale_after_s=signal_map.stale_after_s)
+        if hindsight and not scores["frames"]:
+            print(f"held-out last {1 - args.train_fraction:.0%} of {bag}: no frame with "
+                  f"feedback to score", file=sys.stderr)
+            continue
         print(f"held-out last {1 - args.train_fraction:.0%} of {bag}: micro-F1 "
               f"{scores['f1']:.4f}, macro-F1 {scores['macro_f1']:.4f} on {scores['frames']} "
               f"frames", file=sys.stderr)

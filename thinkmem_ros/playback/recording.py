@@ -322,8 +322,11 @@ GROUP_SECONDS = 15.0
 
 def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
                       group_seconds: float = GROUP_SECONDS,
-                      group_base: int = 0) -> SituationSet:
+                      group_base: int = 0, ends: np.ndarray | None = None) -> SituationSet:
     """Windows ending at every ``stride``-th frame t >= window - 1, labelled by frame t.
+
+    ``ends`` (frames >= window - 1) replaces that choice of end frames: labels from
+    hindsight exist only on some frames, and only those may end a training window.
 
     A recording has no discrete events, so every row's event slot is padding. Groups are
     ``group_seconds`` chunks of the recording (offset by ``group_base`` so several bags
@@ -337,7 +340,11 @@ def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
     if values.shape[0] < window:
         raise ValueError(f"recording has {values.shape[0]} frames, fewer than "
                          f"window={window} ({window / stream.rate_hz:g} s)")
-    ends = np.arange(window - 1, values.shape[0], stride)
+    if ends is None:
+        ends = np.arange(window - 1, values.shape[0], stride)
+    elif len(ends) and (np.min(ends) < window - 1 or np.max(ends) >= values.shape[0]):
+        raise ValueError(f"end frames must be in [{window - 1}, {values.shape[0]})")
+    ends = np.asarray(ends, dtype=np.int64)
     view = np.lib.stride_tricks.sliding_window_view(values, window, axis=0)  # (T-K+1, F, K)
     signals = np.transpose(view[ends - window + 1], (0, 2, 1))
     mask = np.isfinite(signals).astype(np.float32)
