@@ -1,5 +1,7 @@
 """Anchored retraining: what the running bundle knew stays where the round does not touch it."""
 
+import dataclasses
+
 import consolidator_world as world
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from thinkmem_ros.consolidator.retrain import (
     retrain,
     running_probabilities,
 )
-from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.policy.bundle import load_bundle, write_bundle
 from thinkmem_ros.policy.runtime import PolicyRuntime
 from thinkmem_ros.policy.training.train import predict_proba
 
@@ -93,6 +95,28 @@ def test_keep_running_answers_like_the_running_bundle_and_never_fires_new_labels
     base = len(running.manifest.labels)
     assert np.allclose(p_new[:, :base], p_old, atol=1e-5)
     assert p_new[:, cand.manifest.labels.index("consider:EC")].max() < 1e-6
+
+
+def test_a_candidate_stays_in_the_signal_set_line_of_the_running_bundle(round_material,
+                                                                        tmp_path):
+    # A robot's own bundle declares units; a candidate that dropped them would get another
+    # signal-set fingerprint, and the consolidator would refuse the robots running it.
+    _, running, records, d = round_material
+    units = {name: f"unit{i}" for i, name in enumerate(running.manifest.signals)}
+    ranges = {name: [0.0, float(i + 1)] for i, name in enumerate(running.manifest.signals)}
+    manifest = dataclasses.replace(running.manifest, sha256="", signal_set="",
+                                   signal_units=units, signal_ranges=ranges)
+    declared = write_bundle(tmp_path / "declared", running.onnx_path.read_bytes(), manifest)
+    assert declared.manifest.signal_set != running.manifest.signal_set
+    material = assemble(records, [UNIT], declared, RetrainConfig(), rehearsal=d)
+    for name, trained in (("kept", keep_running(material, declared)),
+                          ("trained", retrain(material, declared,
+                                             RetrainConfig(epochs=1, val_fraction=0.0)))):
+        cand = export_candidate(trained, tmp_path / name, model_version=2, current=declared,
+                                material=material)
+        assert cand.manifest.signal_set == declared.manifest.signal_set, name
+        assert cand.manifest.signal_units == units
+        assert cand.manifest.signal_ranges == ranges
 
 
 def test_retrain_config_names_the_bad_value():

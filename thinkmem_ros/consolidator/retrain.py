@@ -606,7 +606,8 @@ def export_candidate(trained, folder: Path | str, *, model_version: int, current
     """Write the candidate bundle (unsigned) to a staging folder for the gate.
 
     The world scenario the lineage was trained on (``extras.scenario``) is carried over, so
-    the next round's gate still knows which fresh streams judge it.
+    the next round's gate still knows which fresh streams judge it; so is the declared
+    signal set (units, ranges), so the candidate stays in the line that serves its robots.
     """
     from thinkmem_ros.policy.training.export import export_bundle
 
@@ -619,4 +620,6 @@ def export_candidate(trained, folder: Path | str, *, model_version: int, current
             "material": dict(material.counts), **(extras or {})}
     return export_bundle(trained, folder, model_version=model_version,
                          frame_rate_hz=current.manifest.frame_rate_hz,
-                         thresholds=trained.thresholds, extras=info)
+                         thresholds=trained.thresholds, extras=info,
+                         signal_units=current.manifest.signal_units,
+                         signal_ranges=current.manifest.signal_ranges)

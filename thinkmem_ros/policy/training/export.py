@@ -90,8 +90,15 @@ def streaming_section(config: StreamingConfig, frame_rate_hz: float) -> dict:
 def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
                    frame_rate_hz: float = 10.0, training_fingerprint: str | None = None,
                    thresholds: dict[str, float] | None = None,
-                   metrics: dict | None = None, extras: dict | None = None) -> BundleManifest:
-    """Describe ``trained`` as ``bundle.json`` content (sha256 is filled by ``write_bundle``)."""
+                   metrics: dict | None = None, extras: dict | None = None,
+                   signal_units: dict[str, str] | None = None,
+                   signal_ranges: dict[str, list[float]] | None = None) -> BundleManifest:
+    """Describe ``trained`` as ``bundle.json`` content (sha256 is filled by ``write_bundle``).
+
+    ``signal_units`` and ``signal_ranges`` declare the robot's signal set; a retrained
+    bundle must carry its parent's, or its signal-set fingerprint changes and the
+    consolidator's line stops accepting the robots that run it.
+    """
     if frame_rate_hz <= 0:
         raise ValueError(f"frame_rate_hz must be > 0, got {frame_rate_hz!r}")
     tau = dict(trained.thresholds if thresholds is None else thresholds)
@@ -110,6 +117,10 @@ def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
         preset=trained.preset, model_config=trained.config.to_dict(),
         metrics=dict(metrics or {"validation": trained.val_metrics}),
         extras=dict(extras or {}),
+        signal_units={name: str((signal_units or {}).get(name, ""))
+                      for name in trained.signal_names} if signal_units else {},
+        signal_ranges={name: [float(v) for v in r] for name, r in (signal_ranges or {}).items()
+                       if name in trained.signal_names},
         streaming=(streaming_section(trained.config, frame_rate_hz)
                    if isinstance(trained.config, StreamingConfig) else {}))
 
@@ -117,10 +128,11 @@ def build_manifest(trained: TrainedPolicy, *, model_version: int = 1,
 def export_bundle(trained: TrainedPolicy, folder: str | Path, *, model_version: int = 1,
                   frame_rate_hz: float = 10.0, training_fingerprint: str | None = None,
                   thresholds: dict[str, float] | None = None, metrics: dict | None = None,
-                  extras: dict | None = None) -> Bundle:
+                  extras: dict | None = None, signal_units: dict[str, str] | None = None,
+                  signal_ranges: dict[str, list[float]] | None = None) -> Bundle:
     """Export ``trained`` to ``folder`` atomically and return the re-loaded, verified bundle."""
     manifest = build_manifest(
         trained, model_version=model_version, frame_rate_hz=frame_rate_hz,
         training_fingerprint=training_fingerprint, thresholds=thresholds, metrics=metrics,
-        extras=extras)
+        extras=extras, signal_units=signal_units, signal_ranges=signal_ranges)
     return write_bundle(folder, onnx_bytes(trained), manifest)

@@ -55,7 +55,7 @@ def fit_bundle(data: SituationSet, out: Path | str, *, frame_rate_hz: float,
     manifest = build_manifest(
         trained, model_version=model_version, frame_rate_hz=frame_rate_hz,
         metrics={"validation": trained.val_metrics, **(metrics or {})},
-        extras=dict(extras or {}))
-    manifest.signal_units = {name: units.get(name, "") for name in data.signal_names}
-    manifest.signal_ranges = signal_ranges(data)
+        extras=dict(extras or {}),
+        signal_units={name: units.get(name, "") for name in data.signal_names},
+        signal_ranges=signal_ranges(data))
     return write_bundle(out, onnx_bytes(trained), manifest), trained
