@@ -51,10 +51,11 @@ SIGNAL_DROP = 0.15
 
 def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
                    params: str | Path | None = None, rules_path: str | Path | None = None,
-                   baseline: bool = True) -> dict:
+                   baseline: bool = True, augment_copies: int | None = None) -> dict:
     """Part 1: train on the first 70 % of the recording, score on the rest (see module)."""
     from thinkmem_ros.baselines.current_state import CurrentStateOnly
     from thinkmem_ros.core.label_rules import load_rules
+    from thinkmem_ros.core.rule_augment import AugmentConfig
     from thinkmem_ros.playback.recording import (
         load_signal_map,
         read_recording,
@@ -62,6 +63,7 @@ def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
         recording_windows,
         score_recording,
         split_stream,
+        training_windows,
     )
     from thinkmem_ros.policy.training.recording import fit_bundle
 
@@ -71,14 +73,16 @@ def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
     rate = signal_map.frame_rate_hz or 10.0
     stream = read_recording(bag, signal_map, rate, rules=rules)
     head, tail = split_stream(stream, TRAIN_FRACTION)
-    train = recording_windows(head, WINDOW)
+    train = recording_windows(head, WINDOW)  # the baseline's: the drive as recorded
     test = recording_windows(tail, WINDOW)
     samples = read_samples(bag, signal_map)
+    augment = AugmentConfig() if augment_copies is None else AugmentConfig(copies=augment_copies)
     f1, macro, current, per_label, wall = [], [], [], [], []
     for seed in range(seeds):
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="thinkmem-real-") as scratch:
-            bundle, _ = fit_bundle(train, Path(scratch) / "bundle", frame_rate_hz=rate,
+            data = training_windows(head, WINDOW, rules=rules, augment=augment, seed=seed)
+            bundle, _ = fit_bundle(data, Path(scratch) / "bundle", frame_rate_hz=rate,
                                    units=signal_map.units, seed=seed, min_steps=min_steps)
             scores = score_recording(bundle, tail, stale_after_s=signal_map.stale_after_s)
         wall.append(time.perf_counter() - start)
@@ -102,7 +106,8 @@ def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
                     for name, b in signal_map.bindings.items()},
         "duration_s": float(samples.duration_s), "source": SOURCE,
         "frames": {"first_70": int(head.values.shape[0]), "last_30": int(tail.values.shape[0])},
-        "train_windows": len(train), "train_wall_s": float(np.mean(wall)),
+        "train_windows": len(train), "augment_copies": augment.copies,
+        "train_wall_s": float(np.mean(wall)),
     }
     if current:
         results["current_state_f1_holdout"] = float(np.mean(current))
@@ -130,15 +135,10 @@ def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> 
     test = stream_windows(stream, recipe.window, max_events=recipe.max_events)
 
     def scores(predict) -> dict[str, float]:
-        tau = None
         out = {}
         for j in [None, *range(len(test.signal_names))]:
-            mask = test.mask.copy()
-            signals = test.signals.copy()
-            if j is not None:
-                mask[:, :, j] = 0.0
-                signals[:, :, j] = 0.0
-            probs, tau = predict(signals, mask)
+            view = test if j is None else _without(test, j)
+            probs, tau = predict(view.signals, view.mask)
             name = "all" if j is None else test.signal_names[j]
             out[name] = micro_scores(test.labels, probs >= tau)["f1"]
         return out
@@ -161,7 +161,11 @@ def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> 
     drops = {name: ours["all"] - f for name, f in ours.items() if name != "all"}
     drops_shipped = {name: theirs["all"] - f for name, f in theirs.items() if name != "all"}
     worst = max(drops, key=drops.get)
-    return {"absent_signal_f1_drop": float(drops[worst]), "absent_signal_worst": worst,
+    bound = information_bound(data, test, worst, seed=seed, epochs=8 if quick else 16)
+    return {**bound, "absent_signal_f1_drop_trained_without":
+            float(ours["all"] - bound["absent_signal_f1_trained_without"]),
+            "absent_signal_f1_drop_per_label": per_label_drop(trained, test, worst),
+            "absent_signal_f1_drop": float(drops[worst]), "absent_signal_worst": worst,
             "absent_signal_f1_drop_per_signal": drops,
             "absent_signal_f1_all_present": float(ours["all"]),
             "absent_signal_f1_drop_shipped": float(max(drops_shipped.values())),
@@ -169,6 +173,45 @@ def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> 
             "absent_signal_shipped_f1_all_present": float(theirs["all"]),
             "absent_signal_signal_drop": drop, "absent_signal_train_wall_s": wall,
             "absent_signal_train_situations": len(data)}
+
+
+def _without(data, column: int):
+    """A copy of ``data`` with signal ``column`` absent by design in every row."""
+    view = data.subset(np.arange(len(data)))  # fancy indexing: arrays are copies
+    view.mask[:, :, column] = 0.0
+    view.signals[:, :, column] = 0.0
+    return view
+
+
+def per_label_drop(trained, test, signal: str) -> dict[str, float]:
+    """Per label: F1 with every signal present minus F1 with ``signal`` absent."""
+    from thinkmem_ros.policy.training.train import predict_proba
+
+    tau = trained.threshold_array
+    full = predict_proba(trained, test) >= tau
+    absent = predict_proba(trained, _without(test, test.signal_names.index(signal))) >= tau
+    return {name: float(micro_scores(test.labels[:, j], full[:, j])["f1"]
+                        - micro_scores(test.labels[:, j], absent[:, j])["f1"])
+            for j, name in enumerate(test.label_names)}
+
+
+def information_bound(data, test, signal: str, *, seed: int, epochs: int) -> dict:
+    """A bundle trained for the robot that never has ``signal``, scored without it.
+
+    What a policy can do without a sensor is bounded by what the other signals say about
+    the labels: a label defined by the missing signal alone cannot be recovered by any
+    training. This bundle is that robot's best case; the signal-drop bundle's loss beyond
+    it is what the augmentation failed to learn, the rest is information the robot lacks.
+    """
+    from thinkmem_ros.policy.training.train import predict_proba, train_policy
+
+    column = test.signal_names.index(signal)
+    trained = train_policy(_without(data, column), "default", seed=seed, epochs=epochs,
+                           batch_size=256, patience=4, progress=False)
+    probs = predict_proba(trained, _without(test, column))
+    return {"absent_signal_f1_trained_without": float(
+        micro_scores(test.labels, probs >= trained.threshold_array)["f1"]),
+        "absent_signal_trained_without_signal": signal}
 
 
 def run(quick: bool = False, seeds: int = 3) -> dict:

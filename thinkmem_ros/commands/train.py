@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from thinkmem_ros.core.rule_augment import AugmentConfig
 from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
 
 HELP = "train a policy and export it as a model bundle"
@@ -67,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--train-fraction", type=float, default=1.0,
                      help="train on the first fraction of each bag and score the bundle on "
                           "the rest (1 = train on everything)")
+    own.add_argument("--augment", type=int, default=AugmentConfig.copies, metavar="N",
+                     help="with a rules file: add N copies of each recording, time-stretched, "
+                          "shuffled in chunks, rescaled and sign-flipped, relabelled by the "
+                          "rules (0 = off; hindsight labels are never augmented)")
     own.add_argument("--min-steps", type=int, default=1500,
                      help="floor on optimiser steps when training on --bag")
 
@@ -199,6 +204,7 @@ def main_bags(args: argparse.Namespace) -> int:
         recording_windows,
         score_recording,
         split_stream,
+        training_windows,
     )
     from thinkmem_ros.policy.training.recording import fit_bundle
 
@@ -210,6 +216,10 @@ def main_bags(args: argparse.Namespace) -> int:
         raise SystemExit("--feedback-topic and --feedback-labels need --labels feedback")
     if not 0.0 < args.train_fraction <= 1.0:
         raise SystemExit(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
+    try:
+        augment = AugmentConfig(copies=args.augment)
+    except ValueError as exc:
+        raise SystemExit(f"--augment: {exc}") from None
     torch.set_num_threads(args.threads)
     try:
         signal_map = load_signal_map(args.params)
@@ -235,7 +245,9 @@ def main_bags(args: argparse.Namespace) -> int:
         try:
             parts.append(recording_windows(
                 stream, args.window, group_base=i * 1_000_000,
-                ends=labelled_ends(stream, args.window) if hindsight else None))
+                ends=labelled_ends(stream, args.window)) if hindsight else training_windows(
+                stream, args.window, rules=rules, augment=augment, seed=args.seed,
+                group_base=i * 1_000_000))
         except ValueError as exc:
             raise SystemExit(f"{bag}: {exc}") from None
     data = SituationSet.concat(parts)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from thinkmem_ros.core.data import SignalStream, SituationSet
+from thinkmem_ros.core.rule_augment import AugmentConfig, augmented_copies
 from thinkmem_ros.core.signal_adapters import SignalAdapter, parse_adapter
 from thinkmem_ros.playback.bag_files import BagError, BagStream
 
@@ -355,6 +356,30 @@ def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
                         signal_names=stream.signal_names, event_vocabulary=(),
                         meta={"family": "recording", "scenario": stream.scenario,
                               "rate_hz": stream.rate_hz, "end_frames": ends})
+
+
+AUGMENT_GROUP_STRIDE = 100_000
+"""Group-id offset between a stream's windows and each of its augmented copies' windows."""
+
+
+def training_windows(stream: SignalStream, window: int, *, rules=None,
+                     augment: AugmentConfig | None = None, seed: int = 0,
+                     group_base: int = 0) -> SituationSet:
+    """The stream's windows plus those of ``augment.copies`` copies relabelled by ``rules``.
+
+    ``thinkmem train --bag`` and ``thinkmem bench real`` both train this way, so the
+    benchmark scores what a user gets. Without rules or with 0 copies it is
+    ``recording_windows``. Each copy's windows get their own group ids (a copy is shuffled
+    and stretched, so its frame index says nothing about the original's stretches).
+    """
+    parts = [recording_windows(stream, window, group_base=group_base)]
+    if rules is not None and augment is not None and augment.copies:
+        rng = np.random.default_rng([seed, group_base])
+        for k, copy in enumerate(augmented_copies(stream, rules, augment, rng), start=1):
+            if copy.values.shape[0] >= window:
+                parts.append(recording_windows(
+                    copy, window, group_base=group_base + k * AUGMENT_GROUP_STRIDE))
+    return SituationSet.concat(parts) if len(parts) > 1 else parts[0]
 
 
 def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
