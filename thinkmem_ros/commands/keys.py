@@ -10,6 +10,19 @@ consolidator; copy ``robot1.key_secret`` and ``consolidator.key`` to robot1 (who
 robot by deleting its file from ``allowed/``: the consolidator notices within a second.
 Secret files are written with mode 0600; existing files are never overwritten unless
 ``--force`` is given, so a slip cannot lock robots out.
+
+Rotating the bundle-signing key (robots keep their ``bundle_signing_public_key``)::
+
+    thinkmem keys --rotate keys/consolidator.sign.key --out keys2 --sign-name signer2
+    thinkmem keys --revoke keys/consolidator.sign.pub --signing-key keys2/signer2.sign.key \
+        --out keys2
+
+``--rotate`` writes the new pair, ``NEW.endorsement.json`` (the new public key endorsed by
+the old key) and appends it to the key chain ``OUT/key_chain.json`` (``--chain`` names
+another); run the consolidator with the new ``--signing-key`` and ``--endorsements
+OUT/key_chain.json``. ``--revoke`` appends the old key's retirement, signed by the new
+key, once every robot took a bundle of the new key. Serials grow by one per endorsement.
+Every refusal is one line on stderr and exit code 1 (2 for a refused overwrite).
 """
 
 from __future__ import annotations
@@ -17,13 +30,29 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 from thinkmem_ros.link.experience import ExperienceError, check_robot_id
-from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
+from thinkmem_ros.link.key_endorsement import (
+    KeyEndorsement,
+    check_chain,
+    endorse,
+    load_chain,
+    public_hex,
+    write_chain,
+    write_json_atomic,
+)
+from thinkmem_ros.link.security import (
+    SecurityError,
+    load_signing_key,
+    write_curve_keypair,
+    write_signing_keypair,
+)
 
 HELP = "generate CURVE and signing key pairs and the robots' allow-list"
 ALLOWED_DIR = "allowed"
+CHAIN_FILE = "key_chain.json"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
@@ -40,10 +69,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Ed25519 signing pair name (default: the first --name)")
     parser.add_argument("--no-sign", action="store_true", help="skip the signing key pair")
     parser.add_argument("--force", action="store_true", help="overwrite existing key files")
+    rotation = parser.add_argument_group("bundle-signing key rotation")
+    rotation.add_argument("--rotate", metavar="OLD.sign.key", default=None,
+                          help="write a new signing pair (--sign-name, default OLD's name "
+                               "plus today's date) and its endorsement signed by OLD")
+    rotation.add_argument("--revoke", metavar="OLD.sign.pub", default=None,
+                          help="write the endorsement retiring OLD, signed by --signing-key")
+    rotation.add_argument("--signing-key", metavar="NEW.sign.key", default=None,
+                          help="with --revoke: the (new) key that signs the retirement")
+    rotation.add_argument("--chain", default=None,
+                          help=f"key chain file to extend (default OUT/{CHAIN_FILE})")
+    rotation.add_argument("--serial", type=int, default=None,
+                          help="endorsement serial (default: one above the chain's last)")
 
 
 def main(args: argparse.Namespace) -> int:
     """Write the requested key files and list them; exit code 2 on a refused overwrite."""
+    if getattr(args, "rotate", None) or getattr(args, "revoke", None):
+        try:
+            return _rotation(args)
+        except (SecurityError, OSError) as exc:
+            raise SystemExit(f"thinkmem keys: {_one_line(exc)}") from None
     out = Path(args.out)
     robots = getattr(args, "robot", None) or []
     names = args.name or ([] if robots else ["thinkmem"])
@@ -81,3 +127,105 @@ def main(args: argparse.Namespace) -> int:
     for path in written:
         print(f"{oct(path.stat().st_mode & 0o777)} {path}")
     return 0
+
+
+# ------------------------------------------------------------------ key rotation
+
+def _rotation(args: argparse.Namespace) -> int:
+    """``--rotate`` or ``--revoke``: one endorsement, appended to the key chain."""
+    if args.rotate and args.revoke:
+        raise SystemExit("thinkmem keys: --rotate and --revoke are separate steps; give one")
+    if getattr(args, "name", None) or getattr(args, "robot", None):
+        raise SystemExit("thinkmem keys: --name/--robot make CURVE pairs; not with "
+                         "--rotate/--revoke")
+    out = Path(args.out)
+    chain_path = Path(args.chain) if args.chain else out / CHAIN_FILE
+    chain = load_chain(chain_path) if chain_path.exists() else []
+    if args.chain and not chain_path.exists():
+        raise SystemExit(f"thinkmem keys: --chain {chain_path}: no such file")
+    if chain:
+        check_chain(chain)  # a broken chain on disk must not be extended
+    serial = _serial(args.serial, chain)
+    if args.rotate:
+        if args.signing_key:
+            raise SystemExit("thinkmem keys: --signing-key goes with --revoke (--rotate signs "
+                             "with the OLD key it is given)")
+        old = load_signing_key(args.rotate)
+        _require_trusted(public_hex(old), chain, chain_path, "--rotate")
+        name = args.sign_name or _next_name(Path(args.rotate))
+        if not _NAME_RE.fullmatch(name):
+            raise SystemExit(f"thinkmem keys: --sign-name {name!r}: use letters, digits, "
+                             "'_', '.', '-' only")
+        single = out / f"{name}.endorsement.json"
+        planned = [out / f"{name}.sign.pub", out / f"{name}.sign.key", single]
+        if _refused(planned, args.force):
+            return 2
+        written = list(write_signing_keypair(out, name))
+        new = load_signing_key(out / f"{name}.sign.key")
+        endorsement = endorse(old, new.verify_key, "add", serial)
+    else:
+        if not args.signing_key:
+            raise SystemExit("thinkmem keys: --revoke needs --signing-key NEW.sign.key (the "
+                             "key that stays trusted)")
+        if str(args.revoke).endswith(".sign.key"):
+            raise SystemExit(f"thinkmem keys: --revoke {args.revoke}: pass the public key "
+                             "(.sign.pub), not the secret one")
+        if not chain:
+            raise SystemExit(f"thinkmem keys: no key chain at {chain_path}: --revoke extends "
+                             "the chain that --rotate wrote (or give --chain)")
+        retired = public_hex(Path(args.revoke))
+        signer = load_signing_key(args.signing_key)
+        _require_trusted(public_hex(signer), chain, chain_path, "--signing-key")
+        single = out / f"{Path(args.revoke).name.removesuffix('.sign.pub')}.revoke.json"
+        if _refused([single], args.force):
+            return 2
+        written = []
+        endorsement = endorse(signer, retired, "revoke", serial)
+    grown = [*chain, endorsement]
+    check_chain(grown)  # e.g. a revoke that would leave no key is refused here, not on robots
+    out.mkdir(parents=True, exist_ok=True)
+    written.append(write_json_atomic(single, endorsement.to_dict()))
+    written.append(write_chain(chain_path, grown))
+    for path in written:
+        print(f"{oct(path.stat().st_mode & 0o777)} {path}")
+    print(f"endorsement {endorsement.describe()}; key chain {chain_path} now holds "
+          f"{len(grown)} endorsement(s)")
+    return 0
+
+
+def _serial(requested: int | None, chain: list[KeyEndorsement]) -> int:
+    last = max((e.serial for e in chain), default=0)
+    if requested is None:
+        return last + 1
+    if requested <= last:
+        raise SystemExit(f"thinkmem keys: --serial {requested} must be above the chain's last "
+                         f"serial {last} (robots refuse replays)")
+    return requested
+
+
+def _require_trusted(key_hex: str, chain: list[KeyEndorsement], chain_path: Path,
+                     option: str) -> None:
+    """The signer must be trusted where the chain ends (or be its first key)."""
+    if not chain:
+        return
+    trusted = check_chain(chain).keys
+    if key_hex not in trusted:
+        raise SystemExit(f"thinkmem keys: {option} key {key_hex[:16]}.. is not trusted at the "
+                         f"end of {chain_path} (trusted: {[k[:16] + '..' for k in trusted]})")
+
+
+def _next_name(old: Path) -> str:
+    base = re.sub(r"-\d{8}$", "", old.name.removesuffix(".sign.key"))
+    return f"{base}-{datetime.now(UTC):%Y%m%d}"
+
+
+def _refused(planned: list[Path], force: bool) -> bool:
+    existing = [str(p) for p in planned if p.exists()]
+    if existing and not force:
+        print(f"refusing to overwrite {existing} (use --force)")
+        return True
+    return False
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

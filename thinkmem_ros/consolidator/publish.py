@@ -12,6 +12,18 @@ SIGKILL) therefore leaves either the old or the new version visible, never a hal
 one; leftover staging folders are removed on the next start. Versions only grow: the
 next one is above both ``current`` and every folder in ``history`` (a version that was
 written but not yet linked is never reused for different bytes).
+
+Key rotation: ``PublishConfig.endorsements`` (a chain file from ``thinkmem keys --rotate``
+/ ``--revoke``) is the chain of key endorsements from the fleet's first signing key to
+this one. The publisher writes it into every manifest it signs, as
+``extras.endorsements``, so robots that know only an older key apply the chain before
+they check the signature (``robot/trust_store``). Inside the manifest rather than in a
+new frame field or a separate file: the BUNDLE_PUSH wire format stays as it is (older
+robots ignore an unknown extras key), each published version records the chain it was
+shipped with, and a robot restarting re-reads the chain from its installed bundle. That
+the bundle signature also covers the chain adds nothing to its trust (each endorsement
+is trusted for its own signature, checked before the bundle's); it only keeps the
+manifest in one piece.
 """
 
 from __future__ import annotations
@@ -29,11 +41,19 @@ from pathlib import Path
 import nacl.signing
 
 from thinkmem_ros.link import protocol
+from thinkmem_ros.link.key_endorsement import (
+    ENDORSEMENTS_KEY,
+    EndorsementError,
+    KeyEndorsement,
+    check_chain,
+    load_chain,
+    public_hex,
+    verify_bundle_with_any,
+)
 from thinkmem_ros.link.security import (
     SIGNATURE_FILE,
     load_signing_key,
     sign_bundle,
-    verify_signed_bundle,
 )
 from thinkmem_ros.policy.anticipation_rules import RULES_FILES
 from thinkmem_ros.policy.bundle import (
@@ -43,6 +63,7 @@ from thinkmem_ros.policy.bundle import (
     BundleError,
     fsync_dir,
     load_bundle,
+    parse_manifest,
     write_bundle,
 )
 from thinkmem_ros.policy.memctl_heads import MEMCTL_JSON, MEMCTL_NPZ
@@ -71,6 +92,8 @@ class PublishConfig:
     root: Path | str
     signing_key: Path | str | nacl.signing.SigningKey
     keep_history: int = 20
+    # chain file (or endorsements) from the fleet's first key to signing_key; None = none
+    endorsements: Path | str | list[KeyEndorsement] | None = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -79,6 +102,27 @@ class PublishConfig:
                              f"{self.keep_history}")
         if not isinstance(self.signing_key, nacl.signing.SigningKey):
             self.signing_key = load_signing_key(self.signing_key)  # fail now, not at publish
+        self.chain: tuple[KeyEndorsement, ...] = ()
+        if self.endorsements is not None:
+            try:
+                chain = (load_chain(self.endorsements)
+                         if isinstance(self.endorsements, (str, Path))
+                         else list(self.endorsements))
+                final = check_chain(chain)
+            except EndorsementError as exc:
+                raise ValueError(f"PublishConfig.endorsements: {exc}") from None
+            if public_hex(self.signing_key) not in final.keys:
+                raise ValueError(f"PublishConfig.endorsements: the chain ends trusting "
+                                 f"{[k[:16] + '..' for k in final.keys]}, not the signing "
+                                 "key: robots would refuse every bundle it signs")
+            self.chain = tuple(sorted(chain, key=lambda e: e.serial))
+
+    def known_keys(self) -> tuple[nacl.signing.VerifyKey, ...]:
+        """The signing key, then every key the chain names: what our own history is signed by."""
+        hexes = [public_hex(self.signing_key)]
+        for endorsement in self.chain:
+            hexes += [h for h in (endorsement.signer, endorsement.key) if h not in hexes]
+        return tuple(nacl.signing.VerifyKey(bytes.fromhex(h)) for h in hexes)
 
 
 @dataclass(frozen=True)
@@ -103,13 +147,15 @@ class Publisher:
             shutil.rmtree(stale, ignore_errors=True)
         self.initial = load_bundle(initial_bundle)
         self.verify_key = config.signing_key.verify_key
+        # a rotated publisher still reads its history, signed by the chain's older keys
+        self.known_keys = config.known_keys()
 
     def current(self) -> Bundle:
         """Return the published bundle (verified), or the initial one before any publication."""
         link = self.root / CURRENT
         if link.is_symlink() or link.exists():
             try:
-                return verify_signed_bundle(link.resolve(), self.verify_key)
+                return verify_bundle_with_any(link.resolve(), self.known_keys)
             except BundleError as exc:
                 raise PublishError(f"{link}: published bundle does not verify: {exc}") from exc
         return self.initial
@@ -139,10 +185,12 @@ class Publisher:
             listed = _listed_artefacts(staged)
             for name in (MANIFEST, ONNX_FILE, *listed):
                 shutil.copyfile(staged.path / name, staging / name)
+            if self.config.chain:  # the key chain rides in the manifest it signs
+                _write_chain(staging / MANIFEST, self.config.chain)
             sign_bundle(staging, self.config.signing_key)
             for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE, *listed):
                 _fsync(staging / name)
-            verify_signed_bundle(staging, self.verify_key)
+            verify_bundle_with_any(staging, (self.verify_key,))
             staging.rename(target)
         except (OSError, BundleError) as exc:
             raise PublishError(f"cannot publish v{version}: {exc}") from exc
@@ -206,6 +254,13 @@ def _listed_artefacts(bundle: Bundle) -> dict[str, str]:
                 for name, want in sorted(listed.items())}
     except protocol.ProtocolError as exc:
         raise PublishError(f"{bundle.path}: {exc}") from exc
+
+
+def _write_chain(manifest_path: Path, chain: tuple[KeyEndorsement, ...]) -> None:
+    """Set ``extras.endorsements`` in a staged manifest (canonical JSON, as write_bundle)."""
+    manifest = parse_manifest(manifest_path.read_bytes(), source=str(manifest_path))
+    manifest.extras = {**manifest.extras, ENDORSEMENTS_KEY: [e.to_dict() for e in chain]}
+    manifest_path.write_text(manifest.to_json() + "\n", encoding="utf-8")
 
 
 def _fsync(path: Path) -> None:

@@ -82,6 +82,8 @@ class ConsolidatorConfig:
     db_path: Path | str = "consolidator.db"
     publish_dir: Path | str = "consolidator_bundles"
     signing_key: Path | str | None = None  # Ed25519 .sign.key from `thinkmem keys`
+    # key chain (`thinkmem keys --rotate`) from the robots' first key to signing_key
+    endorsements: Path | str | None = None
     initial_bundle: Path | str = ""  # '' = the shipped models/default
     bind: str = "tcp://127.0.0.1:5755"
     curve: str = "auto"
@@ -195,7 +197,8 @@ class ConsolidatorService:
         self.trigger = ConsolidationTrigger(config.trigger)
         self._trigger_lock = threading.Lock()
         self._seen_events: set[str] = set()
-        self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key),
+        self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key,
+                                                 endorsements=config.endorsements),
                                    resolve_bundle_path(config.initial_bundle))
         self.receiver: ExperienceReceiver | None = None
         self.rounds: list[RoundReport] = []
@@ -484,6 +487,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--publish-dir", default="consolidator_bundles",
                         help="published bundles: history/ and the current link")
     parser.add_argument("--signing-key", required=True, help="Ed25519 .sign.key file")
+    parser.add_argument("--endorsements", default=None,
+                        help="key chain file (`thinkmem keys --rotate`): shipped in every "
+                             "bundle so robots that know an older key accept the new one")
     parser.add_argument("--initial-bundle", default="", help="bundle the robots run at first "
                         "(default: the shipped models/default)")
     parser.add_argument("--bind", default="tcp://127.0.0.1:5755", help="ZeroMQ endpoint")
@@ -514,6 +520,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
     buffer_limit = args.buffer_limit
     return ConsolidatorConfig(
         db_path=args.db, publish_dir=args.publish_dir, signing_key=args.signing_key,
+        endorsements=args.endorsements,
         initial_bundle=args.initial_bundle, bind=args.bind, curve=args.curve,
         server_secret_file=args.server_key, allowed_clients=args.allow,
         check_s=args.check_s, seed=args.seed,

@@ -5,11 +5,16 @@ shipper's connection. Whatever arrives is untrusted: a push is installed only wh
 
 1. the body has exactly the expected fields and types and fits ``max_bytes``;
 2. it is signed (an empty signature is refused as *unsigned*);
-3. the Ed25519 signature over ``bundle.json`` verifies with the configured public key;
-4. the ONNX bytes hash to the sha256 the signed manifest names;
-5. the signed ``model_version`` equals the frame's and is strictly higher than the version
+3. with ``pin_version`` set, its version is the pinned one (else *pinned*);
+4. the Ed25519 signature over ``bundle.json`` verifies with a key of the robot's trust
+   list (``robot/trust_store``: the configured public key until key endorsements change
+   it). The key chain the manifest carries in ``extras.endorsements`` is applied to the
+   trust list first, each endorsement on its own signature, so the first bundle signed by
+   a rotated key verifies on a robot that knew only the old key;
+5. the ONNX bytes hash to the sha256 the signed manifest names;
+6. the signed ``model_version`` equals the frame's and is strictly higher than the version
    running (no rollback, no replay); an exact replay of the running bundle is ignored;
-6. the value/memctl artefacts (``artefacts`` field) are exactly the files the signed
+7. the value/memctl artefacts (``artefacts`` field) are exactly the files the signed
    manifest lists in ``extras.artefacts`` ({file: sha256}), each with that sha256: a
    listed file that is missing or differs, or a file that is not listed, refuses the whole
    push (``rejected_artefact``), so the node never runs a policy with a value table it was
@@ -41,9 +46,9 @@ from thinkmem_ros.link.security import (
     SIGNATURE_FILE,
     SignatureError,
     load_verify_key,
-    verify_signed_bundle,
 )
 from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
+from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig, log_outcome
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +58,8 @@ _FIELDS = {"version": int, "manifest": bytes, "onnx": bytes, "signature": bytes}
 _OPTIONAL = "artefacts"  # {file: bytes}; absent in frames from older consolidators
 ARTEFACTS_KEY = "artefacts"  # manifest extras key (thinking_gates.ARTEFACTS_KEY, no import:
 # thinking_gates pulls in the value/memctl stack, which the receiver does not need)
-REJECT_REASONS = ("malformed", "unsigned", "signature", "hash", "version", "artefact",
-                  "install")
+REJECT_REASONS = ("malformed", "unsigned", "pinned", "signature", "hash", "version",
+                  "artefact", "install")
 """Counter names of the refusal kinds (``rejected_<reason>`` in ``stats()``)."""
 
 
@@ -76,6 +81,7 @@ class BundleReceiverConfig:
     current_sha256: str = ""
     keep: int = 3  # installed versions kept on disk (older ones pruned)
     max_bytes: int = 64 * 1024 * 1024
+    pin_version: int = 0  # > 0: refuse every push of another version (0 = off)
 
     def __post_init__(self) -> None:
         self.bundles_dir = Path(self.bundles_dir)
@@ -87,6 +93,10 @@ class BundleReceiverConfig:
             raise ValueError(f"BundleReceiverConfig.keep must be >= 1, got {self.keep}")
         if self.max_bytes <= 0:
             raise ValueError(f"BundleReceiverConfig.max_bytes must be > 0, got {self.max_bytes}")
+        if isinstance(self.pin_version, bool) or not isinstance(self.pin_version, int) \
+                or self.pin_version < 0:
+            raise ValueError(f"BundleReceiverConfig.pin_version must be an int >= 0, "
+                             f"got {self.pin_version!r}")
         self.verify_key = load_verify_key(self.public_key)  # fail at startup, not at push
 
 
@@ -96,6 +106,8 @@ class _Counters:
     accepted: int = 0
     replayed: int = 0
     callback_errors: int = 0
+    endorsements: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("applied", "refused", "untrusted", "stale"), 0))
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
 
 
@@ -120,6 +132,9 @@ class BundleReceiver:
         self.bundles_dir: Path = config.bundles_dir
         self.bundles_dir.mkdir(parents=True, exist_ok=True)
         self._clean_staging()
+        # the keys pushes may be signed with: the configured one until endorsements say
+        # otherwise (a corrupt trust file raises ValueError: the node refuses to start)
+        self.trust = TrustStore(TrustStoreConfig(self.bundles_dir, config.verify_key))
         self.version = config.current_version
         self.sha256 = config.current_sha256
         installed = self.installed()
@@ -176,8 +191,11 @@ class BundleReceiver:
                                      "replayed": c.replayed,
                                      "callback_errors": c.callback_errors,
                                      "running_version": self.version,
-                                     "last_reason": self.last_reason}
+                                     "last_reason": self.last_reason,
+                                     "trusted_keys": len(self.trust.trust.keys),
+                                     "trust_serial": self.trust.serial}
         out.update({f"rejected_{k}": v for k, v in c.rejected.items()})
+        out.update({f"endorsements_{k}": v for k, v in c.endorsements.items()})
         return out
 
     # ---- steps
@@ -186,6 +204,11 @@ class BundleReceiver:
                                                                     self.config.max_bytes)
         if not signature:
             raise PushRejected("unsigned", f"bundle v{version} carries no signature")
+        self._apply_endorsements(manifest)
+        pin = self.config.pin_version
+        if pin and version != pin:
+            raise PushRejected("pinned", f"v{version} is not the pinned v{pin} "
+                                         "(pin_bundle_version)")
         sha = hashlib.sha256(onnx).hexdigest()
         if version == self.version and sha == self.sha256:
             self._counters.replayed += 1
@@ -201,7 +224,7 @@ class BundleReceiver:
             for name, data in ((MANIFEST, manifest), (ONNX_FILE, onnx),
                                (SIGNATURE_FILE, signature)):
                 _write_synced(staging / name, data)
-            bundle = _verify(staging, self.config.verify_key)
+            bundle = _verify(staging, self.trust)
             signed = bundle.manifest.model_version
             if signed != version:
                 raise PushRejected("version", f"frame says v{version} but the signed "
@@ -221,6 +244,26 @@ class BundleReceiver:
         except OSError as exc:  # installed and linked already: pruning can wait
             log.warning("cannot prune old bundles in %s: %s", self.bundles_dir, exc)
         return target
+
+    def _apply_endorsements(self, manifest: bytes) -> None:
+        """Apply the manifest's key chain to the trust list before its signature is checked.
+
+        Each endorsement is verified on its own signature against the keys trusted now, so
+        an untrusted manifest cannot smuggle a key in; a chain the robot already applied is
+        a no-op. A refused endorsement does not refuse the push: the bundle's signature
+        then decides, against the list as it stands.
+        """
+        try:
+            outcome = self.trust.apply_manifest(manifest)
+        except OSError as exc:  # the new list could not be saved: nothing changed
+            raise PushRejected("install", f"cannot save the trust list "
+                                          f"{self.trust.path}: {exc}") from exc
+        counts = self._counters.endorsements
+        counts["applied"] += len(outcome.applied)
+        counts["refused"] += len(outcome.refused)
+        counts["untrusted"] += len(outcome.untrusted)
+        counts["stale"] += len(outcome.stale)
+        log_outcome(outcome, log)
 
     def _publish(self, staging: Path, version: int) -> Path:
         target = self.bundles_dir / f"v{version:06d}"
@@ -300,9 +343,9 @@ def _check_artefacts(artefacts: dict[str, bytes], extras: dict, version: int) ->
     return sorted(listed)
 
 
-def _verify(folder: Path, verify_key) -> object:
+def _verify(folder: Path, trust: TrustStore) -> object:
     try:
-        return verify_signed_bundle(folder, verify_key)
+        return trust.verify_bundle(folder)
     except SignatureError as exc:
         raise PushRejected("signature", str(exc)) from exc
     except BundleError as exc:  # signature fine, but the ONNX bytes are not the signed ones

@@ -371,9 +371,11 @@ def shipping_status(snap: ShippingSnapshot) -> StatusReport:
 # ---------------------------------------------------------------------- bundle pushes
 
 PUSH_VALUES = ("pushes", "accepted", "replayed", "rejected_unconfigured", "rejected_malformed",
-               "rejected_unsigned", "rejected_signature", "rejected_hash", "rejected_version",
-               "rejected_artefact",
-               "rejected_install", "callback_errors")
+               "rejected_unsigned", "rejected_pinned", "rejected_signature", "rejected_hash",
+               "rejected_version", "rejected_artefact",
+               "rejected_install", "callback_errors", "trusted_keys", "trust_serial",
+               "endorsements_applied", "endorsements_refused", "endorsements_untrusted",
+               "endorsements_stale")
 """Push counters reported in the "bundle push" status, in this order."""
 
 

@@ -191,6 +191,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("bundles_dir", "", "where verified pushed bundles are installed; '' = "
               "$XDG_STATE_HOME (~/.local/state)/thinkmem_ros/<robot_id>/bundles. At start "
               "a newer signed bundle installed here replaces bundle_path"),
+    ParamSpec("pin_bundle_version", 0, "run only this bundle version: pushes of any other "
+              "version are refused (counted as rejected_pinned) and at start only bundle_path "
+              "or bundles_dir/v<pin> of this version is used; 0 = off", 0, 1_000_000_000),
     ParamSpec("feedback_topic", DEFAULT_FEEDBACK_TOPIC, "std_msgs/String JSON {stamp, "
               "required: [labels], reward}: the thinking hindsight says a frame needed; "
               "'' = none"),
@@ -275,6 +278,7 @@ class NodeConfig:
     spool_max_mb: int = 256
     bundle_signing_public_key: str = ""
     bundles_dir: str = ""
+    pin_bundle_version: int = 0
     feedback_topic: str = DEFAULT_FEEDBACK_TOPIC
     feedback_window_s: float = 2.0
     ship_every_n_frames: int = 1
@@ -336,6 +340,7 @@ class NodeConfig:
         _positive("episode_gap_s", self.episode_gap_s)
         _integer("ship_every_n_frames", self.ship_every_n_frames, 1)
         _integer("spool_max_mb", self.spool_max_mb, 1)
+        _integer("pin_bundle_version", self.pin_bundle_version, 0)
         _choice("curve", self.curve, CURVE_MODES)
         if self.feedback_topic and _topic_key(self.feedback_topic) in (
                 *topics, _topic_key(self.events_topic)):

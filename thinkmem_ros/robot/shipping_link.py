@@ -21,11 +21,10 @@ from thinkmem_ros.link.security import (
     SecurityError,
     load_curve_keypair,
     load_curve_public,
-    verify_signed_bundle,
 )
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.link.sockets import TransportError
-from thinkmem_ros.policy.bundle import BundleError, read_manifest
+from thinkmem_ros.policy.bundle import MANIFEST, BundleError, read_manifest
 from thinkmem_ros.robot.activation import FrameResult
 from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.robot.diagnostics import (
@@ -43,6 +42,7 @@ from thinkmem_ros.robot.experience_builder import (
 )
 from thinkmem_ros.robot.hotswap import LoadedPolicy
 from thinkmem_ros.robot.node_config import NodeConfig
+from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig, log_outcome
 
 
 def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | None:
@@ -50,20 +50,39 @@ def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | Non
 
     A robot restarted after a push keeps the pushed model instead of rolling back. The
     installed bundle is verified again (signature and hash): files on disk may have changed.
+    The signature is checked against the trust list in ``bundles_dir`` (after applying the
+    key chain the installed manifest carries, as a push would: a no-op unless the trust
+    file was lost), so a bundle signed by a rotated key survives the restart.
+
+    With ``pin_bundle_version`` set, only that version is ever returned: ``bundle_path`` when
+    it is the pinned version (None), else ``bundles_dir/v<pin>`` when it verifies; if
+    neither is, the robot runs ``bundle_path`` and says so (a push of the pin installs it).
     """
-    current = config.bundles_folder() / "current"
-    if verify_key is None or not current.exists():
-        return None
-    try:
-        installed = verify_signed_bundle(current.resolve(), verify_key)
-    except BundleError as exc:
-        logger.error(f"ignoring the installed bundle {current}: {exc}")
-        return None
+    folder = config.bundles_folder()
+    pin = config.pin_bundle_version
     configured = read_manifest(resolve_bundle_path(config.bundle_path)).model_version
-    if installed.version <= configured:
+    if pin and configured == pin:
         return None
+    candidate = folder / (f"v{pin:06d}" if pin else "current")
+    installed = None
+    if verify_key is not None and candidate.exists():
+        try:
+            trust = TrustStore(TrustStoreConfig(folder, verify_key))
+            log_outcome(trust.apply_manifest((candidate / MANIFEST).read_bytes()))
+            installed = trust.verify_bundle(candidate.resolve())
+        except (BundleError, ValueError, OSError) as exc:
+            logger.error(f"ignoring the installed bundle {candidate}: {exc}")
+    if pin and (installed is None or installed.version != pin):
+        logger.error(f"pin_bundle_version {pin}: neither bundle_path (v{configured}) nor a "
+                     f"verified bundle in {folder} is v{pin}; running bundle_path and "
+                     f"installing only a push of v{pin}")
+        return None
+    if installed is None or (not pin and installed.version <= configured):
+        return None
+    why = (f"pin_bundle_version; bundle_path is v{configured}" if pin
+           else f"newer than bundle_path's v{configured}")
     logger.info(f"using the installed pushed bundle v{installed.version} at {installed.path} "
-                f"(newer than bundle_path's v{configured})")
+                f"({why})")
     return installed.path
 
 
@@ -90,7 +109,8 @@ class ShippingLink:
             try:
                 self.receiver = BundleReceiver(BundleReceiverConfig(
                     config.bundles_folder(), verify_key, current_version=policy.version,
-                    current_sha256=policy.sha256), on_install=request_swap)
+                    current_sha256=policy.sha256, pin_version=config.pin_bundle_version),
+                    on_install=request_swap)
             except OSError as exc:
                 raise ValueError(f"bundles_dir {str(config.bundles_folder())!r}: {exc}") from None
         self.builder = ExperienceBuilder(

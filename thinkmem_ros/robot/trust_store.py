@@ -1,0 +1,214 @@
+"""The robot's trusted bundle-signing keys: a file next to the installed bundles.
+
+A robot is configured with one key (``bundle_signing_public_key``); the consolidator's key
+may later be rotated by key endorsements (``link/key_endorsement``) that travel inside
+pushed bundle manifests. ``TrustStore`` keeps the resulting trust list in
+``bundles_dir/trusted_signing_keys.json``:
+
+* while the file does not exist, the list is the configured key alone (serial 0);
+* it changes only through ``apply_chain``, and is written atomically (synced temporary
+  file, ``os.replace``, synced folder) *before* the new list is used, so a crash leaves
+  either the old or the new list;
+* once it exists, the file wins over ``bundle_signing_public_key``: a revoked key must
+  not come back because the parameter file still names it. Deleting the file starts
+  over from the configured key (the way to re-flash a robot by hand).
+
+A chain is applied in serial order; each endorsement is
+
+* **known**: exactly this one was applied before (every push re-sends the whole chain);
+* **stale**: its serial is not above the last applied one (a replay, a rollback, or
+  history from before this robot's key): never applied;
+* **untrusted**: its signer is not trusted (yet): not applied, the rest still considered,
+  so a robot flashed with a newer key skips the chain's older links;
+* **refused**: malformed, a signature that does not verify, or a revoke that would leave
+  no key: not applied, and nothing after it in that chain is (a later endorsement must
+  never overtake a refused one and make it stale);
+* **applied**.
+
+A corrupt trust file raises ``TrustStoreError`` (a ValueError, so the node refuses to
+start naming the file) instead of silently falling back to the configured key, which
+might be one that was revoked. No torch here: this runs on the robot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nacl.signing
+
+from thinkmem_ros.link.key_endorsement import (
+    ENDORSEMENTS_KEY,
+    EndorsementError,
+    KeyEndorsement,
+    TrustList,
+    parse_chain,
+    public_hex,
+    verify_bundle_with_any,
+    write_json_atomic,
+)
+from thinkmem_ros.link.security import SecurityError
+from thinkmem_ros.policy.bundle import MAX_MANIFEST_BYTES, Bundle
+
+log = logging.getLogger(__name__)
+
+TRUST_FILE = "trusted_signing_keys.json"
+STORE_FORMAT = 1
+
+
+class TrustStoreError(ValueError):
+    """The trust file is unreadable or malformed, or the configured key is no key."""
+
+
+@dataclass
+class TrustStoreConfig:
+    """Where the trust file lives and the key trusted before any endorsement."""
+
+    folder: Path | str  # the robot's bundles_dir
+    initial_key: nacl.signing.VerifyKey | bytes | str | Path  # bundle_signing_public_key
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        try:
+            self.initial_hex = public_hex(self.initial_key)
+        except SecurityError as exc:
+            raise ValueError(f"TrustStoreConfig.initial_key: {exc}") from None
+
+
+@dataclass
+class ChainOutcome:
+    """What one chain did to the trust list (reasons are one line each, for the log)."""
+
+    applied: list[KeyEndorsement] = field(default_factory=list)
+    known: int = 0
+    stale: list[str] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+class TrustStore:
+    """The trust list of one robot, loaded from (and saved to) ``folder/TRUST_FILE``."""
+
+    def __init__(self, config: TrustStoreConfig) -> None:
+        self.config = config
+        self.path: Path = config.folder / TRUST_FILE
+        self.trust = self._load()
+        if config.initial_hex not in self.trust.keys:
+            log.warning("bundle_signing_public_key %s.. is not in the trust list %s (rotated "
+                        "away by endorsement #%d); pushes verify against the list's %d "
+                        "key(s). Delete the file to start over from the configured key",
+                        config.initial_hex[:16], self.path, self.trust.serial,
+                        len(self.trust.keys))
+
+    # ---- reading
+    @property
+    def keys(self) -> tuple[nacl.signing.VerifyKey, ...]:
+        """The keys a bundle signature may verify with now."""
+        return self.trust.verify_keys()
+
+    @property
+    def serial(self) -> int:
+        """Serial of the last endorsement applied (0 = none)."""
+        return self.trust.serial
+
+    def verify_bundle(self, folder: Path | str) -> Bundle:
+        """Verify a bundle folder's signature with any trusted key, then its ONNX hash."""
+        return verify_bundle_with_any(folder, self.keys)
+
+    # ---- changing
+    def apply_manifest(self, manifest: bytes) -> ChainOutcome:
+        """Apply the chain in an (unverified) manifest's ``extras.endorsements``, if any.
+
+        The manifest is not trusted here: each endorsement is checked on its own signature
+        (that is what lets the first bundle of a new key carry the key's endorsement).
+        Unparsable manifests carry no chain; the signature check refuses them later.
+        """
+        if len(manifest) > MAX_MANIFEST_BYTES:
+            return ChainOutcome()
+        try:
+            data = json.loads(manifest)
+        except (ValueError, RecursionError):
+            return ChainOutcome()
+        extras = data.get("extras") if isinstance(data, dict) else None
+        if not isinstance(extras, dict) or ENDORSEMENTS_KEY not in extras:
+            return ChainOutcome()
+        return self.apply_chain(extras[ENDORSEMENTS_KEY], f"extras.{ENDORSEMENTS_KEY}")
+
+    def apply_chain(self, items: object, source: str = "key chain") -> ChainOutcome:
+        """Apply a list of endorsement dicts (see the module doc); saves before it returns.
+
+        Raises OSError when the new list cannot be written (then nothing changed).
+        """
+        outcome = ChainOutcome()
+        try:
+            chain = parse_chain(items, source)
+        except EndorsementError as exc:
+            outcome.refused.append(str(exc))
+            return outcome
+        trust = self.trust
+        for endorsement in chain:
+            if trust.was_applied(endorsement):
+                outcome.known += 1
+                continue
+            try:
+                trust = trust.apply(endorsement)
+            except EndorsementError as exc:
+                if exc.kind == "stale":
+                    outcome.stale.append(str(exc))
+                    continue
+                if exc.kind == "untrusted":
+                    outcome.untrusted.append(str(exc))
+                    continue
+                outcome.refused.append(str(exc))
+                break  # nothing may overtake a refused endorsement (it would turn stale)
+            outcome.applied.append(endorsement)
+        if outcome.applied:
+            self._save(trust)
+            self.trust = trust
+        return outcome
+
+    # ---- the file
+    def _load(self) -> TrustList:
+        if not self.path.exists():
+            return TrustList.starting_with(self.config.initial_hex)
+        where = f"trust list {self.path}"
+        hint = ("; delete it to start over from bundle_signing_public_key (this trusts that "
+                "key again)")
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise TrustStoreError(f"{where}: cannot read: {exc}{hint}") from None
+        if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
+            raise TrustStoreError(f"{where}: not a format-{STORE_FORMAT} trust list{hint}")
+        try:
+            applied = tuple((int(serial), str(digest))
+                            for serial, digest in data.get("applied", []))
+            return TrustList(tuple(str(k).lower() for k in data["keys"]), data["serial"],
+                             applied)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrustStoreError(f"{where}: malformed: {exc}{hint}") from None
+
+    def _save(self, trust: TrustList) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, {
+            "format": STORE_FORMAT, "keys": list(trust.keys), "serial": trust.serial,
+            "applied": [list(pair) for pair in trust.applied],
+            "configured_key": self.config.initial_hex,
+            "updated": datetime.now(UTC).isoformat(timespec="seconds")})
+
+
+def log_outcome(outcome: ChainOutcome, logger: logging.Logger | None = None) -> None:
+    """One log line per endorsement that did something or was turned away."""
+    logger = logger or log
+    for endorsement in outcome.applied:
+        logger.info("applied key endorsement %s: bundles now verify against the updated "
+                    "trust list", endorsement.describe())
+    for reason in outcome.refused:
+        logger.warning("REFUSED key endorsement: %s", reason)
+    for reason in outcome.untrusted:
+        logger.info("skipped key endorsement: %s", reason)
+    for reason in outcome.stale:
+        logger.info("skipped key endorsement: %s", reason)
