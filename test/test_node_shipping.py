@@ -22,7 +22,7 @@ from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.link.receiver import ReceiverConfig
 from thinkmem_ros.link.security import sign_bundle, write_signing_keypair
 from thinkmem_ros.link.spool import Spool
-from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.policy.bundle import load_bundle, signal_set_fingerprint
 from thinkmem_ros.robot.diagnostics import (
     ERROR,
     OK,
@@ -294,6 +294,8 @@ def test_activations_reach_the_store_with_feedback_attached(rig_factory, v1, tmp
             assert exp.labels == list(manifest.labels)
             assert exp.window.shape == (manifest.window, len(manifest.signals))
             assert exp.bundle_sha256 == manifest.sha256
+            # the fingerprint the consolidator filters on (computed when undeclared)
+            assert exp.signal_set == (manifest.signal_set or signal_set_fingerprint(manifest))
         assert len({e.episode_id for e in rows.values()}) == 1
         wait_for(lambda: any("door_open" in e.events for e in stored(db)), 5.0,
                  "an experience carrying the door_open event")

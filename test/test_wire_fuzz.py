@@ -204,7 +204,7 @@ def test_decoding_any_frame_allocates_a_bounded_multiple_of_its_size(kind, body)
 # -------------------------------------------------------------------------- records
 
 record_fields = {
-    "v": st.sampled_from([1, 2]) | values, "robot_id": names | values,
+    "v": st.sampled_from([1, 2, 3]) | values, "robot_id": names | values,
     "episode_id": names | values, "seq": st.integers(0, 2**63 - 1) | values,
     "stamp": st.floats(0, 1e9) | values, "shape": st.just([2, 3]) | values,
     "window": st.binary(min_size=24, max_size=24) | values,
@@ -215,6 +215,7 @@ record_fields = {
     "action": st.none() | values, "trace": st.none() | st.text(max_size=50) | values,
     "outcome": st.none() | values, "reward": st.none() | values,
     "required": st.none() | st.lists(names, max_size=3) | values,
+    "signal_set": st.sampled_from(["", "cd" * 32]) | values,
 }
 
 
@@ -275,7 +276,8 @@ def experiences(draw):
         action=draw(st.none() | st.text(max_size=30)), trace=draw(st.none() | st.text(
             max_size=60)), outcome=draw(st.none() | st.text(max_size=20) | finite),
         reward=draw(st.none() | finite), seq=draw(st.integers(0, 2**63 - 1)),
-        required=draw(st.none() | st.lists(names, max_size=3)))
+        required=draw(st.none() | st.lists(names, max_size=3)),
+        signal_set=draw(st.sampled_from(["", "cd" * 32])))
 
 
 @HEAVY
@@ -283,7 +285,8 @@ def experiences(draw):
 def test_valid_records_round_trip(experience):
     back = decode_experience(encode_experience(experience))
     for name in ("robot_id", "episode_id", "stamp", "labels", "bundle_version", "events",
-                 "bundle_sha256", "action", "trace", "outcome", "reward", "seq", "required"):
+                 "bundle_sha256", "action", "trace", "outcome", "reward", "seq", "required",
+                 "signal_set"):
         a, b = getattr(back, name), getattr(experience, name)
         assert a == b or (isinstance(a, float) and math.isclose(a, b)), name
     np.testing.assert_array_equal(back.window, experience.window)

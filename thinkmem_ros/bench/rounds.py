@@ -144,10 +144,12 @@ def robot_view(bundle: Path, stream, missions: list[Mission]):
 def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: str,
                       ship_every: int) -> list:
     """Experiences a robot running ``bundle`` ships while driving ``stream`` (with feedback)."""
+    from thinkmem_ros.policy.bundle import signal_set_fingerprint
     from thinkmem_ros.robot.activation import FrameResult
     from thinkmem_ros.robot.experience_builder import BuilderConfig, ExperienceBuilder, Feedback
 
     runtime, frames, probs, labels, active = robot_view(bundle, stream, missions)
+    signal_set = runtime.manifest.signal_set or signal_set_fingerprint(runtime.manifest)
     shipped: list = []
     builder = ExperienceBuilder(
         BuilderConfig(robot_id, 1.0 / RATE_HZ, feedback_window_s=0.0,
@@ -167,7 +169,7 @@ def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: s
             active=tuple(name for name, on in zip(labels, active[i], strict=True) if on),
             embedding=np.zeros(1, np.float32), inference_us=0.0, latency_us=None,
             bundle_version=runtime.version, bundle_sha256=runtime.sha256, stale=(),
-            inputs_stamp=t)
+            inputs_stamp=t, signal_set=signal_set)
         builder.add_frame(result, now=t)
         required = tuple(truth_names[frames.truth[i] > 0.5])
         builder.add_feedback(Feedback(stamp=t, required=required,

@@ -29,18 +29,28 @@ class SignalSetFilter:
 
     A window only means something next to the signals, units and rate it was assembled
     for, so experiences of a robot with another signal set must never reach this line's
-    discovery or retraining. An experience names the bundle that produced it
-    (``bundle_sha256``); the filter knows the signal-set fingerprint of every bundle of
-    the line (the initial one and each published version) and accepts an experience when
-    its bundle has the served fingerprint. One without a bundle hash is accepted when its
-    window has the line's number of signals. Everything else is refused with a counted
-    reason (``refused``): ``unknown_bundle``, ``signal_set`` or ``window_width``. Refused
-    experiences are still acknowledged, so a robot's spool does not resend them forever.
+    discovery or retraining. The filter knows the signal-set fingerprint of every bundle
+    of the line (the initial one and each published version) and decides per experience:
+
+    - one that carries a fingerprint (``signal_set``, wire version 3) is accepted when the
+      fingerprint is served and its window has that signal set's number of columns,
+      whatever bundle produced it: the fingerprint, not the bundle, is what makes windows
+      comparable, so a robot running a bundle its engineer trained locally on the same
+      signals (never published here, its hash unknown) still feeds the line. The width
+      check costs nothing and refuses a record whose window contradicts its own claim;
+    - one without a fingerprint (an older robot) is judged by its bundle hash
+      (``bundle_sha256``): accepted when it is a bundle of the line with a served
+      fingerprint, since an unknown hash says nothing about the signals;
+    - one with neither is accepted when its window has the line's number of signals.
+
+    Everything else is refused with a counted reason (``refused``): ``signal_set``,
+    ``unknown_bundle`` or ``window_width``. Refused experiences are still acknowledged, so
+    a robot's spool does not resend them forever.
     """
 
     def __init__(self, bundles: Iterable[Bundle]) -> None:
         self._lock = threading.Lock()
-        self.served: set[str] = set()
+        self.served: dict[str, int] = {}  # served fingerprint -> its number of signals
         self.known: dict[str, str] = {}  # bundle sha256 -> signal-set fingerprint
         self.widths: set[int] = set()
         self.refused: dict[str, int] = {}
@@ -51,19 +61,24 @@ class SignalSetFilter:
         """Add a bundle of the served line (a new publication keeps the line's set)."""
         fingerprint = bundle.manifest.signal_set or signal_set_fingerprint(bundle.manifest)
         with self._lock:
-            self.served.add(fingerprint)
+            self.served[fingerprint] = len(bundle.manifest.signals)
             self.known[bundle.manifest.sha256] = fingerprint
             self.widths.add(len(bundle.manifest.signals))
 
     def reason(self, experience: Experience) -> str | None:
         """Why ``experience`` is refused, or None when it belongs to a served line."""
-        sha = experience.bundle_sha256
+        fingerprint, sha = experience.signal_set, experience.bundle_sha256
+        width = int(experience.window.shape[1])
         with self._lock:
+            if fingerprint:
+                if fingerprint not in self.served:
+                    return "signal_set"
+                return None if self.served[fingerprint] == width else "window_width"
             if sha:
                 if sha not in self.known:
                     return "unknown_bundle"
                 return None if self.known[sha] in self.served else "signal_set"
-            return None if int(experience.window.shape[1]) in self.widths else "window_width"
+            return None if width in self.widths else "window_width"
 
     def split(self, experiences: Sequence[Experience]) -> list[Experience]:
         """The accepted experiences; each refusal is counted under its reason."""

@@ -44,6 +44,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE experiences ADD COLUMN received_at REAL NOT NULL DEFAULT 0",
         "CREATE INDEX experiences_episode ON experiences (robot_id, episode_id, stamp)",
     ),
+    (  # 3: the producing bundle's signal-set fingerprint ('' = not sent, as in every row
+        # of wire versions 1-2, so old rows need no backfill); not indexed: a store holds
+        # one line, so queries by it are rare and an index would cost every insert
+        "ALTER TABLE experiences ADD COLUMN signal_set TEXT NOT NULL DEFAULT ''",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
@@ -102,14 +107,14 @@ class ExperienceStore:
             return 0, 0
         now = time.time()
         rows = [(e.robot_id, e.seq, e.episode_id, e.stamp, e.bundle_version, payload,
-                 "\n".join(e.events), e.reward, now) for e, payload in records]
+                 "\n".join(e.events), e.reward, now, e.signal_set) for e, payload in records]
         try:
             with self._conn:
                 before = self._conn.total_changes
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO experiences (robot_id, seq, episode_id, stamp,"
-                    " bundle_version, payload, events, reward, received_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                    " bundle_version, payload, events, reward, received_at, signal_set)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
                 stored = self._conn.total_changes - before
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: insert failed: {exc}") from exc
@@ -146,19 +151,19 @@ class ExperienceStore:
         return [EpisodeInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def iter_experiences(self, robot_id: str | None = None, episode_id: str | None = None,
-                         after_id: int = 0, limit: int | None = None
-                         ) -> Iterator[tuple[int, Experience]]:
+                         after_id: int = 0, limit: int | None = None,
+                         signal_set: str | None = None) -> Iterator[tuple[int, Experience]]:
         """Yield ``(row id, experience)`` in arrival order, optionally filtered.
 
-        ``after_id`` lets a consumer resume where it stopped (row ids only grow).
+        ``after_id`` lets a consumer resume where it stopped (row ids only grow);
+        ``signal_set`` keeps one fingerprint's rows ('' = records that carry none).
         """
         clauses, params = ["id > ?"], [after_id]
-        if robot_id is not None:
-            clauses.append("robot_id = ?")
-            params.append(robot_id)
-        if episode_id is not None:
-            clauses.append("episode_id = ?")
-            params.append(episode_id)
+        for column, value in (("robot_id", robot_id), ("episode_id", episode_id),
+                              ("signal_set", signal_set)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
         sql = f"SELECT id, payload FROM experiences WHERE {' AND '.join(clauses)} ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
@@ -185,6 +190,12 @@ class ExperienceStore:
             " SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
             " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)")
         return {(r[0], r[1]): r[2].split("\n") if r[2] else [] for r in rows}
+
+    def signal_sets(self) -> dict[str, int]:
+        """Stored experiences per signal-set fingerprint ('' = records that carry none)."""
+        rows = self._conn.execute(
+            "SELECT signal_set, COUNT(*) FROM experiences GROUP BY signal_set ORDER BY 1")
+        return {r[0]: r[1] for r in rows}
 
     def rewards(self) -> list[tuple[str, int, float]]:
         """``(robot_id, seq, reward)`` of every experience that carries feedback."""

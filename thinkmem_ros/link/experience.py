@@ -6,9 +6,11 @@ that came over the network: every field is checked for presence, exact type, ran
 size, and a bad record is refused with an ``ExperienceError`` that names the field, so a
 faulty or hostile robot can never push a malformed row into the store.
 
-Wire format (schema version 2): a msgpack map with exactly the keys of ``_FIELDS``.
-Version 1 records (no ``required`` key) are still decoded, with ``required = None``, so
-spools and stores written before the field existed stay readable.
+Wire format (schema version 3): a msgpack map with exactly the keys of ``_FIELDS``.
+Older versions are still decoded, so spools and stores written before a field existed stay
+readable: version 2 records (no ``signal_set`` key) get ``signal_set = ''``, version 1
+records (no ``required`` either) also get ``required = None``. Each version's key set is
+exact: a v3 record without ``signal_set`` or a v2 record with it is refused.
 The signal window travels as raw little-endian float32 bytes plus its ``[K, F]`` shape;
 the mask as one uint8 per cell (1 = observed); probabilities as float32 bytes, one per
 label. Dropouts are expressed through the mask, so the window itself must be finite.
@@ -32,8 +34,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 LIMITS: dict[str, int] = {
     "max_frames": 4096,
@@ -49,13 +51,14 @@ LIMITS: dict[str, int] = {
 
 MAX_RECORD_BYTES = 3 * 1024 * 1024
 """Cap on one encoded record, above the most the limits allow (window 1 MiB, mask 256 KiB,
-UTF-8 trace <= 256 KiB, names <= 400 KiB), so a record is refused before it is parsed."""
+UTF-8 trace <= 256 KiB, names <= 400 KiB, ids and hashes < 1 KiB), so a record is refused
+before it is parsed."""
 
 # msgpack's own container limits: twice the field limits, so a near miss still gets the
 # error naming its field, and a gross one is refused before it is built
 _MAX_STR_BYTES = 2 * 4 * LIMITS["max_trace"]  # the longest text field, as UTF-8
 _MAX_LIST = 2 * max(LIMITS["max_events"], LIMITS["max_labels"])
-_MAX_MAP = 64  # a record has 18 fields
+_MAX_MAP = 64  # a record has 19 fields
 # all lists and maps of one record together: a valid one has at most ~1,560 entries
 # (events, labels, required, shape, fields); checked only above _BUDGET_FROM_BYTES, since
 # a smaller record cannot unpack into much more than its own size
@@ -65,6 +68,8 @@ _BUDGET_FROM_BYTES = 32 * 1024
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
 _SHA_RE = re.compile(r"(|[0-9a-f]{64})")
+_SIGNAL_SET_ERROR = ("signal_set: expected '' or the bundle's signal-set fingerprint "
+                     "(64 lowercase hex characters)")
 _MAX_INT64 = 2**63 - 1
 
 
@@ -99,6 +104,11 @@ class Experience:
     # thinking labels that hindsight (trace h_t / feedback f_t) says the situation needed:
     # the g_i of direct material (s_i, g_i); None = unknown (the record feeds discovery only)
     required: list[str] | None = None
+    # signal-set fingerprint of the producing bundle (bundle.json ``signal_set``): what the
+    # consolidator matches against the lines it serves, so a bundle it never published (one
+    # trained on the robot) is accepted when its signals, units and rate are the line's;
+    # '' = unknown (the consolidator falls back to the bundle hash, then the window width)
+    signal_set: str = ""
 
     def __post_init__(self) -> None:
         self.window = np.ascontiguousarray(self.window, dtype="<f4")
@@ -152,8 +162,12 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "outcome": (str, float, int, type(None)),
     "reward": (float, int, type(None)),
     "required": (list, type(None)),
+    "signal_set": (str,),
 }
-_V1_FIELDS = {k: v for k, v in _FIELDS.items() if k != "required"}
+_V2_FIELDS = {k: v for k, v in _FIELDS.items() if k != "signal_set"}
+_V1_FIELDS = {k: v for k, v in _V2_FIELDS.items() if k != "required"}
+_VERSION_FIELDS: dict[int, dict[str, tuple[type, ...]]] = {
+    1: _V1_FIELDS, 2: _V2_FIELDS, 3: _FIELDS}
 
 
 def _signatures(fields: dict[str, tuple[type, ...]]) -> frozenset[tuple[type, ...]]:
@@ -165,7 +179,7 @@ def _signatures(fields: dict[str, tuple[type, ...]]) -> frozenset[tuple[type, ..
 # type signature)
 _SCHEMAS: dict[int, tuple[Callable[[dict], tuple], frozenset[str], frozenset[tuple]]] = {
     version: (operator.itemgetter(*fields), frozenset(fields), _signatures(fields))
-    for version, fields in ((1, _V1_FIELDS), (2, _FIELDS))}
+    for version, fields in _VERSION_FIELDS.items()}
 
 
 _PACKERS = threading.local()  # a Packer per thread: packb would build one per record
@@ -254,7 +268,11 @@ class _TooManyElements(Exception):
 
 
 def _checked_map(data: Any) -> dict[str, Any]:
-    """Check everything but the array values of a wire map; returns it (v1 gains required)."""
+    """Check everything but the array values of a wire map; returns it.
+
+    A map of an older version gains the fields it predates: ``signal_set = ''`` (v1, v2)
+    and ``required = None`` (v1).
+    """
     if type(data) is not dict:
         raise ExperienceError(f"record: expected a map, got {type(data).__name__}")
     version = data.get("v")
@@ -266,9 +284,11 @@ def _checked_map(data: Any) -> dict[str, Any]:
     # exact types (a bool is not an int here), checked as one tuple in one set lookup;
     # the per-field loop runs only to name what is wrong
     if data.keys() != keys or tuple(map(type, values(data))) not in signatures:
-        _explain_fields(data, _FIELDS if version >= 2 else _V1_FIELDS)
+        _explain_fields(data, _VERSION_FIELDS[version])
     if version < 2:
         data["required"] = None
+    if version < 3:
+        data["signal_set"] = ""
     _check_id("robot_id", data["robot_id"])
     _check_id("episode_id", data["episode_id"])
     _check_range("seq", data["seq"], 0, _MAX_INT64)
@@ -290,6 +310,9 @@ def _checked_map(data: Any) -> dict[str, Any]:
     sha = data["bundle_sha256"]
     if sha and not _SHA_RE.fullmatch(sha):
         raise ExperienceError("bundle_sha256: expected '' or 64 lowercase hex characters")
+    fingerprint = data["signal_set"]
+    if fingerprint and not _SHA_RE.fullmatch(fingerprint):
+        raise ExperienceError(_SIGNAL_SET_ERROR)
     _check_optional_text("action", data["action"], LIMITS["max_text"])
     _check_optional_text("trace", data["trace"], LIMITS["max_trace"])
     _check_outcome(data["outcome"])
@@ -397,7 +420,8 @@ def _assemble(data: dict[str, Any], window: np.ndarray, mask: np.ndarray | None,
         "probabilities": probabilities, "bundle_version": data["bundle_version"],
         "mask": mask, "events": data["events"], "bundle_sha256": data["bundle_sha256"],
         "action": data["action"], "trace": data["trace"], "outcome": data["outcome"],
-        "reward": data["reward"], "seq": data["seq"], "required": data["required"]}
+        "reward": data["reward"], "seq": data["seq"], "required": data["required"],
+        "signal_set": data["signal_set"]}
     return exp
 
 
@@ -431,7 +455,8 @@ def _build(data: dict[str, Any]) -> Experience:
         labels=labels, probabilities=np.frombuffer(probabilities, dtype="<f4"),
         bundle_version=data["bundle_version"], bundle_sha256=data["bundle_sha256"],
         action=data["action"], trace=data["trace"], outcome=data["outcome"],
-        reward=data["reward"], required=data.get("required"))
+        reward=data["reward"], required=data.get("required"),
+        signal_set=data.get("signal_set", ""))
 
 
 def _to_wire(exp: Experience, seq: int | None) -> dict[str, Any]:
@@ -449,6 +474,7 @@ def _to_wire(exp: Experience, seq: int | None) -> dict[str, Any]:
         "bundle_sha256": exp.bundle_sha256, "action": exp.action, "trace": exp.trace,
         "outcome": exp.outcome, "reward": exp.reward,
         "required": None if exp.required is None else list(exp.required),
+        "signal_set": exp.signal_set,
     }
 
 
@@ -478,6 +504,8 @@ def _validate(exp: Experience) -> None:
     _check_range("bundle_version", exp.bundle_version, 0, _MAX_INT64)
     if type(exp.bundle_sha256) is not str or not _SHA_RE.fullmatch(exp.bundle_sha256):
         raise ExperienceError("bundle_sha256: expected '' or 64 lowercase hex characters")
+    if type(exp.signal_set) is not str or not _SHA_RE.fullmatch(exp.signal_set):
+        raise ExperienceError(_SIGNAL_SET_ERROR)
     _check_optional_text("action", exp.action, LIMITS["max_text"])
     _check_optional_text("trace", exp.trace, LIMITS["max_trace"])
     _check_outcome(exp.outcome)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -149,7 +150,9 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
         isinstance(k, str) and isinstance(xs, list) and len(xs) == 2
         and all(_is_number(x) for x in xs) for k, xs in v.items()),
         "an object {signal: [low, high]}"),
-    "signal_set": (lambda v: isinstance(v, str), "a string"),
+    # '' or a fingerprint: robots send it in every experience, whose wire check is the same
+    "signal_set": (lambda v: isinstance(v, str) and re.fullmatch(r"(|[0-9a-f]{64})", v)
+                   is not None, "'' or 64 lowercase hex characters"),
 }
 """What each ``bundle.json`` key must hold: a manifest is outside input (a file on disk, a
 push), so a wrong type is refused naming the key instead of failing later in a traceback."""

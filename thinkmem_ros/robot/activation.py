@@ -51,6 +51,7 @@ class FrameResult:
     no_input: bool = False  # every signal stale: nothing is claimed active
     wait_us: float | None = None  # newest sample arrival -> frame assembled
     compute_us: float | None = None  # frame assembled -> activation built (just before publish)
+    signal_set: str = ""  # the bundle's signal-set fingerprint, carried into the experience
 
 
 def active_labels(labels: tuple[str, ...], probabilities: np.ndarray,

@@ -379,4 +379,4 @@ class ExperienceBuilder:
             window=window, mask=mask.astype(np.uint8), events=entry.events[start:entry.n_events],
             labels=list(r.labels), probabilities=np.asarray(r.probabilities, np.float32),
             bundle_version=int(r.bundle_version), bundle_sha256=r.bundle_sha256,
-            reward=entry.reward, required=entry.required)
+            signal_set=r.signal_set, reward=entry.reward, required=entry.required)

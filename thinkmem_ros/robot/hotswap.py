@@ -21,7 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.paths import resolve_bundle_path
-from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, load_bundle
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    ONNX_FILE,
+    BundleError,
+    load_bundle,
+    signal_set_fingerprint,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -41,6 +47,9 @@ class LoadedPolicy:
     version: int
     sha256: str
     frame_rate_hz: float
+    # bundle.json's signal-set fingerprint (computed for a bundle that declares none): every
+    # experience carries it, so the consolidator can accept a bundle it never published
+    signal_set: str = ""
 
 
 def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
@@ -87,7 +96,8 @@ def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
         path=folder, runtime=runtime, labels=tuple(m.labels), signals=tuple(m.signals),
         window=m.window, max_events=m.max_events, event_vocabulary=tuple(m.event_vocabulary),
         thresholds=np.asarray(runtime.thresholds, np.float32), version=m.model_version,
-        sha256=m.sha256, frame_rate_hz=m.frame_rate_hz)
+        sha256=m.sha256, frame_rate_hz=m.frame_rate_hz,
+        signal_set=m.signal_set or signal_set_fingerprint(m))
 
 
 class PolicySlot:

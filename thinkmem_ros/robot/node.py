@@ -639,7 +639,8 @@ class ThinkingNode(Node):
             active=() if no_input else active_labels(policy.labels, probs, policy.thresholds),
             embedding=np.asarray(pred.embedding[0]), inference_us=inference_us,
             latency_us=None, bundle_version=policy.version, bundle_sha256=policy.sha256,
-            stale=frame.stale, inputs_stamp=frame.inputs_stamp, no_input=no_input)
+            stale=frame.stale, inputs_stamp=frame.inputs_stamp, no_input=no_input,
+            signal_set=policy.signal_set)
         if no_input:
             with self._stats.lock:
                 self._stats.no_input_frames += 1
