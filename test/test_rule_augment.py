@@ -55,6 +55,22 @@ def test_every_copy_is_labelled_exactly_as_the_rules_label_its_signals():
     assert max(c.labels[:, RULES.label_names.index("left")].sum() for c in copies) > 0
 
 
+def test_decorrelated_copies_shuffle_each_signal_on_its_own():
+    stream = drive(300.0)
+    cfg = AugmentConfig(copies=1, stretch=1.0, gain=1.0, flip_signs=False)
+    joint = augmented_copies(stream, RULES, cfg, np.random.default_rng(3))[0].values
+    apart = augmented_copies(stream, RULES, AugmentConfig(
+        copies=1, stretch=1.0, gain=1.0, flip_signs=False, decorrelate=1.0),
+        np.random.default_rng(3))[0].values
+
+    def pairs(values):  # (yaw, vibration) rows, as a set: a joint shuffle keeps every pair
+        return {tuple(np.round(row, 5)) for row in values if np.isfinite(row).all()}
+
+    original = pairs(stream.values)
+    assert pairs(joint) <= original
+    assert len(pairs(apart) - original) > 0.5 * len(pairs(apart))
+
+
 def test_only_two_signed_signals_flip_sign():
     stream = drive()
     cfg = AugmentConfig(gain=1.0)
@@ -94,7 +110,8 @@ def test_training_windows_add_copies_under_their_own_groups_and_are_seeded():
 
 @pytest.mark.parametrize("kw, name", [({"copies": -1}, "copies"), ({"stretch": 0.5}, "stretch"),
                                       ({"gain": float("nan")}, "gain"),
-                                      ({"chunk_s": (5.0, 1.0)}, "chunk_s")])
+                                      ({"chunk_s": (5.0, 1.0)}, "chunk_s"),
+                                      ({"decorrelate": 1.5}, "decorrelate")])
 def test_config_names_the_bad_value(kw, name):
     with pytest.raises(ValueError, match=name):
         AugmentConfig(**kw)
