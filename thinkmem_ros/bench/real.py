@@ -7,8 +7,9 @@ Part 1, the real recording (``test/data/real/husky_outdoor.bag``, a Clearpath Hu
 outdoor drive from robot_localization's tests, BSD-3-Clause; see LICENSE.md there): the
 signals are read through ``husky_params.yaml`` (the node's adapters), resampled the
 node's way at 10 Hz and labelled by ``husky_rules.yaml`` (written before any model was
-trained on the recording). A bundle is trained on the first 70 % of the drive and played
-on the last 30 % through the node's SituationBuffer and ONNX runtime:
+trained on the recording). A bundle is trained on the first 70 % of the drive, with the
+relabelled copies ``thinkmem train --bag`` adds by default (``core.rule_augment``), and
+played on the last 30 % through the node's SituationBuffer and ONNX runtime:
 
 - ``results.f1_holdout`` / ``results.macro_f1_holdout``: micro / macro F1 against the
   rules on the last 30 % (mean over seeds; ``*_std`` beside);
@@ -26,6 +27,10 @@ micro-F1 with all present minus micro-F1 with that signal absent (positive = wor
 ``results.absent_signal_f1_drop_per_signal`` has each signal, and
 ``results.absent_signal_f1_drop_shipped`` the same measure for the shipped default
 bundle (trained without augmentation) on the same stream.
+``results.absent_signal_f1_drop_trained_without`` is the loss of a bundle trained for
+the robot that never has the worst signal (``absent_signal_f1_trained_without``): what
+no training can recover, because the labels need that signal; per label in
+``absent_signal_f1_drop_per_label``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.core.metrics import mean_std, micro_scores
+from thinkmem_ros.core.metrics import micro_scores
 from thinkmem_ros.core.paths import find_data
 
 RECORDING = "test/data/real/husky_outdoor.bag"
@@ -51,7 +56,8 @@ SIGNAL_DROP = 0.15
 
 def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
                    params: str | Path | None = None, rules_path: str | Path | None = None,
-                   baseline: bool = True, augment_copies: int | None = None) -> dict:
+                   baseline: bool = True, augment_copies: int | None = None,
+                   tick=None) -> dict:
     """Part 1: train on the first 70 % of the recording, score on the rest (see module)."""
     from thinkmem_ros.baselines.current_state import CurrentStateOnly
     from thinkmem_ros.core.label_rules import load_rules
@@ -86,6 +92,8 @@ def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
                                    units=signal_map.units, seed=seed, min_steps=min_steps)
             scores = score_recording(bundle, tail, stale_after_s=signal_map.stale_after_s)
         wall.append(time.perf_counter() - start)
+        if tick:
+            tick(f"recording: seed {seed} scored")
         f1.append(scores["f1"])
         macro.append(scores["macro_f1"])
         per_label.append(scores["per_label_f1"])
@@ -115,7 +123,8 @@ def real_recording(seeds: int, *, min_steps: int, bag: str | Path | None = None,
     return results
 
 
-def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> dict:
+def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP,
+                   tick=None) -> dict:
     """Part 2: per-signal micro-F1 loss with the signal absent by design (see module)."""
     from thinkmem_ros.core.paths import default_bundle
     from thinkmem_ros.policy.runtime import PolicyRuntime
@@ -130,6 +139,8 @@ def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> 
     trained = train_policy(data, "default", seed=seed, epochs=8 if quick else 16,
                            batch_size=256, patience=4, progress=False, signal_drop=drop)
     wall = time.perf_counter() - start
+    if tick:
+        tick("absent signals: signal-drop bundle trained")
     stream = generate_stream("mixed", 300.0 if quick else 600.0, recipe.rate,
                              recipe.rng_children()[-1])
     test = stream_windows(stream, recipe.window, max_events=recipe.max_events)
@@ -161,7 +172,11 @@ def absent_signals(quick: bool, seed: int = 0, *, drop: float = SIGNAL_DROP) -> 
     drops = {name: ours["all"] - f for name, f in ours.items() if name != "all"}
     drops_shipped = {name: theirs["all"] - f for name, f in theirs.items() if name != "all"}
     worst = max(drops, key=drops.get)
+    if tick:
+        tick(f"absent signals: scored, training without {worst}")
     bound = information_bound(data, test, worst, seed=seed, epochs=8 if quick else 16)
+    if tick:
+        tick("absent signals: done")
     return {**bound, "absent_signal_f1_drop_trained_without":
             float(ours["all"] - bound["absent_signal_f1_trained_without"]),
             "absent_signal_f1_drop_per_label": per_label_drop(trained, test, worst),
@@ -216,9 +231,17 @@ def information_bound(data, test, signal: str, *, seed: int, epochs: int) -> dic
 
 def run(quick: bool = False, seeds: int = 3) -> dict:
     """Both parts; quick: 1 seed and fewer steps on the recording, a smaller synthetic set."""
+    from thinkmem_ros.bench.common import bench_progress
+
     seeds = 1 if quick else max(1, seeds)
-    results = real_recording(seeds, min_steps=800 if quick else 2000)
-    results.update(absent_signals(quick))
+    with bench_progress() as bar:
+        task = bar.add_task("real: training on the recording", total=seeds + 3)
+
+        def tick(description: str) -> None:
+            bar.update(task, advance=1, description=description)
+
+        results = real_recording(seeds, min_steps=800 if quick else 2000, tick=tick)
+        results.update(absent_signals(quick, tick=tick))
     return {"experiment": "real", "metric": "micro_f1",
             "config": {"quick": quick, "seeds": seeds, "train_fraction": TRAIN_FRACTION,
                        "window": WINDOW, "signal_drop": SIGNAL_DROP,
@@ -227,7 +250,8 @@ def run(quick: bool = False, seeds: int = 3) -> dict:
             "curves": {"per_label_f1_holdout": results["per_label_f1_holdout"],
                        "absent_signal_f1_drop_per_signal":
                            results["absent_signal_f1_drop_per_signal"]},
-            "mean_std": {"f1_holdout": mean_std([results["f1_holdout"]])}}
+            "mean_std": {"f1_holdout": {"mean": results["f1_holdout"],
+                                        "std": results["f1_holdout_std"]}}}
 
 
 def plot(result: dict, path: str | Path) -> None:
