@@ -486,7 +486,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "knowledge)")
     parser.add_argument("--publish-dir", default="consolidator_bundles",
                         help="published bundles: history/ and the current link")
-    parser.add_argument("--signing-key", required=True, help="Ed25519 .sign.key file")
+    # checked by ConsolidatorConfig (one-line error), not argparse: `thinkmem consolidator
+    # receive` shares these options and signs nothing
+    parser.add_argument("--signing-key", default=None,
+                        help="Ed25519 .sign.key file (required to run rounds)")
     parser.add_argument("--endorsements", default=None,
                         help="key chain file (`thinkmem keys --rotate`): shipped in every "
                              "bundle so robots that know an older key accept the new one")

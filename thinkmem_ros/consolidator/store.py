@@ -8,7 +8,10 @@ that was acknowledged and stores nothing twice.
 
 Layout: a ``schema_version`` table plus ordered ``MIGRATIONS``; opening an older file
 upgrades it in place, opening a newer one is refused. WAL mode lets discovery read while
-the receiver writes. Each row keeps the validated wire payload (so every field can be
+the receiver writes. Several processes may share one file (receive-only processes and
+the consolidator, ``consolidator.receive``): writers wait for each other through the
+busy timeout, and a migration runs under the write lock, so two processes opening a new
+file at once apply it once. Each row keeps the validated wire payload (so every field can be
 decoded again) next to indexed columns for the queries discovery and retraining run.
 """
 
@@ -81,7 +84,7 @@ class ExperienceStore:
             # of the 4 KiB default (measured ~15 -> ~10 us per insert); only a new, empty
             # file takes it, older stores keep their page size and still work.
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            _set_wal(self._conn, 10.0)
             # In WAL mode NORMAL syncs at checkpoints, not at every commit: a committed
             # batch survives a crash of this process (kill -9) but a power cut may lose
             # the last commits. The receiver ACKs after commit, so after a power cut the
@@ -230,11 +233,34 @@ class ExperienceStore:
                 f"({SCHEMA_VERSION}); upgrade the consolidator")
         for version in range(current + 1, target + 1):
             with self._conn:  # each migration and its version row commit together
-                self._conn.execute("BEGIN")  # sqlite3 would run DDL outside a transaction
+                # IMMEDIATE takes the write lock before the version is read again: several
+                # processes (receivers, the consolidator) may open one new file at once,
+                # and a migration another process applied meanwhile must not run twice
+                self._conn.execute("BEGIN IMMEDIATE")
+                if self.schema_version >= version:
+                    continue
                 for statement in MIGRATIONS[version - 1]:
                     self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version VALUES (?, ?)",
                                    (version, time.time()))
+
+
+def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch to WAL, retrying "database is locked" for up to ``timeout_s``.
+
+    Turning a new file to WAL needs an exclusive lock, and SQLite answers that request
+    with SQLITE_BUSY at once, without the busy handler, while another process opens the
+    same new file (seen with four processes opening one file at once).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _decode_all(payloads: list[bytes]) -> list[Experience]:

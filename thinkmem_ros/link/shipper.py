@@ -31,6 +31,29 @@ A full spool disk is never silent: the spool sheds its oldest rows to make room
 (``shed_disk_full``) and, when even that fails, ``ship`` refuses for a second at a time
 (``refused_disk_full``); acknowledged rows are deleted even on a full disk, so the spool
 drains when the consolidator is back (see ``spool``).
+
+Several receivers (``consolidator.receive``: receive-only processes sharing one store):
+``endpoint`` may name several, as a list or comma-separated. The robot talks to ONE at a
+time: it starts at a home endpoint picked from a stable hash of its robot id (so a fleet
+spreads evenly, and a robot keeps its receiver across restarts), and fails over to the
+next in the list when the current one is unreachable (no connection for
+``ack_timeout_s``) or silent (a batch unacknowledged past ``ack_timeout_s`` and no reply
+at all since it was sent: a receiver that acknowledges late is busy, and is kept). A failover
+opens a new socket and re-sends everything unacknowledged from the spool; a batch the
+dead receiver had already committed arrives again and is counted as a duplicate by the
+store's ``UNIQUE(robot_id, seq)`` index, never stored twice. After ``rehome_s`` away the
+robot tries its home endpoint again (when nothing is in flight), so a fleet re-spreads
+once a restarted receiver is back.
+
+Why not one DEALER connected to every endpoint at once (ZeroMQ round-robins over them)?
+Batches queued on the pipe of a peer that just died are dropped with the pipe and then
+wait for the ack timeout anyway; a receiver that hangs while its TCP connection stays up
+keeps taking its share of every window, so each window times out and is re-sent in full,
+and round-robin gives the robot no way to steer around it; every robot would hold a
+connection (and a CURVE handshake) on every receiver, so no receiver sheds load; and a
+HELLO would reach only one of them, so which receiver pushes bundles to the robot would
+be chance. One endpoint at a time keeps the failure of one receiver a single, observable
+event (``failovers``) with one well-defined recovery: the spool resend.
 """
 
 from __future__ import annotations
@@ -40,6 +63,7 @@ import itertools
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +93,8 @@ _REOPEN_MAX_S = 60.0  # longest wait between new sockets while we keep being ref
 class ShipperConfig:
     """Robot-side shipping settings (ROS parameters are copied into this once)."""
 
-    endpoint: str
+    # one endpoint, or several (a list, or comma-separated): see the module docstring
+    endpoint: str | Sequence[str]
     robot_id: str
     spool_path: Path | str
     spool_max_bytes: int = 256 * 1024 * 1024
@@ -90,6 +115,9 @@ class ShipperConfig:
     server_public_key: Path | str | bytes | None = None  # the consolidator's .key (Z85)
     client_secret_file: Path | str | None = None  # this robot's .key_secret
     idle_poll_s: float = 0.02
+    # with several endpoints: seconds away from the home endpoint before trying it again
+    # (when nothing is in flight); 0 = stay on the receiver that works
+    rehome_s: float = 300.0
     # Called with a BUNDLE_PUSH body (dict) on the shipper's thread, never on the tick;
     # e.g. ``BundleReceiver.handle_push``. When set, the shipper says HELLO on every
     # connect so the consolidator knows where to push before any experience is shipped.
@@ -108,13 +136,45 @@ class ShipperConfig:
         if self.batch_size > protocol.MAX_BATCH_ITEMS:
             raise ValueError(f"ShipperConfig.batch_size must be <= {protocol.MAX_BATCH_ITEMS}, "
                              f"got {self.batch_size}")
-        if not self.endpoint or "://" not in self.endpoint:
-            raise ValueError(f"ShipperConfig.endpoint must look like tcp://host:port, "
-                             f"got {self.endpoint!r}")
+        if self.rehome_s < 0:
+            raise ValueError(f"ShipperConfig.rehome_s must be >= 0, got {self.rehome_s}")
+        self.endpoints = parse_endpoints(self.endpoint)
         if not self.robot_id:
             raise ValueError("ShipperConfig.robot_id must not be empty")
         have = self.server_public_key is not None and self.client_secret_file is not None
-        self.use_curve = curve_enabled(self.curve, self.endpoint, have)
+        # every receiver serves with the same key pair and allow-list, so one decision
+        # holds for all (curve_enabled raises when any endpoint needs keys we lack)
+        self.use_curve = any([curve_enabled(self.curve, e, have) for e in self.endpoints])
+
+
+def parse_endpoints(endpoint: str | Sequence[str]) -> tuple[str, ...]:
+    """The endpoints named by ``endpoint`` (one, a list, or comma-separated), validated.
+
+    Raises ValueError naming the bad entry: empty, without ``scheme://``, or repeated.
+    """
+    items = endpoint.split(",") if isinstance(endpoint, str) else list(endpoint)
+    out: list[str] = []
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if not isinstance(text, str) or "://" not in text or " " in text:
+            raise ValueError(f"ShipperConfig.endpoint must look like tcp://host:port (or "
+                             f"several, comma-separated), got {item!r} in {endpoint!r}")
+        if text in out:
+            raise ValueError(f"ShipperConfig.endpoint names {text!r} twice: {endpoint!r}")
+        out.append(text)
+    if not out:
+        raise ValueError(f"ShipperConfig.endpoint names no endpoint: {endpoint!r}")
+    return tuple(out)
+
+
+def endpoint_order(robot_id: str, endpoints: Sequence[str]) -> list[str]:
+    """The order in which ``robot_id`` tries ``endpoints``: its home first, then the rest.
+
+    The home is ``crc32(robot_id) % len(endpoints)``: stable across processes and restarts
+    (Python's ``hash`` is salted per process), and spread evenly over a fleet.
+    """
+    start = zlib.crc32(robot_id.encode()) % len(endpoints)
+    return [*endpoints[start:], *endpoints[:start]]
 
 
 @dataclass
@@ -142,6 +202,8 @@ class _Stats:
     errors: int = 0
     bundle_pushes: int = 0
     reopens: int = 0  # sockets replaced because ZeroMQ had stopped reconnecting
+    failovers: int = 0  # moves to the next endpoint (current one unreachable or silent)
+    rehomes: int = 0  # returns to the home endpoint after rehome_s elsewhere
 
 
 class ExperienceShipper:
@@ -172,6 +234,12 @@ class ExperienceShipper:
         self._refuse_until = 0.0  # monotonic time until which ship() refuses (disk full)
         self._drop_log = RateLimitedLog(log, 1000)
         self._auth_log = RateLimitedLog(log, 20)
+        self._endpoint_now = endpoint_order(config.robot_id, config.endpoints)[0]
+
+    @property
+    def endpoint_now(self) -> str:
+        """The endpoint the robot ships to now (its home unless it failed over)."""
+        return self._endpoint_now
 
     # ---- API for the node (any thread)
     def start(self, timeout_s: float = 10.0) -> ExperienceShipper:
@@ -179,6 +247,15 @@ class ExperienceShipper:
         if self._thread is not None:
             return self
         keys = self._load_keys()  # here, so a bad key file fails start() at once, by name
+        for endpoint in self.config.endpoints:  # a bad endpoint fails start(), by name
+            probe = context().socket(zmq.DEALER)
+            try:
+                probe.connect(endpoint)
+            except zmq.ZMQError as exc:
+                raise TransportError(f"shipper cannot connect to {endpoint!r}: {exc}") \
+                    from exc
+            finally:
+                probe.close(0)
         self._thread = threading.Thread(target=self._run, args=(keys,),
                                         name="experience-shipper", daemon=True)
         self._thread.start()
@@ -278,14 +355,15 @@ class ExperienceShipper:
         spool = None
         try:
             spool = Spool(self.config.spool_path, self.config.spool_max_bytes)
-            socket, monitor = self._open_socket(keys)
+            socket, monitor = self._open_socket(keys, self._endpoint_now)
         except Exception as exc:  # any startup failure goes to start(), never a hang
             if spool is not None:
                 spool.close()
             self._startup_error = exc
             self._started.set()
             return
-        loop = _ShipLoop(self, spool, socket, monitor, lambda: self._open_socket(keys))
+        loop = _ShipLoop(self, spool, socket, monitor,
+                         lambda endpoint: self._open_socket(keys, endpoint))
         self._started.set()
         try:
             loop.run()
@@ -297,7 +375,7 @@ class ExperienceShipper:
             loop.close_socket()
             spool.close()
 
-    def _open_socket(self, keys: tuple[bytes, bytes, bytes] | None
+    def _open_socket(self, keys: tuple[bytes, bytes, bytes] | None, endpoint: str
                      ) -> tuple[zmq.Socket, zmq.Socket]:
         cfg = self.config
         socket = context().socket(zmq.DEALER)
@@ -320,11 +398,11 @@ class ExperienceShipper:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                 | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
-            socket.connect(cfg.endpoint)
+            socket.connect(endpoint)
         except Exception:
             socket.close(0)
             raise
-        log.info("shipper %s -> %s (CURVE %s)", cfg.robot_id, cfg.endpoint,
+        log.info("shipper %s -> %s (CURVE %s)", cfg.robot_id, endpoint,
                  "on" if cfg.use_curve else "off")
         return socket, monitor
 
@@ -334,7 +412,7 @@ class _ShipLoop:
 
     def __init__(self, owner: ExperienceShipper, spool: Spool, socket: zmq.Socket,
                  monitor: zmq.Socket,
-                 open_socket: Callable[[], tuple[zmq.Socket, zmq.Socket]]) -> None:
+                 open_socket: Callable[[str], tuple[zmq.Socket, zmq.Socket]]) -> None:
         self.owner = owner
         self.cfg = owner.config
         self.stats = owner._stats
@@ -352,6 +430,14 @@ class _ShipLoop:
         # connects without a restart.
         self.reopen_at = 0.0
         self.reopen_backoff = _REOPEN_GRACE_S
+        # Several endpoints: the order to try them (home first), the one in use, since when
+        # it has had no connection (0 = connected), and since when we are away from home.
+        self.endpoints = endpoint_order(self.cfg.robot_id, self.cfg.endpoints)
+        self.index = 0
+        self.unreachable_since = time.monotonic()
+        self.away_since = 0.0
+        self.last_reply_at = 0.0  # monotonic time of the last frame the receiver sent us
+        self.failover_log = RateLimitedLog(log, 20)
         # seqs stay monotonic across restarts even if the spool file is lost: never below
         # the wall clock in microseconds, never below what the spool last handed out.
         self.next_seq = max(spool.next_seq, int(time.time() * 1e6))
@@ -384,6 +470,8 @@ class _ShipLoop:
         while not stop.is_set():
             if self.reopen_at and time.monotonic() >= self.reopen_at:
                 self.reopen()
+            if len(self.endpoints) > 1:
+                self.check_failover()
             if self.spool.disk_full and time.monotonic() >= space_check_at:
                 space_check_at = time.monotonic() + 1.0
                 self.spool.check_space()
@@ -502,6 +590,7 @@ class _ShipLoop:
                 data = self.socket.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.last_reply_at = time.monotonic()
             try:
                 frame = protocol.decode_frame(data)
             except ProtocolError as exc:
@@ -565,8 +654,9 @@ class _ShipLoop:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.reopen_at = 0.0
                 self.reopen_backoff = _REOPEN_GRACE_S
+                self.unreachable_since = 0.0
                 self.owner._connected = True
-                log.info("connected to consolidator %s", self.cfg.endpoint)
+                log.info("connected to consolidator %s", self.endpoint)
                 if self.cfg.on_bundle_push is not None:
                     try:
                         self.socket.send(protocol.hello(self.cfg.robot_id), zmq.NOBLOCK)
@@ -578,37 +668,77 @@ class _ShipLoop:
                 self.owner._auth_log(
                     logging.ERROR, "consolidator %s REFUSED our CURVE key (ZAP status %s): "
                     "this is an authorisation failure, not a dead server; add this robot's "
-                    "public key to the consolidator's allowed keys", self.cfg.endpoint,
+                    "public key to the consolidator's allowed keys", self.endpoint,
                     event["value"])
             elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                           zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                 self.stats.handshake_failures += 1
                 self.owner._auth_log(
                     logging.ERROR, "handshake with %s failed (%s): wrong server key or CURVE "
-                    "mismatch?", self.cfg.endpoint, zmq.Event(kind).name)
+                    "mismatch?", self.endpoint, zmq.Event(kind).name)
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.stats.disconnects += 1
                 if self.owner._connected:
                     log.warning("consolidator %s disconnected; unacked experiences stay "
-                                "spooled and are re-sent", self.cfg.endpoint)
+                                "spooled and are re-sent", self.endpoint)
                 self.owner._connected = False
+                self.unreachable_since = self.unreachable_since or time.monotonic()
                 self.go_back()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the socket is connected to now."""
+        return self.endpoints[self.index]
+
+    def check_failover(self) -> None:
+        """Move on from an unreachable receiver; go home again after ``rehome_s`` away."""
+        now = time.monotonic()
+        if self.unreachable_since and now - self.unreachable_since >= self.cfg.ack_timeout_s:
+            self.fail_over(f"unreachable for {now - self.unreachable_since:.1f} s")
+        elif (self.index and self.cfg.rehome_s and not self.inflight
+              and now - self.away_since >= self.cfg.rehome_s):
+            self.stats.rehomes += 1
+            log.info("trying the home endpoint %s again after %.0f s on %s",
+                     self.endpoints[0], now - self.away_since, self.endpoint)
+            self.switch_to(0)
+
+    def fail_over(self, why: str) -> None:
+        """Ship to the next endpoint; what is unacknowledged goes again from the spool."""
+        self.stats.failovers += 1
+        nxt = (self.index + 1) % len(self.endpoints)
+        self.failover_log(logging.WARNING, "consolidator %s %s: failing over to %s (unacked "
+                          "experiences are re-sent from the spool)", self.endpoint, why,
+                          self.endpoints[nxt])
+        self.switch_to(nxt)
+
+    def switch_to(self, index: int) -> None:
+        """Replace the socket with one connected to ``endpoints[index]``; re-send unacked."""
+        self.close_socket()
+        self.index = index
+        self.owner._endpoint_now = self.endpoint
+        self.away_since = time.monotonic() if index else 0.0
+        self.replace_socket()
+
+    def replace_socket(self) -> None:
+        """Open a new socket to the current endpoint; everything unacked goes again."""
+        self.socket, self.monitor = self.open_socket(self.endpoint)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.owner._connected = False
+        self.reopen_at = 0.0
+        self.unreachable_since = time.monotonic()
+        self.go_back()
 
     def reopen(self) -> None:
         """Replace a socket ZeroMQ stopped reconnecting; re-send everything unacked."""
         self.stats.reopens += 1
         log.warning("no connection to %s and ZeroMQ is not retrying (refused key or "
                     "protocol error): opening a new socket (next try in %.0f s)",
-                    self.cfg.endpoint, min(2 * self.reopen_backoff, _REOPEN_MAX_S))
+                    self.endpoint, min(2 * self.reopen_backoff, _REOPEN_MAX_S))
         self.close_socket()
-        self.reopen_at = 0.0
         self.reopen_backoff = min(2 * self.reopen_backoff, _REOPEN_MAX_S)
-        self.socket, self.monitor = self.open_socket()
-        self.poller = zmq.Poller()
-        self.poller.register(self.socket, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
-        self.owner._connected = False
-        self.go_back()
+        self.replace_socket()
 
     def close_socket(self) -> None:
         """Close the socket and its monitor (idempotent per pair)."""
@@ -631,6 +761,11 @@ class _ShipLoop:
         self.go_back()
         self.resume_at = time.monotonic() + self.backoff
         self.backoff = min(2 * self.backoff, self.cfg.backoff_max_s)
+        # Connected but silent (nothing at all since the overdue batch went out): another
+        # receiver may answer. One that still acknowledges, only late, is busy, not hung:
+        # leaving it would move its load onto the others and make the fleet flap.
+        if len(self.endpoints) > 1 and self.last_reply_at < oldest - self.cfg.ack_timeout_s:
+            self.fail_over(f"sent nothing for {self.cfg.ack_timeout_s:.2f} s")
 
     def go_back(self) -> None:
         """Forget what is in flight and re-send the spool from its oldest row."""

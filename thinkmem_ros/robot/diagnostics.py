@@ -288,7 +288,8 @@ def _values(snap: HealthSnapshot, rate: float) -> list[tuple[str, str]]:
 SHIPPING_VALUES = ("queue", "spool_rows", "spool_bytes", "inflight", "sent", "resent", "acked",
                    "stored", "duplicates", "shed", "dropped", "rejected", "auth_failures",
                    "handshake_failures", "refused", "disconnects", "errors", "bundle_pushes",
-                   "shed_disk_full", "refused_disk_full", "spool_failed", "reopens")
+                   "shed_disk_full", "refused_disk_full", "spool_failed", "reopens",
+                   "failovers", "rehomes")
 """Shipper gauges and counters reported in the "shipping" status, in this order."""
 
 BUILDER_VALUES = ("frames", "pending", "shipped", "skipped", "feedback", "feedback_matched",

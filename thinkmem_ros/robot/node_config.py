@@ -177,7 +177,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "shutdown (benchmarks); '' = off"),
     # -- experience shipping and verified bundle pushes
     ParamSpec("consolidator_endpoint", "", "ZeroMQ endpoint of the consolidator, e.g. "
-              "tcp://10.0.0.5:5755; '' = experience shipping off"),
+              "tcp://10.0.0.5:5755, or several receivers comma-separated (the robot picks "
+              "one by its id and fails over to the next); '' = experience shipping off"),
     ParamSpec("curve", "auto", "CURVE encryption + client auth: auto (on for non-loopback "
               "endpoints, and on loopback when keys are given) | on | off"),
     ParamSpec("server_public_key", "", "the consolidator's CURVE public key file (.key)"),
@@ -351,17 +352,22 @@ class NodeConfig:
         if not re.fullmatch(r"[A-Za-z0-9_.:\-]{1,128}", self.robot_id):
             raise ValueError(f"robot_id {self.robot_id!r} cannot name experiences: use "
                              "letters, digits and _.:- (at most 128)")
-        scheme, sep, rest = endpoint.partition("://")
-        if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in endpoint:
-            raise ValueError(f"consolidator_endpoint must look like tcp://host:port, "
-                             f"got {endpoint!r}")
+        endpoints = [e.strip() for e in endpoint.split(",")]  # several receivers
+        for one in endpoints:
+            scheme, sep, rest = one.partition("://")
+            if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in one:
+                raise ValueError(f"consolidator_endpoint must look like tcp://host:port (or "
+                                 f"several, comma-separated), got {endpoint!r}")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"consolidator_endpoint names an endpoint twice: {endpoint!r}")
         have_keys = bool(self.server_public_key and self.client_secret_key)
         if bool(self.server_public_key) != bool(self.client_secret_key):
             raise ValueError("server_public_key and client_secret_key go together; got "
                              f"server_public_key={self.server_public_key!r}, "
                              f"client_secret_key={self.client_secret_key!r}")
         try:
-            curve_enabled(self.curve, endpoint, have_keys)
+            for one in endpoints:
+                curve_enabled(self.curve, one, have_keys)
         except SecurityError as exc:
             raise ValueError(f"server_public_key/client_secret_key: {exc}") from None
 

@@ -1,0 +1,201 @@
+"""Receive-only process: one more receiver writing into the consolidator's shared store.
+
+A fleet outgrows one receiver long before it outgrows one store: ``thinkmem consolidator
+receive`` runs only the ingest half of the consolidator (ROUTER, ZAP allow-list, the
+same ``SignalSetFilter``, commit before ACK) against the SQLite file the consolidator
+runs its rounds on. Several of them (processes or hosts on one filesystem) and the
+consolidator share
+
+- one exactly-once index: ``UNIQUE(robot_id, seq)`` in the one store, so a batch a robot
+  re-sends to another receiver after a failover is a counted duplicate, never a second
+  row (robots name every receiver in ``consolidator_endpoint`` and fail over in order,
+  see ``link.shipper``);
+- one allow-list and one server key pair: every receiver is started with the same
+  ``--server-key`` and ``--allow`` (re-read on change by each), so a robot's CURVE
+  identity holds wherever it lands;
+- one bundle line: the filter serves the initial bundle and every version in
+  ``--publish-dir``; the folder is watched, and a version the consolidator publishes is
+  served and pushed to the robots connected here (the consolidator pushes only to its
+  own connections). A robot offline across a publication gets it with the next one.
+
+SQLite serialises writers: receivers wait for each other through the store's busy
+timeout (each batch is one short transaction), readers never block them (WAL), and a new
+file's migration runs once whoever opens it first (``consolidator.store``). The file
+must be on a local filesystem (WAL needs shared memory), so receivers on other hosts
+need the store on theirs: this scales connections, CURVE and decoding, not disk writes.
+
+Run: ``thinkmem consolidator receive --bind tcp://0.0.0.0:5756 --db cons.db`` (plus
+``--server-key``/``--allow`` and the consolidator's ``--initial-bundle``/
+``--publish-dir``). It prints ``READY <endpoint>`` once bound, serves until
+SIGTERM/SIGINT and exits 0 after closing the store; bad options exit 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
+from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
+from thinkmem_ros.core.paths import resolve_bundle_path
+from thinkmem_ros.link.receiver import (
+    MAX_INBOUND_FRAME_BYTES,
+    ExperienceReceiver,
+    ReceiverConfig,
+)
+from thinkmem_ros.policy.bundle import Bundle, load_bundle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReceiveConfig:
+    """Settings of one receive-only process (the consolidator's options, ingest part)."""
+
+    db_path: Path | str
+    bind: str
+    curve: str = "auto"
+    server_secret_file: Path | str | None = None
+    allowed_clients: Path | str | None = None
+    initial_bundle: Path | str = ""  # '' = the shipped models/default, as the service
+    publish_dir: Path | str | None = None  # the consolidator's; None = initial bundle only
+    watch_s: float = 2.0  # how often publish_dir/current is checked for a new version
+    max_frame_bytes: int = MAX_INBOUND_FRAME_BYTES
+    name: str = "receiver"
+
+    def __post_init__(self) -> None:
+        if not str(self.db_path):
+            raise ValueError("ReceiveConfig.db_path must not be empty")
+        if not self.bind or "://" not in self.bind:
+            raise ValueError(f"ReceiveConfig.bind must look like tcp://host:port, "
+                             f"got {self.bind!r}")
+        if self.watch_s <= 0:
+            raise ValueError(f"ReceiveConfig.watch_s must be > 0, got {self.watch_s}")
+
+
+class ReceiveProcess:
+    """A receiver on the shared store plus a watcher of the consolidator's publications."""
+
+    def __init__(self, config: ReceiveConfig) -> None:
+        self.config = config
+        self.publish_dir = None if config.publish_dir is None else Path(config.publish_dir)
+        self.stop_event = threading.Event()
+        self._started = False
+        self.accept = SignalSetFilter(self._line_bundles())
+        self._current = self._current_target()  # published before we started: not pushed
+        self.receiver: ExperienceReceiver = open_receiver(ReceiverConfig(
+            bind=config.bind, db_path=config.db_path, curve=config.curve,
+            server_secret_file=config.server_secret_file,
+            allowed_clients=config.allowed_clients, max_frame_bytes=config.max_frame_bytes,
+            name=config.name), accept=self.accept)
+
+    @property
+    def endpoint(self) -> str:
+        """The bound endpoint (with the real port when bound to ``:*``)."""
+        return self.receiver.endpoint
+
+    def _line_bundles(self) -> list[Bundle]:
+        """The initial bundle and every version in the publish history (as the service)."""
+        bundles = [load_bundle(resolve_bundle_path(self.config.initial_bundle))]
+        history = None if self.publish_dir is None else self.publish_dir / HISTORY
+        if history is not None and history.is_dir():
+            for folder in sorted(history.glob("v[0-9]*")):
+                try:
+                    bundles.append(load_bundle(folder))
+                except Exception:  # noqa: BLE001 - an unreadable old version serves no robot
+                    log.warning("history version %s unreadable; its robots are refused",
+                                folder.name)
+        return bundles
+
+    def _current_target(self) -> Path | None:
+        if self.publish_dir is None:
+            return None
+        link = self.publish_dir / CURRENT
+        return link.resolve() if link.is_symlink() or link.exists() else None
+
+    def check_publications(self) -> bool:
+        """Serve and push a version published since the last check; True if one was."""
+        target = self._current_target()
+        if target is None or target == self._current:
+            return False
+        try:
+            bundle = load_bundle(target)
+            frame = push_frame(target)
+        except Exception as exc:  # noqa: BLE001 - keep receiving; retried next check
+            log.error("published bundle %s unreadable, not pushed: %s", target, exc)
+            return False
+        self._current = target
+        self.accept.serve(bundle)
+        sent = self.receiver.push_bundle(frame)
+        log.info("pushed published v%d to %d robot connections", bundle.version, sent)
+        return True
+
+    def start(self) -> ReceiveProcess:
+        """Open the store and receive on the receiver's thread (idempotent)."""
+        if not self._started:
+            self.receiver.start()
+            self._started = True
+        return self
+
+    def serve(self) -> None:
+        """Receive on the receiver's thread and watch publications here until ``stop()``."""
+        self.start()
+        try:
+            while not self.stop_event.wait(self.config.watch_s):
+                self.check_publications()
+        finally:
+            self.receiver.stop()
+
+    def stop(self) -> None:
+        """Ask ``serve`` to return: the receiver finishes its batch and closes the store."""
+        self.stop_event.set()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of a bare ``python -m thinkmem_ros.consolidator.receive``."""
+    parser.add_argument("--db", required=True, help="the consolidator's SQLite store")
+    parser.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:5756")
+    parser.add_argument("--curve", default="auto", choices=("auto", "on", "off"))
+    parser.add_argument("--server-key", help="the consolidator's .key_secret (CURVE)")
+    parser.add_argument("--allow", help="the consolidator's allow-list (CURVE)")
+    parser.add_argument("--initial-bundle", default="", help="the consolidator's initial "
+                        "bundle (default: the shipped models/default)")
+    parser.add_argument("--publish-dir", default=None, help="the consolidator's publish "
+                        "dir: its versions are served and pushed to robots connected here")
+
+
+def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -> int:
+    """Bind, print ``READY <endpoint>``, serve until SIGTERM/SIGINT (0); 2 on bad options."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        process = ReceiveProcess(ReceiveConfig(
+            db_path=args.db, bind=args.bind, curve=args.curve,
+            server_secret_file=args.server_key, allowed_clients=args.allow,
+            initial_bundle=args.initial_bundle, publish_dir=args.publish_dir))
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: process.stop())
+        process.start()  # opens the store: a bad --db fails here, by name
+    except Exception as exc:  # noqa: BLE001 - bad options, keys, bundle, bind, store
+        print(f"{prog}: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
+    print(f"READY {process.endpoint}", flush=True)
+    process.serve()
+    log.info("receiver stopped cleanly: %s", process.receiver.stats)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m thinkmem_ros.consolidator.receive --db PATH --bind ENDPOINT ...``."""
+    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.consolidator.receive",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv), prog=parser.prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
