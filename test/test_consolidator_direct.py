@@ -20,7 +20,7 @@ def test_required_roundtrips_and_v1_records_still_decode():
     back = decode_experience(encode_experience(rec(1, ["trend", "consider:E1"])))
     assert back.required == ["trend", "consider:E1"]
     old = rec(2, None).to_wire()
-    del old["required"]
+    del old["required"], old["signal_set"]
     old["v"] = 1
     legacy = decode_experience(msgpack.packb(old, use_bin_type=True))
     assert legacy.required is None and legacy.seq == 2

@@ -901,6 +901,10 @@ def main(args: list[str] | None = None) -> int:
                 node = ThinkingNode()
             except (ValueError, BundleError, ParameterException, OSError,
                     NameValidationException, _rclpy.RCLError) as exc:
+                if not rclpy.ok():
+                    # Ctrl-C or SIGTERM while a publisher was being created: rclpy shut
+                    # the context down under it ("context is invalid"), a requested stop
+                    return 0
                 return _refuse(exc)
             except Exception:
                 # Ctrl-C or SIGTERM while still starting: the signal can land inside an
