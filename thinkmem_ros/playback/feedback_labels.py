@@ -57,7 +57,7 @@ import numpy as np
 
 from thinkmem_ros.core.data import SignalStream
 from thinkmem_ros.playback.bag_files import BagError
-from thinkmem_ros.playback.recording import _messages
+from thinkmem_ros.playback.recording import _messages, score_recording
 from thinkmem_ros.robot.experience_builder import FeedbackError, parse_feedback
 
 FEEDBACK_TOPIC = "/thinking/feedback"
@@ -279,33 +279,8 @@ def labelled_ends(stream: SignalStream, window: int) -> np.ndarray:
 
 
 def score_labelled(bundle, stream: SignalStream, *, stale_after_s: float = 0.5) -> dict:
-    """Play ``stream`` into ``bundle`` the node's way; score only the frames with feedback.
-
-    Every frame is played (a streaming policy must see them all, in order), and each
-    node frame is judged against the labels of the newest recording frame it saw, as
-    :func:`thinkmem_ros.playback.recording.score_recording` does, but only where that
-    frame has feedback: an unlabelled frame is unknown, not negative.
-    """
-    from thinkmem_ros.core.metrics import micro_scores
-    from thinkmem_ros.policy.replay import ReplayConfig, predict_frames, replay_for
-    from thinkmem_ros.policy.runtime import PolicyRuntime
-
-    runtime = PolicyRuntime(bundle)
-    labels = list(runtime.manifest.labels)
-    if list(stream.label_names) != labels:
-        raise ValueError(f"the feedback labels {list(stream.label_names)} but the bundle "
-                         f"predicts {labels}")
-    frames = replay_for(stream, runtime.manifest, ReplayConfig(stale_after_s=stale_after_s))
-    keep = np.isfinite(frames.truth).all(axis=1) if len(frames) else np.zeros(0, bool)
-    if not keep.any():
-        return {"frames": 0, "precision": math.nan, "recall": math.nan, "f1": math.nan,
-                "macro_f1": math.nan, "per_label_f1": {}}
-    predicted = (predict_frames(runtime, frames) >= runtime.thresholds)[keep]
-    truth = frames.truth[keep] > 0.5
-    per_label = {name: micro_scores(truth[:, j], predicted[:, j])["f1"]
-                 for j, name in enumerate(labels)}
-    return {"frames": int(keep.sum()), **micro_scores(truth, predicted),
-            "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label}
+    """Play ``stream`` into ``bundle`` the node's way; score only the frames with feedback."""
+    return score_recording(bundle, stream, stale_after_s=stale_after_s, labelled_only=True)
 
 
 class HindsightLabels:

@@ -383,14 +383,17 @@ def training_windows(stream: SignalStream, window: int, *, rules=None,
 
 
 def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
-                    predicted_out: list | None = None) -> dict:
+                    predicted_out: list | None = None, labelled_only: bool = False) -> dict:
     """Play ``stream`` into ``bundle`` the node's way and score its labels against the rules.
 
     The stream is pushed through the node's ``SituationBuffer`` at the bundle's rate and
     the ONNX runtime the node runs (``policy.replay``); the activation at each label's
-    threshold is compared with the rules' label of the newest frame it saw. Returns
+    threshold is compared with the label of the newest recording frame it saw. Returns
     micro/macro F1 and per-label F1; ``predicted_out`` (a list) receives the (N, L)
-    activation and truth arrays when given.
+    activation and truth arrays when given. ``labelled_only``: labels from hindsight exist
+    on some frames only (NaN elsewhere); every frame is still played (a streaming policy
+    must see them all, in order) but only labelled ones are scored, as an unlabelled frame
+    is unknown, not negative (``frames`` 0 and NaN scores when none is labelled).
     """
     from thinkmem_ros.core.metrics import micro_scores
     from thinkmem_ros.policy.replay import ReplayConfig, predict_frames, replay_for
@@ -399,16 +402,23 @@ def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
     runtime = PolicyRuntime(bundle)
     labels = list(runtime.manifest.labels)
     if list(stream.label_names) != labels:
-        raise ValueError(f"the rules label {list(stream.label_names)} but the bundle "
+        raise ValueError(f"the stream is labelled {list(stream.label_names)} but the bundle "
                          f"predicts {labels}")
     frames = replay_for(stream, runtime.manifest, ReplayConfig(stale_after_s=stale_after_s))
     predicted = predict_frames(runtime, frames) >= runtime.thresholds
-    truth = frames.truth > 0.5
+    truth = frames.truth
+    if labelled_only:
+        keep = np.isfinite(truth).all(axis=1) if len(frames) else np.zeros(0, bool)
+        if not keep.any():
+            return {"frames": 0, "precision": math.nan, "recall": math.nan, "f1": math.nan,
+                    "macro_f1": math.nan, "per_label_f1": {}}
+        predicted, truth = predicted[keep], truth[keep]
+    truth = truth > 0.5
     per_label = {name: micro_scores(truth[:, j], predicted[:, j])["f1"]
                  for j, name in enumerate(labels)}
     if predicted_out is not None:
         predicted_out.extend([predicted, truth])
-    return {"frames": len(frames), **micro_scores(truth, predicted),
+    return {"frames": len(truth), **micro_scores(truth, predicted),
             "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label}
 
 
