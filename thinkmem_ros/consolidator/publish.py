@@ -169,9 +169,14 @@ class Publisher:
         """One above everything published or written so far."""
         return max([self.current().version, *self.versions()]) + 1
 
-    def publish(self, staged: Bundle, push: Callable[[bytes], int] | None = None
-                ) -> Publication:
-        """Sign ``staged`` into ``history/v<version>``, point ``current`` at it, push it."""
+    def publish(self, staged: Bundle, push: Callable[[bytes], int] | None = None,
+                link: bool = True) -> Publication:
+        """Sign ``staged`` into ``history/v<version>``, point ``current`` at it, push it.
+
+        ``link=False`` (a canary) leaves ``current`` where it is: the version is signed
+        into the history and pushed, but is not yet what the whole fleet runs (receive-only
+        processes push ``current``); ``promote`` links it later.
+        """
         version = staged.version
         expected = self.next_version()
         if version != expected:
@@ -198,12 +203,29 @@ class Publisher:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         fsync_dir(self.history)
-        self._link(target)
+        if link:
+            self._link(target)
         self._prune()
-        log.info("published v%d (sha256 %s) at %s", version, staged.manifest.sha256[:12],
-                 target)
+        log.info("published v%d (sha256 %s) at %s%s", version, staged.manifest.sha256[:12],
+                 target, "" if link else " (not linked as current)")
         pushed = push(push_frame(target)) if push is not None else None
         return Publication(version, target, staged.manifest.sha256, pushed)
+
+    def promote(self, version: int, push: Callable[[bytes], int] | None = None
+                ) -> Publication:
+        """Point ``current`` at an already published ``version`` (verified), push it."""
+        target = self.history / f"v{version:06d}"
+        try:
+            bundle = verify_bundle_with_any(target, self.known_keys)
+        except BundleError as exc:
+            raise PublishError(f"cannot promote v{version}: {exc}") from exc
+        if version < self.current().version:
+            raise PublishError(f"cannot promote v{version}: current is "
+                               f"v{self.current().version}")
+        self._link(target)
+        log.info("promoted v%d to current", version)
+        pushed = push(push_frame(target)) if push is not None else None
+        return Publication(version, target, bundle.manifest.sha256, pushed)
 
     def _link(self, target: Path) -> None:
         tmp = self.root / f".{CURRENT}.tmp"

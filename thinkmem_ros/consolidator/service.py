@@ -29,7 +29,10 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
    over, ``RoundReport.artefacts`` says which); the new D (held-out slice included) moves
    to ``<publish_dir>/rehearsal/v<N>.npz`` (its sha256 is in the signed manifest), signed
    publication as version N = current+1 (artefacts listed with their sha256 in the
-   signed manifest) and a push to every robot connection the receiver has seen.
+   signed manifest) and a push to every robot connection the receiver has seen -- or,
+   with ``ConsolidatorConfig.canary`` on, to the canary robots only: the loop then runs
+   no round until the live figures promote the version to everyone, roll it back or hold
+   (``consolidator.canary``).
 
 Novelty score of a stored experience (for the trigger): 1.0 when its event history holds
 a code this process has not seen before, else 0.0.
@@ -54,6 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
+from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
@@ -99,6 +103,7 @@ class ConsolidatorConfig:
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)  # off by default
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -118,7 +123,8 @@ class ConsolidatorConfig:
                              f"{self.partitions}")
         for name, kind in (("trigger", TriggerConfig), ("discovery", DiscoveryConfig),
                            ("knowledge", KnowledgeConfig), ("retrain", RetrainConfig),
-                           ("gate", GateConfig), ("rehearsal", RehearsalConfig)):
+                           ("gate", GateConfig), ("rehearsal", RehearsalConfig),
+                           ("canary", CanaryConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"ConsolidatorConfig.{name} must be a {kind.__name__}, got "
                                  f"{type(getattr(self, name)).__name__}")
@@ -151,6 +157,7 @@ class RoundReport:
     # policy (``retrain.keep_running``); ``attempts`` holds each refused candidate's reasons
     policy: str = ""
     attempts: list = field(default_factory=list)
+    canaries: list[str] | None = None  # the robots a canary publication went to
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
@@ -205,6 +212,7 @@ class ConsolidatorService:
         # this service is one bundle line: experiences of other signal sets are refused
         # (counted in ``accept.refused``); run one consolidator per signal set
         self.accept = SignalSetFilter(self._line_bundles())
+        self.canary = CanaryController(config.canary, self.publisher)
 
     # ---- lifecycle
     def start(self) -> ConsolidatorService:
@@ -254,6 +262,9 @@ class ConsolidatorService:
     def serve(self) -> None:
         """Run rounds whenever the trigger fires, until ``stop()`` (SIGTERM/SIGINT)."""
         while not self.stop_event.wait(self.config.check_s):
+            if self.canary.pending is not None:  # no round on top of an undecided version
+                self.check_canary()
+                continue
             with self._trigger_lock:
                 reason = self.trigger.reason()
             if reason is None:
@@ -273,12 +284,31 @@ class ConsolidatorService:
                 novel = any(e not in self._seen_events for e in exp.events)
                 self._seen_events.update(exp.events)
                 self.trigger.observe(exp.key, novelty=1.0 if novel else 0.0, reward=exp.reward)
+        self.canary.observe(experiences)
+
+    def check_canary(self) -> Decision | None:
+        """Decide on a pending canary and act on it (promote, roll back, hold, or wait)."""
+        push = self.receiver.push_bundle if self.receiver is not None else None
+        try:
+            decision = self.canary.check(push)
+        except Exception:  # keep serving; the next check retries
+            log.exception("canary check failed")
+            return None
+        if decision is not None and decision.published_version is not None:
+            self.accept.serve(load_bundle(self.publisher.history
+                                          / f"v{decision.published_version:06d}"))
+        return decision
 
     # ---- one round
     def run_round(self, reason: str = "manual") -> RoundReport:
         """Discover, internalise, gate and publish once; returns what happened."""
         start = time.perf_counter()
         report = RoundReport(reason=reason)
+        if self.canary.pending is not None:  # the trigger keeps its buffer for later
+            report.outcome = f"skipped: canary v{self.canary.pending.version} undecided"
+            self.rounds.append(report)
+            self._log(report)
+            return report
         try:
             self._round(report)
         except RoundAborted:
@@ -401,11 +431,16 @@ class ConsolidatorService:
         # D goes in place before the bundle is linked: a published version always has its D
         install(kept, cfg.publish_dir, version)
         push = self.receiver.push_bundle if self.receiver is not None else None
-        publication = self.publisher.publish(candidate, push=push)
+        if cfg.canary.enabled and self.receiver is not None:
+            publication = self.canary.publish(candidate, current, self.receiver.peers.values(),
+                                              push)
+            report.canaries = sorted(self.canary.pending.selector.chosen)
+        else:
+            publication = self.publisher.publish(candidate, push=push)
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
         self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
-        report.outcome = "published"
+        report.outcome = "published" if report.canaries is None else "published to canaries"
 
     def _artefacts(self, experiences: list[Experience], candidate, current, staging: Path,
                    rules: RuleSet) -> dict:
@@ -514,6 +549,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cap on D kept and rehearsed per round (stratified subsample)")
     parser.add_argument("--no-rehearsal", action="store_true",
                         help="train a round on its new material alone (forgets base skills)")
+    canary = CanaryConfig()
+    parser.add_argument("--canary-fraction", type=float, default=canary.fraction,
+                        help="share of robots that get a new version first (stable hash of "
+                        "the robot id, at least one robot); 0 = every robot at once")
+    parser.add_argument("--canary-robots", default="",
+                        help="comma-separated canary robot ids (instead of the fraction)")
+    parser.add_argument("--canary-min-feedback", type=int, default=canary.min_feedback,
+                        help="judged experiences per group before the canary is decided")
+    parser.add_argument("--canary-margin", type=float, default=canary.margin,
+                        help="micro-F1 the canaries may lose against the rest and still "
+                        "be promoted (more: rolled back)")
+    parser.add_argument("--canary-reward-margin", type=float, default=None,
+                        help="mean reward the canaries may lose (default: reward is only "
+                        "reported)")
+    parser.add_argument("--canary-max-wait-s", type=float, default=canary.max_wait_s,
+                        help="then hold: neither promote nor roll back, resume rounds")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -531,14 +582,22 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                               buffer_capacity=max(10000, buffer_limit)),
         retrain=RetrainConfig(epochs=args.epochs, seed=args.seed),
         rehearsal=RehearsalConfig(max_rows=args.rehearsal_rows, npz=args.rehearsal_npz,
-                                  enabled=not args.no_rehearsal, seed=args.seed))
+                                  enabled=not args.no_rehearsal, seed=args.seed),
+        canary=CanaryConfig(fraction=args.canary_fraction, robots=args.canary_robots,
+                            min_feedback=args.canary_min_feedback, margin=args.canary_margin,
+                            reward_margin=args.canary_reward_margin,
+                            max_wait_s=args.canary_max_wait_s))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the service from parsed options; prints ``READY <endpoint>`` once bound."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:  # bad options, unreadable keys or initial bundle: say why, exit 2
-        service = ConsolidatorService(config_from_args(args))
+        config = config_from_args(args)
+        if args.once and config.canary.enabled:
+            raise ValueError("--canary-* needs the serving consolidator (its live figures "
+                             "decide), not --once")
+        service = ConsolidatorService(config)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"thinkmem consolidator: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,11 @@ Without CURVE (loopback development) the robot id is whatever the peer says.
 
 Per-peer state is bounded: at most ``MAX_PEERS`` connections are remembered, each with a
 ZeroMQ identity (<= 255 bytes), a robot id (<= ``protocol.MAX_ID``) and a key.
+
+Pushes go to every robot connection, or to the robots a ``robots`` predicate selects
+(a canary: ``consolidator.canary``). A robot that connects later gets the newest push
+meant for it: the newest subset push whose predicate takes its robot id, else the newest
+push to all; a push to all supersedes the subset pushes before it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ log = logging.getLogger(__name__)
 
 MAX_PEERS = 4096
 """Robot connections remembered for pushes (oldest forgotten first)."""
+MAX_SUBSET_PUSHES = 16
+"""Subset pushes remembered for late robots since the last push to all (oldest dropped)."""
 _TRIM_AFTER_BYTES = 64 * 1024 * 1024  # give freed heap back when idle after this much
 MAX_INBOUND_FRAME_BYTES = 8 * 1024 * 1024
 """Default inbound frame limit: a shipper's batch (``max_batch_bytes``, 1 MiB) plus one
@@ -154,7 +161,9 @@ class ExperienceReceiver:
         self._peers: collections.OrderedDict[bytes, tuple[str, bytes | None]] = \
             collections.OrderedDict()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._latest_push: bytes | None = None
+        self._latest_push: bytes | None = None  # the newest push to all robots
+        # pushes to a subset since then, oldest first: (robot id predicate, frame)
+        self._subset_pushes: list[tuple[Callable[[str], bool], bytes]] = []
         self._socket = self._bind()
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("receiver bound to %s (CURVE %s), store %s", self.endpoint,
@@ -173,18 +182,21 @@ class ExperienceReceiver:
             raise TransportError(f"receiver failed to start: {errors[0]}") from errors[0]
         return self
 
-    def push_bundle(self, frame: bytes, timeout_s: float = 10.0) -> int:
+    def push_bundle(self, frame: bytes, timeout_s: float = 10.0,
+                    robots: Callable[[str], bool] | None = None) -> int:
         """Send a BUNDLE_PUSH frame to every robot connection seen; returns how many.
 
-        The socket belongs to the serving thread, so the frame is handed to it and this
-        waits (at most ``timeout_s``) until it went out. Robots that connect later get the
-        latest pushed frame on first contact, so one that was offline still catches up.
+        With ``robots`` (a predicate on the robot id) only the connections of the robots it
+        selects get the frame (a canary). The socket belongs to the serving thread, so the
+        frame is handed to it and this waits (at most ``timeout_s``) until it went out.
+        Robots that connect later get the newest frame meant for them on first contact, so
+        one that was offline still catches up.
         """
         if self._thread is None or not self._thread.is_alive():
             raise TransportError("push_bundle needs a started receiver")
         done: list[int] = []
         sent = threading.Event()
-        self._outbox.put((frame, done, sent))
+        self._outbox.put((frame, done, sent, robots))
         if not sent.wait(timeout_s):
             raise TransportError(f"bundle push not sent within {timeout_s} s")
         return done[0]
@@ -305,12 +317,19 @@ class ExperienceReceiver:
     def _send_pushes(self) -> None:
         while True:
             try:
-                frame, done, sent = self._outbox.get_nowait()
+                frame, done, sent, robots = self._outbox.get_nowait()
             except queue.Empty:
                 return
-            self._latest_push = frame
-            count = sum(self._push_to(identity, frame) for identity in list(self._peers))
-            log.info("pushed a bundle (%d bytes) to %d robot connections", len(frame), count)
+            if robots is None:
+                self._latest_push = frame
+                self._subset_pushes.clear()
+            else:
+                self._subset_pushes = [*self._subset_pushes, (robots, frame)][
+                    -MAX_SUBSET_PUSHES:]
+            count = sum(self._push_to(identity, frame) for identity, (robot, _) in
+                        list(self._peers.items()) if robots is None or robots(robot))
+            log.info("pushed a bundle (%d bytes) to %d robot connections%s", len(frame), count,
+                     "" if robots is None else " (a subset)")
             done.append(count)
             sent.set()
 
@@ -330,8 +349,17 @@ class ExperienceReceiver:
         self._peers.move_to_end(identity)
         while len(self._peers) > MAX_PEERS:
             self._peers.popitem(last=False)
-        if new and self._latest_push is not None:
-            self._push_to(identity, self._latest_push)
+        if new:
+            frame = self._frame_for(robot_id)
+            if frame is not None:
+                self._push_to(identity, frame)
+
+    def _frame_for(self, robot_id: str) -> bytes | None:
+        """The newest push meant for ``robot_id``: a subset push selecting it, else to all."""
+        for robots, frame in reversed(self._subset_pushes):
+            if robots(robot_id):
+                return frame
+        return self._latest_push
 
     def _reload_allow_list(self) -> None:
         """Pick up an edited allow-list (at most every ``allow_reload_s``)."""
