@@ -17,7 +17,7 @@ def test_roundtrip_each_kind():
 
 
 def test_kind_values_are_frozen():
-    assert [k.value for k in Kind] == [1, 2, 3, 4, 5, 6, 7]
+    assert [k.value for k in Kind] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.parametrize("data, match", [

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thinkmem_ros.link import protocol
+from thinkmem_ros.link import delta, protocol
 from thinkmem_ros.link.experience import (
     LIMITS,
     Experience,
@@ -91,7 +91,8 @@ def test_frames_with_a_valid_header_and_any_msgpack_body(kind, version, body):
         assert exc.version in (None, version)
         return
     assert frame.kind == kind and isinstance(frame.body, dict)
-    if frame.kind is Kind.EXPERIENCE_BATCH:  # what the receiver relies on after decoding
+    # what the receiver relies on after decoding
+    if frame.kind in (Kind.EXPERIENCE_BATCH, Kind.EXPERIENCE_DELTA_BATCH):
         assert all(type(item) is bytes for item in frame.body["items"])
         assert 0 < len(frame.body["robot_id"]) <= protocol.MAX_ID
 
@@ -134,6 +135,10 @@ def test_truncations_and_bit_flips_of_valid_frames_raise_only_protocol_error(dat
 
 valid_frames = st.one_of(
     st.builds(lambda b, r, items: (protocol.experience_batch(b, r, items),
+                                   {"batch": b, "robot_id": r, "items": items}),
+              st.integers(0, 2**63 - 1), names, st.lists(st.binary(max_size=200), min_size=1,
+                                                         max_size=20)),
+    st.builds(lambda b, r, items: (protocol.experience_delta_batch(b, r, items),
                                    {"batch": b, "robot_id": r, "items": items}),
               st.integers(0, 2**63 - 1), names, st.lists(st.binary(max_size=200), min_size=1,
                                                          max_size=20)),
@@ -295,6 +300,54 @@ def test_valid_records_round_trip(experience):
         assert back.mask is None
     else:
         np.testing.assert_array_equal(back.mask, experience.mask)
+
+
+# ------------------------------------------------------------------- delta batches
+
+def _delta_batch() -> list[bytes]:
+    """A valid delta batch: one robot, one episode, a window sliding one row per record."""
+    rng = np.random.default_rng(5)
+    frames = rng.normal(size=(12, 3)).astype(np.float32)
+    records = [Experience(robot_id="r", episode_id="ep", stamp=float(i), seq=i,
+                          window=frames[i:i + 6], mask=np.ones((6, 3), np.uint8),
+                          labels=["a", "b"], probabilities=[0.25, 0.5], bundle_version=1,
+                          events=["E1"] * (1 + i // 2)) for i in range(6)]
+    return delta.encode_items([encode_experience(e) for e in records])
+
+
+DELTA_BATCH = _delta_batch()
+delta_keys = st.sampled_from(sorted(delta._DELTA_KEYS))
+
+
+@HEAVY
+@given(st.data())
+def test_delta_batches_of_mutated_and_garbage_items_never_raise(data):
+    maps = [msgpack.unpackb(item) for item in DELTA_BATCH]
+    for _ in range(data.draw(st.integers(0, 4))):  # fields of any value, deltas or not
+        index = data.draw(st.integers(0, len(maps) - 1))
+        maps[index][data.draw(delta_keys)] = data.draw(values | st.integers(-3, 12))
+    items = [packed(m) for m in maps]
+    for _ in range(data.draw(st.integers(0, 2))):  # whole items of garbage
+        index = data.draw(st.integers(0, len(items) - 1))
+        items[index] = data.draw(st.binary(max_size=80) | st.builds(packed, values))
+    out = delta.decode_items(items, "r")
+    assert len(out) == len(items)
+    for result in out:
+        if not isinstance(result, ExperienceError):
+            experience, full = result
+            assert np.isfinite(experience.window).all() and experience.robot_id == "r"
+            assert decode_experience(full).key == experience.key
+
+
+@HEAVY
+@given(st.lists(experiences(), min_size=1, max_size=6), st.booleans())
+def test_any_valid_records_round_trip_through_a_delta_batch(records, one_episode):
+    if one_episode:  # so that records of one window shape become deltas
+        records = [Experience(**{**e.__dict__, "robot_id": "r", "episode_id": "ep"})
+                   for e in records]
+    payloads = [encode_experience(e) for e in records]
+    out = delta.decode_items(delta.encode_items(payloads))
+    assert [full for _, full in out] == payloads
 
 
 # ----------------------------------------------------------------- bundle push bodies

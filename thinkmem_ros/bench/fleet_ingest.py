@@ -14,6 +14,10 @@ Measurement functions for the future ``thinkmem bench fleet`` (not registered ye
   the store, ``duplicated`` extra rows for a marker (``results.receiver_kill.lost`` /
   ``.duplicated``, both must be 0); ``resent_duplicates`` counts re-sent rows the store
   recognised and did not store again (the exactly-once index at work).
+- ``bytes_per_experience(records, ship_every)``: wire bytes per experience in plain
+  EXPERIENCE_BATCH frames (``before``) and delta batches (``after``, ``link.delta``) for
+  records the node's ``ExperienceBuilder`` makes from a world stream; no processes, no
+  sockets (see docs/deployment.md, "Bytes per experience").
 
 Robot ids are picked so the fleet spreads evenly over the receivers by the shippers'
 own rule (``link.shipper.endpoint_order``): a measurement of two receivers should not
@@ -251,3 +255,79 @@ def receiver_kill(robots: int = 4, records: int = 8000, kill_fraction: float = 0
     with tempfile.TemporaryDirectory(prefix="fleet-kill-") as tmp:
         return _fleet(Path(tmp), 2, robots, records, seed, kill_fraction=kill_fraction,
                       ack_timeout_s=ack_timeout_s)
+
+
+def realistic_experiences(records: int, ship_every: int, seed: int = 0,
+                          robot_id: str = "wire-robot") -> list[Experience]:
+    """``records`` experiences as a robot running the default bundle ships them.
+
+    A planted ``mixed`` world stream goes through the node's own ``ExperienceBuilder``
+    (``bench.rounds.robot_experiences``): 32-frame windows with masks, the bundle's labels,
+    probabilities, ids, hashes, signal set and the growing event history. Numbered from
+    seq 0, as the shipper would. ``robot_experiences`` gives feedback on every frame, and
+    the builder always ships a frame with feedback, so every ``ship_every``-th record is
+    kept here: what ``ship_every_n_frames`` ships of frames without feedback.
+    """
+    from thinkmem_ros.bench.rounds import RATE_HZ, RULES, planted_stream, robot_experiences
+    from thinkmem_ros.core.paths import default_bundle
+    from thinkmem_ros.world.rule_overlay import mission_kinds
+
+    if records < 1 or ship_every < 1:
+        raise ValueError(f"records and ship_every must be >= 1, got {records}, {ship_every}")
+    rng = np.random.default_rng([seed, 77])
+    duration = (records * ship_every + 64) / RATE_HZ  # + the first window's frames
+    missions = max(2, int(duration // 30))
+    plan = [(kind, RULES[i % len(RULES)]) for i, kind in
+            enumerate(mission_kinds(missions, rng))]
+    stream, placed = planted_stream(duration, plan, rng)
+    shipped = robot_experiences(default_bundle(), stream, placed, robot_id, 1)[::ship_every]
+    if len(shipped) < records:
+        raise RuntimeError(f"the stream gave {len(shipped)} experiences, wanted {records}")
+    return [e.with_seq(i) for i, e in enumerate(shipped[:records])]
+
+
+def bytes_per_experience(records: int, ship_every: int, seed: int = 0,
+                         batch_size: int = 512) -> dict:
+    """Wire bytes per experience, plain vs delta batches: ``{"before", "after", "ratio"}``.
+
+    Records from ``realistic_experiences`` are cut into batches as the shipper cuts them
+    (``batch_size`` rows, at most its default ``max_batch_bytes`` of full records) and each
+    batch is framed twice: EXPERIENCE_BATCH (``before``) and EXPERIENCE_DELTA_BATCH
+    (``after``); bytes are whole frames (header and msgpack body) over ``records``.
+    ``after_zlib`` is the delta frame compressed with zlib (level 6), to tell whether
+    compression would add anything on top of the delta. Every delta batch is decoded
+    again and checked equal to the full records, so the figure is of a working encoding.
+    """
+    import zlib
+
+    from thinkmem_ros.link import delta, protocol
+    from thinkmem_ros.link.experience import encode_experience
+    from thinkmem_ros.link.shipper import ShipperConfig
+
+    limit = ShipperConfig.max_batch_bytes
+    payloads = [encode_experience(e) for e in realistic_experiences(records, ship_every, seed)]
+    before = after = after_zlib = 0
+    start = 0
+    batch = 0
+    while start < len(payloads):
+        chunk, size = [], 0
+        for payload in payloads[start:start + batch_size]:
+            size += len(payload)
+            if chunk and size > limit:
+                break
+            chunk.append(payload)
+        start += len(chunk)
+        batch += 1
+        plain = protocol.experience_batch(batch, "wire-robot", chunk)
+        items = delta.encode_items(chunk)
+        framed = protocol.experience_delta_batch(batch, "wire-robot", items)
+        back = delta.expand_items(protocol.decode_frame(framed).body["items"])[0]
+        if back != chunk:
+            raise RuntimeError(f"delta batch {batch} did not rebuild its records")
+        before += len(plain)
+        after += len(framed)
+        after_zlib += len(zlib.compress(framed, 6))
+    n = len(payloads)
+    return {"before": before / n, "after": after / n, "ratio": before / after,
+            "after_zlib": after_zlib / n, "ratio_zlib": before / after_zlib,
+            "records": n, "ship_every": ship_every, "batches": batch}

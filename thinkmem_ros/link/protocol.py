@@ -21,6 +21,11 @@ Kinds:
   was understood but refused.
 - EXPERIENCE_BATCH (robot -> consolidator): ``{"batch": int, "robot_id": str,
   "items": [bytes]}``; each item is one ``experience.encode_experience`` record.
+- EXPERIENCE_DELTA_BATCH (robot -> consolidator): the same body; each item is a full record
+  or a delta against the previous item (``link.delta``), so consecutive records of an
+  episode carry each new window row once. Acknowledged like EXPERIENCE_BATCH (rejections
+  by item index). A consolidator that predates it drops the frame as an unknown kind (no
+  ACK): robots shipping to one turn ``ShipperConfig.delta_batches`` off.
 - ACK (consolidator -> robot): ``{"batch": int, "stored": int, "duplicates": int,
   "rejected": [[index, reason]]}``; sent only after the batch is committed to the store.
 - BUNDLE_PUSH (consolidator -> robot): ``{"version": int, "manifest": bytes, "onnx": bytes,
@@ -93,6 +98,7 @@ class Kind(enum.IntEnum):
     BUNDLE_PUSH = 5
     RECALL_REQ = 6
     RECALL_REP = 7
+    EXPERIENCE_DELTA_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,12 @@ def experience_batch(batch: int, robot_id: str, items: list[bytes]) -> bytes:
                         {"batch": batch, "robot_id": robot_id, "items": items})
 
 
+def experience_delta_batch(batch: int, robot_id: str, items: list[bytes]) -> bytes:
+    """Build an EXPERIENCE_DELTA_BATCH of ``delta.encode_items`` items."""
+    return encode_frame(Kind.EXPERIENCE_DELTA_BATCH,
+                        {"batch": batch, "robot_id": robot_id, "items": items})
+
+
 def ack(batch: int, stored: int, duplicates: int,
         rejected: list[tuple[int, str]] | None = None) -> bytes:
     """Build an ACK for a committed batch."""
@@ -248,6 +260,7 @@ _SCHEMAS: dict[Kind, dict[str, tuple[type, ...]]] = {
     Kind.BUNDLE_PUSH: {},  # fields checked by bundle_receiver, which trusts nothing
     Kind.RECALL_REQ: {},
     Kind.RECALL_REP: {},
+    Kind.EXPERIENCE_DELTA_BATCH: {"batch": (int,), "robot_id": (str,), "items": (list,)},
 }
 
 
@@ -261,15 +274,15 @@ def _check_body(kind: Kind, body: Any) -> None:
             raise ProtocolError(
                 f"{kind.name}.{name}: expected {types[0].__name__}, "
                 f"got {type(body[name]).__name__}")
-    if kind is Kind.EXPERIENCE_BATCH:
+    if kind in (Kind.EXPERIENCE_BATCH, Kind.EXPERIENCE_DELTA_BATCH):
         _check_count(kind, "batch", body["batch"])
         _check_text(kind, "robot_id", body["robot_id"], MAX_ID)
         items = body["items"]
         if not 0 < len(items) <= MAX_BATCH_ITEMS:
-            raise ProtocolError(f"EXPERIENCE_BATCH: {len(items)} items outside "
+            raise ProtocolError(f"{kind.name}: {len(items)} items outside "
                                 f"[1, {MAX_BATCH_ITEMS}]")
         if any(type(item) is not bytes for item in items):
-            raise ProtocolError("EXPERIENCE_BATCH.items: every item must be bytes")
+            raise ProtocolError(f"{kind.name}.items: every item must be bytes")
     elif kind is Kind.ACK:
         for name in ("batch", "stored", "duplicates"):
             _check_count(kind, name, body[name])

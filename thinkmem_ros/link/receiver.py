@@ -2,7 +2,9 @@
 
 The receiver validates a whole batch in one ``decode_experiences`` call (each field checked
 once, array values batch-wide), hands the valid records to the store it was given in one
-call and acknowledges only after that call returned, so an ACK always means committed. The
+call and acknowledges only after that call returned, so an ACK always means committed. A
+delta batch (EXPERIENCE_DELTA_BATCH, ``link.delta``) is first rebuilt into full records,
+which then go through the very same validation and store call. The
 store is whatever the consolidator opens (``open_store``): this module defines only what it
 must do (``ExperienceSink``), so the wire end never depends on the offboard storage.
 
@@ -39,7 +41,7 @@ from typing import Protocol
 
 import zmq
 
-from thinkmem_ros.link import protocol
+from thinkmem_ros.link import delta, protocol
 from thinkmem_ros.link.experience import Experience, ExperienceError, decode_experiences
 from thinkmem_ros.link.protocol import Kind, ProtocolError
 from thinkmem_ros.link.security import (
@@ -444,11 +446,12 @@ class ExperienceReceiver:
                 self.stats.refused_frames += 1
                 self._reply(identity, protocol.refused(str(exc)))
             return
-        if frame.kind is Kind.EXPERIENCE_BATCH:
+        if frame.kind in (Kind.EXPERIENCE_BATCH, Kind.EXPERIENCE_DELTA_BATCH):
             ok, key = self._check_identity(identity, frame.body["robot_id"], user)
             if ok:
                 self._seen(identity, frame.body["robot_id"], key)
-                self._on_batch(store, identity, frame.body)
+                self._on_batch(store, identity, frame.body,
+                               frame.kind is Kind.EXPERIENCE_DELTA_BATCH)
         elif frame.kind is Kind.HELLO:
             robot_id = frame.body.get("robot_id")
             ok, key = self._check_identity(identity, robot_id, user)
@@ -461,19 +464,26 @@ class ExperienceReceiver:
             self.stats.refused_frames += 1
             self._reply(identity, protocol.refused(f"{frame.kind.name} is not served here"))
 
-    def _on_batch(self, store: ExperienceSink, identity: bytes, body: dict) -> None:
+    def _on_batch(self, store: ExperienceSink, identity: bytes, body: dict,
+                  deltas: bool = False) -> None:
         valid: list[tuple[Experience, bytes]] = []
         rejected: list[tuple[int, str]] = []
         items = body["items"]
-        for index, experience in enumerate(decode_experiences(items)):
-            if isinstance(experience, ExperienceError):
-                rejected.append((index, str(experience)))
+        # a delta batch is rebuilt into full records (and their full bytes, which are what
+        # the store keeps) and validated as a plain one; deltas on a refused base fail too
+        decoded = (delta.decode_items(items, body["robot_id"]) if deltas else
+                   [r if isinstance(r, ExperienceError) else (r, items[i])
+                    for i, r in enumerate(decode_experiences(items))])
+        for index, result in enumerate(decoded):
+            if isinstance(result, ExperienceError):
+                rejected.append((index, str(result)))
                 continue
+            experience = result[0]
             if experience.robot_id != body["robot_id"]:
                 rejected.append((index, f"robot_id {experience.robot_id!r} != batch's "
                                         f"{body['robot_id']!r}"))
                 continue
-            valid.append((experience, items[index]))
+            valid.append(result)
         try:
             stored, duplicates = store.insert_many(valid)
         except SinkError as exc:  # no ACK: the robot keeps the batch and re-sends it

@@ -71,7 +71,7 @@ from pathlib import Path
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from thinkmem_ros.link import protocol
+from thinkmem_ros.link import delta, protocol
 from thinkmem_ros.link.experience import Experience, ExperienceError, encode_experience
 from thinkmem_ros.link.protocol import Kind, ProtocolError
 from thinkmem_ros.link.security import (
@@ -111,6 +111,11 @@ class ShipperConfig:
     # payload bytes per batch (at least one record): frames stay far below the
     # consolidator's inbound limit (a record is at most experience.MAX_RECORD_BYTES)
     max_batch_bytes: int = 1024 * 1024
+    # send EXPERIENCE_DELTA_BATCH frames (link.delta: each window row once, repeated fields
+    # omitted: ~17x fewer bytes per experience shipping every frame, ~7x every 5th, see
+    # docs/deployment.md); False = plain EXPERIENCE_BATCH, for a consolidator that
+    # predates delta batches. The spool keeps full records either way.
+    delta_batches: bool = True
     curve: str = "auto"
     server_public_key: Path | str | bytes | None = None  # the consolidator's .key (Z85)
     client_secret_file: Path | str | None = None  # this robot's .key_secret
@@ -136,6 +141,9 @@ class ShipperConfig:
         if self.batch_size > protocol.MAX_BATCH_ITEMS:
             raise ValueError(f"ShipperConfig.batch_size must be <= {protocol.MAX_BATCH_ITEMS}, "
                              f"got {self.batch_size}")
+        if not isinstance(self.delta_batches, bool):
+            raise ValueError(f"ShipperConfig.delta_batches must be a bool, "
+                             f"got {self.delta_batches!r}")
         if self.rehome_s < 0:
             raise ValueError(f"ShipperConfig.rehome_s must be >= 0, got {self.rehome_s}")
         self.endpoints = parse_endpoints(self.endpoint)
@@ -570,7 +578,13 @@ class _ShipLoop:
 
     def send_batch(self, rows: Sequence[tuple[int, bytes]]) -> bool:
         batch = next(self.batch_ids)
-        frame = protocol.experience_batch(batch, self.cfg.robot_id, [p for _, p in rows])
+        payloads = [p for _, p in rows]
+        if self.cfg.delta_batches:  # deltas against the previous row, formed per batch, so
+            # every batch (and every re-send after a go-back or failover) stands alone
+            frame = protocol.experience_delta_batch(batch, self.cfg.robot_id,
+                                                    delta.encode_items(payloads))
+        else:
+            frame = protocol.experience_batch(batch, self.cfg.robot_id, payloads)
         try:
             self.socket.send(frame, zmq.NOBLOCK, copy=False)
         except zmq.Again:  # not connected yet, or HWM reached: the spool keeps the rows

@@ -202,6 +202,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
               "it is shipped", 0.0, 3600.0),
     ParamSpec("ship_every_n_frames", 1, "ship every n-th frame (frames with feedback "
               "always)", 1, 1_000_000),
+    ParamSpec("ship_delta_batches", True, "send batches delta-encoded (each record against "
+              "the one before it: ~17x fewer bytes); false for a consolidator older than "
+              "the delta frame"),
     ParamSpec("episode_gap_s", 5.0, "a gap between frames longer than this starts a new "
               "episode (so does an 'episode_start' event)", 0.001, 1e6),
     # -- value-aware thinking and memory control; used when the bundle carries
@@ -283,6 +286,7 @@ class NodeConfig:
     feedback_topic: str = DEFAULT_FEEDBACK_TOPIC
     feedback_window_s: float = 2.0
     ship_every_n_frames: int = 1
+    ship_delta_batches: bool = True
     episode_gap_s: float = 5.0
     value_mode: str = "deploy"
     value_horizon: int = 10_000
@@ -340,6 +344,9 @@ class NodeConfig:
         _positive_or_zero("feedback_window_s", self.feedback_window_s, upper=3600.0)
         _positive("episode_gap_s", self.episode_gap_s)
         _integer("ship_every_n_frames", self.ship_every_n_frames, 1)
+        if not isinstance(self.ship_delta_batches, bool):
+            raise ValueError(f"ship_delta_batches must be true or false, got "
+                             f"{self.ship_delta_batches!r}")
         _integer("spool_max_mb", self.spool_max_mb, 1)
         _integer("pin_bundle_version", self.pin_bundle_version, 0)
         _choice("curve", self.curve, CURVE_MODES)

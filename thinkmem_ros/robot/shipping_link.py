@@ -120,7 +120,8 @@ class ShippingLink:
             endpoint=config.consolidator_endpoint, robot_id=config.robot_id,
             spool_path=config.spool_file(), spool_max_bytes=config.spool_max_mb << 20,
             curve=config.curve, server_public_key=config.server_public_key or None,
-            client_secret_file=config.client_secret_key or None, on_bundle_push=self._on_push)
+            client_secret_file=config.client_secret_key or None, on_bundle_push=self._on_push,
+            delta_batches=config.ship_delta_batches)
         self.curve = shipper_config.use_curve
         if self.curve:  # unreadable keys are a configuration error: refuse to start
             for key, loader in (("client_secret_key", load_curve_keypair),
