@@ -76,6 +76,32 @@ def test_clean_exit_on_signal(sig, ros_env, source_bundle, tmp_path):
     assert data["published"] > 0 and data["frame_rate_hz"] == 50.0
 
 
+STOP_BEFORE_SPIN = """
+import sys
+import rclpy
+import thinkmem_ros.robot.node as node_module
+
+class StoppedAfterReady(node_module.ThinkingNode):
+    # The race a loaded machine produces now and then: SIGINT lands after "ready" and
+    # before the executor takes the node, so rclpy's handler has shut the context down and
+    # the executor cannot create its guard condition. Shutting down right after the real
+    # node is built makes that moment happen every time.
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        rclpy.shutdown()
+
+node_module.ThinkingNode = StoppedAfterReady
+sys.exit(node_module.main())
+"""
+
+
+def test_a_stop_between_ready_and_spin_is_a_clean_exit(ros_env, source_bundle):
+    node = NodeProcess([sys.executable, "-c", STOP_BEFORE_SPIN, "--ros-args", "-p",
+                        f"bundle_path:={source_bundle}"], ros_env)
+    assert node.finish(timeout=30.0) == 0, node.output
+    assert "ready:" in node.output and "Traceback" not in node.output, node.output
+
+
 @pytest.mark.parametrize("args, named", [
     (("-p", "frame_rate_hz:=-5.0"), "frame_rate_hz"),
     (("-p", "qos:=fastest"), "qos"),

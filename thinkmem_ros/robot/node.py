@@ -913,18 +913,24 @@ def main(args: list[str] | None = None) -> int:
                 if not rclpy.ok():
                     return 0
                 raise
-            executor = SingleThreadedExecutor()
-            executor.add_node(node)
+            executor = None
             try:
+                if not rclpy.ok():  # stopped right after "ready"; finally cleans up
+                    return 0
+                executor = SingleThreadedExecutor()
+                executor.add_node(node)
                 executor.spin()
-            except _rclpy.RCLError:
-                # SIGINT/SIGTERM shut the context down between two waits: the executor
-                # then fails to build its next wait set instead of raising
-                # ExternalShutdownException. A requested stop, not a crash.
+            except (_rclpy.RCLError, RuntimeError):
+                # SIGINT/SIGTERM shut the context down between two waits (or right after
+                # "ready", before the executor took the node): building the next wait set
+                # (RCLError) or the executor's guard condition (RuntimeError "Context must
+                # be initialized") then fails instead of raising ExternalShutdownException.
+                # A requested stop, not a crash.
                 if rclpy.ok():
                     raise
             finally:
-                executor.remove_node(node)
+                if executor is not None:
+                    executor.remove_node(node)
                 node.destroy_node()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
