@@ -45,10 +45,10 @@ import msgpack
 
 from thinkmem_ros.link.experience import (
     LIMITS,
-    MAX_RECORD_BYTES,
     Experience,
     ExperienceError,
     decode_experiences,
+    unpack_bounded,
 )
 
 DELTA_VERSION = 1
@@ -78,34 +78,10 @@ _MAX_LIST = 2 * max(LIMITS["max_events"], LIMITS["max_labels"])
 _MAX_ELEMENTS = 4096
 
 
-class _TooManyElements(Exception):
-    """An item's lists and maps hold more entries than any valid record can."""
-
-
 def _unpack(payload: Any) -> Any:
     """Unpack one item under a record's own bounds (sizes and container entries)."""
-    if type(payload) is not bytes:
-        raise ExperienceError(f"item: expected bytes, got {type(payload).__name__}")
-    if len(payload) > MAX_RECORD_BYTES:
-        raise ExperienceError(f"item: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
-    budget = [_MAX_ELEMENTS]
-
-    def charge(container: Any) -> Any:
-        budget[0] -= len(container)
-        if budget[0] < 0:
-            raise _TooManyElements
-        return container
-
-    try:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True,
-                               max_str_len=_MAX_STR, max_bin_len=MAX_RECORD_BYTES,
-                               max_array_len=_MAX_LIST, max_map_len=64, max_ext_len=0,
-                               list_hook=charge, object_hook=charge)
-    except _TooManyElements:
-        raise ExperienceError(f"item: more than {_MAX_ELEMENTS} list or map entries") \
-            from None
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ExperienceError(f"item: not msgpack ({type(exc).__name__})") from None
+    return unpack_bounded(payload, "item", max_str=_MAX_STR, max_map=64,
+                          max_elements=_MAX_ELEMENTS, budget_from=0)
 
 
 def _same(a: Any, b: Any) -> bool:

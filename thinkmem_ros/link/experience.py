@@ -233,13 +233,27 @@ def from_wire(data: Any) -> Experience:
 
 
 def _unpack(payload: Any) -> Any:
+    return unpack_bounded(payload, "payload")
+
+
+def unpack_bounded(payload: Any, what: str, *, max_str: int = _MAX_STR_BYTES,
+                   max_map: int = _MAX_MAP, max_elements: int = _MAX_ELEMENTS,
+                   budget_from: int = _BUDGET_FROM_BYTES) -> Any:
+    """Unpack untrusted msgpack bytes under a record's bounds; ExperienceError naming ``what``.
+
+    Container limits first: a 3 MB record of one-byte list entries would otherwise unpack
+    into millions of objects before any field check could refuse it; each list is bounded
+    by msgpack, all of them together by a budget of ``max_elements`` entries, charged only
+    for payloads above ``budget_from`` bytes (a smaller one cannot hold a costly shape).
+    The delta batches of ``link.delta`` unpack their items with this too.
+    """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise ExperienceError(f"payload: expected bytes, got {type(payload).__name__}")
+        raise ExperienceError(f"{what}: expected bytes, got {type(payload).__name__}")
     if len(payload) > MAX_RECORD_BYTES:
-        raise ExperienceError(f"payload: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
+        raise ExperienceError(f"{what}: {len(payload)} bytes exceeds {MAX_RECORD_BYTES}")
     hooks = {}
-    if len(payload) > _BUDGET_FROM_BYTES:  # small records cannot hold a costly shape
-        budget = [_MAX_ELEMENTS]
+    if len(payload) > budget_from:
+        budget = [max_elements]
 
         def charge(container: Any) -> Any:
             budget[0] -= len(container)
@@ -249,18 +263,16 @@ def _unpack(payload: Any) -> Any:
 
         hooks = {"list_hook": charge, "object_hook": charge}
     try:
-        # container limits first: a 3 MB record of one-byte list entries would otherwise
-        # unpack into millions of objects before any field check could refuse it; each
-        # list is bounded by msgpack, all of them together by the hooks' budget
         return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True,
-                               max_str_len=_MAX_STR_BYTES, max_bin_len=MAX_RECORD_BYTES,
-                               max_array_len=_MAX_LIST, max_map_len=_MAX_MAP, max_ext_len=0,
+                               max_str_len=max_str, max_bin_len=MAX_RECORD_BYTES,
+                               max_array_len=_MAX_LIST, max_map_len=max_map, max_ext_len=0,
                                **hooks)
     except _TooManyElements:
-        raise ExperienceError(f"payload: more than {_MAX_ELEMENTS} list or map entries "
+        raise ExperienceError(f"{what}: more than {max_elements} list or map entries "
                               "in one record") from None
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ExperienceError(f"payload: not a msgpack record ({type(exc).__name__})") from exc
+        raise ExperienceError(f"{what}: not a msgpack record ({type(exc).__name__})") \
+            from None
 
 
 class _TooManyElements(Exception):
