@@ -57,6 +57,15 @@ def robots_homed(endpoints, per_endpoint):
     return out
 
 
+def wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def shipper_config(tmp_path, robot, endpoints):
     return ShipperConfig(endpoint=endpoints, robot_id=robot,
                          spool_path=tmp_path / f"{robot}.spool", batch_size=100,
@@ -69,29 +78,35 @@ def test_sigkill_one_of_two_receivers_loses_and_doubles_nothing(tmp_path):
     n = 1500
     homes = robots_homed([end_a, end_b], 2)  # 4 robots, 2 on each receiver
     robots = homes[end_a] + homes[end_b]
+    shippers = {}
     try:
-        shippers = {r: ExperienceShipper(shipper_config(tmp_path, r, f"{end_a},{end_b}"))
-                    .start() for r in robots}
+        shippers.update({r: ExperienceShipper(shipper_config(tmp_path, r, f"{end_a},{end_b}"))
+                         .start() for r in robots})
         assert {r: s.endpoint_now for r, s in shippers.items()} == {
             **dict.fromkeys(homes[end_a], end_a), **dict.fromkeys(homes[end_b], end_b)}
-        killed = False
-        for i in range(n):
-            for robot, shipper in shippers.items():
-                while not shipper.ship(exp(robot, i)):
-                    time.sleep(0.001)
-            # mid-stream: both of A's robots have had batches committed, and keep shipping
-            if not killed and min(shippers[r].stats()["acked"] for r in homes[end_a]) >= 300:
-                a.send_signal(signal.SIGKILL)
-                a.wait(10)
-                killed = True
-        assert killed, "the stream outran the kill point"
-        assert all(s.flush(20.0) for s in shippers.values()), \
+
+        def ship(first: int, last: int) -> None:
+            for i in range(first, last):
+                for robot, shipper in shippers.items():
+                    while not shipper.ship(exp(robot, i)):
+                        time.sleep(0.001)
+
+        # mid-stream: the first half shipped and both of A's robots have had batches
+        # committed by A (however slow the machine), then A dies and the second half follows
+        ship(0, n // 2)
+        assert wait_until(lambda: min(shippers[r].stats()["acked"]
+                                      for r in homes[end_a]) >= 300, 60.0), \
+            {r: s.stats() for r, s in shippers.items()}
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        ship(n // 2, n)
+        assert all(s.flush(30.0) for s in shippers.values()), \
             {r: s.stats() for r, s in shippers.items()}
         stats = {r: s.stats() for r, s in shippers.items()}
         now = {r: s.endpoint_now for r, s in shippers.items()}
+    finally:
         for shipper in shippers.values():
             shipper.close()
-    finally:
         for proc in (a, b):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
