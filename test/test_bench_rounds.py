@@ -55,3 +55,6 @@ def test_classify_unit_tells_planted_natural_and_spurious():
     assert rounds.classify_unit("valve_stuck>pressure_spike>pump_trip") == "planted"
     assert rounds.classify_unit("robot_stop>robot_start") == "natural"
     assert rounds.classify_unit("pressure_spike>payload_change>vibration_normal") == "spurious"
+    assert rounds.classify_unit("valve_stuck>pump_trip") == "planted_part"
+    assert rounds.classify_unit("pump_trip>valve_stuck") == "spurious"  # out of order
+    assert rounds.classify_unit("valve_stuck>lidar_degraded") == "spurious"  # two rules

@@ -198,6 +198,48 @@ def test_a_frequent_middle_is_not_a_rule():
     assert not any("payload_change" in p for p in found)
 
 
+def _phase_world(seed: int) -> list[Episode]:
+    """Short missions (time = position) with a rule whose codes sit at fixed phases.
+
+    X early, Y mid, Z late in 60 % of the missions (plus X...Y without Z, Y...X and lone
+    codes as counter-evidence), while the background has real pairs of its own: P then Q
+    one or two events later, and R then S. Every "X before P...Q" and "P before Y before
+    Q" is a matter of phase: X sits early and Y in the middle of nearly every mission.
+    """
+    rng = np.random.default_rng(seed)
+    eps = []
+    for i in range(64):
+        names = [f"N{int(c)}" for c in rng.integers(0, 8, 8)]
+        for first, second in (("P", "Q"), ("R", "S")):
+            if rng.random() < 0.6:
+                at = int(rng.integers(0, len(names)))
+                gap = [f"N{int(rng.integers(0, 8))}"] * int(rng.integers(0, 2))
+                names[at:at] = [first, *gap, second]
+        kind = ("rule", "rule", "rule", "prefix", "reversed", "lone")[i % 6] if i % 5 else "none"
+        planted = {"rule": (("X", 0.15), ("Y", 0.45), ("Z", 0.85)),
+                   "prefix": (("X", 0.15), ("Y", 0.45)),
+                   "reversed": (("Y", 0.15), ("X", 0.45)),
+                   "lone": ((str(rng.choice(["X", "Y", "Z"])), 0.5),), "none": ()}[kind]
+        for name, phase in sorted(planted, key=lambda x: -x[1]):
+            names.insert(int(round(phase * len(names))), name)
+        eps.append(Episode(episode_id=i, partition=i * 4 // 64, start_time=0.0, kind=kind,
+                           rule=-1, events=[(float(t), n) for t, n in enumerate(names)]))
+    return eps
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_a_code_at_a_fixed_phase_does_not_join_unrelated_pairs(seed):
+    res = discover(EventLog.from_episodes(_phase_world(seed)), CFG, np.random.default_rng(0))
+    found = res.accepted_patterns(3)
+    assert ("X", "Y", "Z") in found
+    mixed = [p for p in found | res.accepted_patterns(2)
+             if set(p) & {"X", "Y", "Z"} and set(p) & {"P", "Q", "R", "S"}]
+    assert not mixed, mixed
+    riders = [r for r in res.scored if not r.accepted and set(r.pattern) & {"X", "Y", "Z"}
+              and set(r.pattern) & {"P", "Q", "R", "S"}]
+    assert riders  # the world does make riders nominally significant: they were refused
+
+
 # --------------------------------------------------------------- generators beyond one
 @pytest.mark.parametrize("overrides", [
     {"gap_law": "exponential"},
@@ -227,6 +269,28 @@ def test_tails_match_brute_force():
         brute = sum(np.prod([law[f][v] for f, v in enumerate(vals)])
                     for vals in itertools.product(range(4), repeat=4) if sum(vals) >= z)
         assert _z_tail([tails], np.array([z]))[0] == pytest.approx(brute, rel=1e-9, abs=1e-15)
+
+
+def test_stratified_contrast_matches_enumeration():
+    from thinkmem_ros.consolidator.discovery import _fisher_greater, _stratified_greater
+
+    # one stratum is Fisher's exact test
+    one = _stratified_greater(*(np.array([x]) for x in (6, 8, 1, 7)), 0.05)
+    assert one[1] and one[0] == pytest.approx(_fisher_greater(6, 8, 1, 7, 0.05)[0])
+    # two strata: enumerate every way the successes of each stratum fall on its units
+    k1, n1, k0, n0 = (np.array(v) for v in ([3, 2], [4, 3], [1, 0], [3, 2]))
+    dists = []
+    for a1, m1, a0, m0 in zip(k1, n1, k0, n0, strict=True):
+        units = m1 + m0
+        dists.append([sum(u < m1 for u in pick)
+                      for pick in itertools.combinations(range(units), int(a1 + a0))])
+    joint = [x + y for x in dists[0] for y in dists[1]]
+    exact = np.mean([v >= k1.sum() for v in joint])
+    p, ok = _stratified_greater(k1, n1, k0, n0, 0.05)
+    assert ok and p == pytest.approx(exact)
+    # a table that cannot reach the level is reported as such, not as a refutation
+    assert _stratified_greater(np.array([2]), np.array([2]), np.array([0]), np.array([1]),
+                               0.02) == (1.0, False)
 
 
 def test_order_probability_matches_enumeration():

@@ -188,16 +188,23 @@ def _reward(active: tuple[str, ...], required: tuple[str, ...]) -> float:
 
 
 def classify_unit(key: str) -> str:
-    """Say whether a promoted unit is ``planted``, ``natural`` or ``spurious``.
+    """Say whether a promoted unit is ``planted``, ``planted_part``, ``natural`` or ``spurious``.
 
     ``natural``: only the world's own event codes, a real regularity of the simulated robot
-    (not a discovery error); ``spurious``: mixes a planted code with others.
+    (not a discovery error); ``planted_part``: two steps of one planted rule in its order
+    (``valve_stuck>pump_trip``), a true regularity of the planted world that is reported
+    apart and counts for neither recall nor spurious units (its ``consider:C`` still counts
+    in the false-fire rate wherever it fires outside the rule's B..C); ``spurious``: mixes
+    a planted code with others, or a rule's codes out of order.
     """
     from thinkmem_ros.world.streams import EVENT_VOCABULARY
 
     if _planted(key) is not None:
         return "planted"
     codes = key.split(">")
+    if len(codes) == 2 and any(codes in ([r.first, r.second], [r.first, r.consequence],
+                                         [r.second, r.consequence]) for r in RULES):
+        return "planted_part"
     return "natural" if all(code in EVENT_VOCABULARY for code in codes) else "spurious"
 
 
@@ -330,6 +337,7 @@ def run_fleet(size: dict, seed: int, progress=None) -> dict:
                    "planted_promoted": [">".join(p.pattern) for p in planted_now],
                    "spurious": [k for k, kind in kinds.items() if kind == "spurious"],
                    "natural": [k for k, kind in kinds.items() if kind == "natural"],
+                   "planted_part": [k for k, kind in kinds.items() if kind == "planted_part"],
                    "artefacts": _artefacts(running) if published else [],
                    "round_artefacts": report.artefacts,
                    "gate_reasons": list(report.gate.reasons) if report.gate else [],
@@ -378,6 +386,9 @@ def summarise(fleets: list[dict]) -> dict:
         "rounds_published": float(np.mean(published)),
         "natural_promoted": float(np.mean([len({k for row in f["rows"][1:]
                                                 for k in row["natural"]}) for f in fleets])),
+        "planted_part_promoted": float(np.mean([len({k for row in f["rows"][1:]
+                                                     for k in row.get("planted_part", ())})
+                                                for f in fleets])),
         "rounds": len(fleets[0]["rows"]) - 1,
         "artefacts_attached": bool(attached),
     }

@@ -42,6 +42,15 @@ partitions can be scored from per-partition sums.
      1 - (1 - f_x)^m_e. C must follow A...B more often than C's base rate allows (kills a
      real pair A...B plus a common C), B must sit between A and C more often than chance
      (kills a heartbeat or a frequent middle), A must precede B...C (kills Y...B...C);
+   - productivity (Webb): each element needs evidence that position alone cannot earn
+     (the tests above take slots as exchangeable, so a code at a fixed phase of most
+     episodes gains from its position): its contrast with real cases without it (first
+     element: C follows a B that A preceded more often than a B no A preceded; middle
+     element: the pattern completes from an A followed by B more often than C follows an A
+     no B followed, stratified by the room left in the episode) or its binding to its
+     neighbours (B follows A in A's episodes more often than B turns up without A), twice
+     the smaller p-value; a test that cannot reach the level is no evidence and is left out,
+     and with neither the element stands on the tests above (a pair is then refused);
    - stability: support in >= ``min_partitions`` temporal partitions, no partition holding
      more than ``max_partition_share`` of it (a burst is not a regularity);
    - support >= ``accept_support`` and confidence >= ``min_confidence``.
@@ -195,6 +204,7 @@ class Relation:
     expected: float = math.nan  # support expected under the within-episode null at g*
     p_order: float = math.nan  # order test (labels permuted among the pattern's slots)
     p_adds: tuple[float, ...] = ()  # per element: does it add to the rest (base-rate test)
+    p_contrast: tuple[float, ...] = ()  # per element: against the pattern without it
 
     @property
     def relation(self) -> str:
@@ -523,8 +533,8 @@ class _Episodes:
         self.code_episodes = (self.pres_key // self.v)[by_code]  # sorted within a code
         self.code_start = np.searchsorted((self.pres_key % self.v)[by_code],
                                           np.arange(self.v + 1))
-        code_total = np.bincount(log.code, minlength=self.v).astype(np.float64)
-        self.freq = code_total / max(n, 1)
+        self.code_total = np.bincount(log.code, minlength=self.v)
+        self.freq = self.code_total.astype(np.float64) / max(n, 1)
 
     def copies(self, episodes: np.ndarray, codes: np.ndarray) -> np.ndarray:
         """Copies of ``codes`` in ``episodes`` (elementwise)."""
@@ -922,6 +932,7 @@ class _Check:
     rival: tuple[int, ...] = ()  # the other order of the same codes closest to forward
     dominated: bool = False  # the rival fits at least as well as forward, summed
     p_rival: float = 1.0  # sign-flip test of forward against the rival
+    p_contrast: tuple[float, ...] = ()  # each element against the pattern without it
 
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
@@ -933,6 +944,7 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     add_p: list[list[float]] = [[] for _ in range(length)]
     add_obs = [0] * length
     antecedent = reverse = 0
+    contrast = _Contrast()
     gap_lists: list[list[float]] = [[] for _ in range(length - 1)]
     supp = set(support_rows.tolist())
     others = [perm for perm in itertools.permutations(range(length))
@@ -949,6 +961,7 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
         if length == 3:
             antecedent += bool(_fits(t, pos[0], pos[1], g, cfg).any())
             reverse += bool(_fits(t, pos[1], pos[0], g, cfg).any())
+            contrast.add(t, pos, g, cfg)
         elif pos[0].size:
             antecedent += 1
             reverse += bool(pos[1].size and _fits(t, pos[1], pos[0], g, cfg).any())
@@ -988,10 +1001,212 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     middle = 1 if length == 3 else length - 1
     lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
     gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
+    p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None)
     return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
                   reverse=reverse, episodes=support_rows, gaps=gaps,
                   rival=tuple(codes[i] for i in others[closest]) if margins else (),
-                  dominated=dominated, p_rival=p_pair)
+                  dominated=dominated, p_rival=p_pair, p_contrast=p_contrast)
+
+
+def _fisher_greater(k1: int, n1: int, k0: int, n0: int, alpha: float
+                    ) -> tuple[float, bool]:
+    """One-sided Fisher exact p that the rate k1/n1 exceeds k0/n0, and whether it can.
+
+    The second value is False when the table cannot reach ``alpha`` whatever its cells
+    (Tarone: the smallest p-value its margins allow is above the level, e.g. B almost
+    never seen without A): such a contrast holds no evidence either way, and the caller
+    asks for other evidence instead of reading its p-value as a refutation.
+    """
+    from scipy.stats import hypergeom
+
+    total, successes = n1 + n0, k1 + k0
+    if n1 <= 0 or n0 <= 0 or successes <= 0:
+        return 1.0, False
+    floor = float(hypergeom.sf(min(successes, n1) - 1, total, successes, n1))
+    if floor > alpha:
+        return 1.0, False
+    if k1 <= 0:
+        return 1.0, True
+    return float(min(1.0, hypergeom.sf(k1 - 1, total, successes, n1))), True
+
+
+@dataclass
+class _Contrast:
+    """Counts for the element-contrast tests of a triple A...B...C at the pattern's scale g.
+
+    Each element must change how often the pattern completes, compared with real cases where
+    the rest of it is there without that element (Webb's productive rules), so an event that
+    sits at the same place in every episode (a start-of-mission code, a planted event at a
+    fixed phase) gains nothing from its position alone, which a test against uniform
+    placement credits it with. Counts add over partitions. Both tables are laid out so that
+    where an occurrence sits in its episode can only work against the pattern:
+
+    * first (does A add to B...C): the units are B's occurrences; C must follow (within g)
+      a B that A preceded (within g) more often than a B that no A preceded at any allowed
+      gap (a B with an A only farther back counts on neither side). A B preceded by A sits
+      later and has less room left for C, so any bias of position is against the pattern.
+    * middle (does B add to A...C): the units are A's occurrences; the pattern must
+      complete from an A followed by B (within g) more often than C follows (within g) an A
+      that no B followed. A late A has little room for either B or C, so the units are
+      compared within strata of the room left in their episode (``ROOM_STRATA`` bands of
+      g/4, the last one "g or more"), an exact stratified test; without the strata, late
+      As would make "no B" and "no C" go together and credit any B.
+
+    C has no contrast of its own: the episodes without A...B that hold C include every
+    other rule ending in C, so "C more often with A...B" has no power where rules share
+    a consequence; C is judged by its base-rate test and by the first element's contrast,
+    which already asks whether C follows B more often after A.
+    """
+
+    b_exposed: int = 0  # B occurrences with an A before (within g)
+    b_exposed_c: int = 0  # ... followed by C within g
+    b_far: int = 0  # B occurrences with an A before only beyond g (left out)
+    b_unexposed_c: int = 0  # B occurrences without any A before, followed by C
+    # per room stratum: A occurrences followed by B within g; of those, the ones the
+    # pattern completes from (C within g of such a B); A occurrences without B, C within g
+    a_exposed: np.ndarray = field(default_factory=lambda: np.zeros(ROOM_STRATA + 1, np.int64))
+    a_exposed_c: np.ndarray = field(default_factory=lambda: np.zeros(ROOM_STRATA + 1,
+                                                                     np.int64))
+    a_unexposed_c: np.ndarray = field(default_factory=lambda: np.zeros(ROOM_STRATA + 1,
+                                                                       np.int64))
+
+    def add(self, t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig
+            ) -> None:
+        """Count one episode holding at least two of the three codes."""
+        a, b, c = pos
+        if b.size:
+            near = _fits(t, a, b, g, cfg).any(axis=0) if a.size else np.zeros(b.size, bool)
+            far = _fits(t, a, b, math.inf, cfg).any(axis=0) if a.size \
+                else np.zeros(b.size, bool)
+            followed = _fits(t, b, c, g, cfg).any(axis=1) if c.size else np.zeros(b.size, bool)
+            self.b_exposed += int(near.sum())
+            self.b_exposed_c += int((near & followed).sum())
+            self.b_far += int((far & ~near).sum())
+            self.b_unexposed_c += int((~far & followed).sum())
+        if a.size:
+            stratum = _room_strata(t[-1] - t[a], g)
+            then_b = _fits(t, a, b, g, cfg) if b.size else np.zeros((a.size, 0), bool)
+            b_to_c = _fits(t, b, c, g, cfg).any(axis=1) if b.size and c.size \
+                else np.zeros(b.size, bool)
+            exposed = then_b.any(axis=1)
+            completes = (then_b & b_to_c[None, :]).any(axis=1)
+            a_to_c = _fits(t, a, c, g, cfg).any(axis=1) if c.size else np.zeros(a.size, bool)
+            np.add.at(self.a_exposed, stratum, exposed)
+            np.add.at(self.a_exposed_c, stratum, completes)
+            np.add.at(self.a_unexposed_c, stratum, ~exposed & a_to_c)
+
+    def first_table(self, b_total: int) -> tuple[int, int, int, int]:
+        """The first element's 2x2 table (k1, n1, k0, n0); B's total counts every B."""
+        return (self.b_exposed_c, self.b_exposed, self.b_unexposed_c,
+                b_total - self.b_exposed - self.b_far)
+
+    def middle_tables(self, a_per_stratum: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The middle element's tables per room stratum (k1, n1, k0, n0), every A counted."""
+        return (self.a_exposed_c, self.a_exposed, self.a_unexposed_c,
+                a_per_stratum - self.a_exposed)
+
+
+ROOM_STRATA = 4
+"""Bands of g/4 of room left after an occurrence (plus one for g or more)."""
+
+
+def _room_strata(room: np.ndarray, g: float) -> np.ndarray:
+    """Stratum of each room value: floor(4 room / g), capped at ROOM_STRATA."""
+    if not math.isfinite(g) or g <= 0:
+        return np.full(np.shape(room), ROOM_STRATA, np.int64)
+    return np.minimum((np.asarray(room) * ROOM_STRATA / g).astype(np.int64), ROOM_STRATA)
+
+
+def _per_stratum(ctx: _Episodes, code: int, g: float) -> np.ndarray:
+    """Occurrences of ``code`` per room stratum (room: how much of the episode is left)."""
+    rows = np.flatnonzero(ctx.log.code == code)
+    last = ctx.log.time[ctx.start[ctx.log.episode[rows] + 1] - 1]
+    return np.bincount(_room_strata(last - ctx.log.time[rows], g), minlength=ROOM_STRATA + 1)
+
+
+def _stratified_greater(k1: np.ndarray, n1: np.ndarray, k0: np.ndarray, n0: np.ndarray,
+                        alpha: float) -> tuple[float, bool]:
+    """Exact stratified one-sided p-value, and whether it can reach ``alpha``.
+
+    Tarone's reachability as in ``_fisher_greater``. Conditional on each stratum's
+    margins, k1 in stratum s is hypergeometric; the strata
+    are independent, so the distribution of their sum is the convolution of those laws.
+    """
+    from scipy.stats import hypergeom
+
+    dist = np.ones(1)
+    best = 1.0
+    observed = 0
+    for a1, m1, a0, m0 in zip(k1.tolist(), n1.tolist(), k0.tolist(), n0.tolist(),
+                              strict=True):
+        total, successes = m1 + m0, a1 + a0
+        if m1 <= 0 or m0 <= 0 or successes <= 0:
+            continue  # no comparison in this stratum
+        lo, hi = max(0, successes - m0), min(successes, m1)
+        pmf = hypergeom.pmf(np.arange(hi + 1), total, successes, m1)
+        pmf[:lo] = 0.0
+        dist = np.convolve(dist, pmf)
+        best *= float(pmf[hi])
+        observed += a1
+    if dist.size == 1 or best > alpha:
+        return 1.0, False
+    return float(min(1.0, dist[observed:].sum())), True
+
+
+def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> float:
+    """A...B in A's episodes against B's presence in the episodes without A (Fisher).
+
+    With whether the table can reach the level at all (not when A is in nearly every
+    episode, or B too rare).
+    """
+    a, b = codes
+    n_a = int(ctx.code_start[a + 1] - ctx.code_start[a])
+    n_b = int(ctx.code_start[b + 1] - ctx.code_start[b])
+    both = _episodes_with(ctx, codes)
+    g = float(ctx.scales[-1])
+    ab = 0
+    for e in both.tolist():
+        t, _, pos = _episode_slots(ctx, e, codes)
+        ab += bool(_fits(t, pos[0], pos[1], g, ctx.cfg).any())
+    return _fisher_greater(ab, n_a, n_b - int(both.size), ctx.n_ep - n_a, ctx.cfg.alpha)
+
+
+def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None
+                ) -> tuple[float, ...]:
+    """Per element, the evidence that it adds to the rest of the pattern (a p-value).
+
+    Two kinds of evidence, either enough (Bonferroni over the two: twice the smaller
+    p-value). The element's contrast: the pattern completes more often with it than in real
+    cases without it; it needs such cases, and with only a handful of them one chance
+    completion refutes a real rule. Or its binding to its neighbours: B follows A in A's
+    episodes more often than B turns up in the episodes without A (the first element: A to
+    B; the middle one: A to B and B to C); an element independent of its neighbours is not
+    bound to them. A test that cannot reach the level whatever its counts (Tarone) is no
+    evidence either way and is left out; when neither can, the history is too small to
+    judge the element against real cases (a few missions), and the element stands on the
+    within-episode tests alone (0 here; the pattern's ``reasons`` stay empty of it). A pair
+    has only its binding, and an untestable one is refused: a pair has no other element
+    test to stand on.
+    """
+    if len(codes) == 2:
+        p, ok = _pair_binding(ctx, (codes[0], codes[1]))
+        return (p if ok else 1.0,)
+    a, b, c = codes
+    ab = _pair_binding(ctx, (a, b))
+    first = _fisher_greater(*counts.first_table(int(ctx.code_total[b])), ctx.cfg.alpha)
+    middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
+                                 ctx.cfg.alpha)
+    bc = _pair_binding(ctx, (b, c))
+    both = (max(ab[0], bc[0]), ab[1] and bc[1])
+    return _either(first, ab), _either(middle, both)
+
+
+def _either(contrast: tuple[float, bool], binding: tuple[float, bool]) -> float:
+    """Twice the smaller of two testable p-values; the testable one alone; 0 if none."""
+    usable = [p for p, ok in (contrast, binding) if ok]
+    if not usable:
+        return 0.0
+    return min(1.0, len(usable) * min(usable))
 
 
 def _fit_levels(t: np.ndarray, pos: list[np.ndarray], scales: np.ndarray,
@@ -1167,6 +1382,12 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
                                    f"(p {pa:.3g})")
             if not any("order" in r or "add" in r for r in reasons):
                 reasons.append("per-pattern checks fail Holm over the significant set")
+        if check is not None:
+            labels = ("first", "middle") if length == 3 else ("pair",)
+            for lab, pc in zip(labels, check.p_contrast):
+                if not pc <= cfg.alpha:
+                    reasons.append(f"{lab} element: the pattern completes no more often "
+                                   f"with it than without it (contrast p {pc:.3g})")
         if check is None and wp[i] <= cutoff:
             reasons.append("not examined: more significant patterns than max_checked")
         out.append(Relation(
@@ -1178,7 +1399,8 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
             middle_lift=check.lift if check is not None else math.nan,
             max_gap=g, expected=float(tested.expected[i, s]),
             p_order=check.p_order if check is not None else math.nan,
-            p_adds=check.p_adds if check is not None else ()))
+            p_adds=check.p_adds if check is not None else (),
+            p_contrast=check.p_contrast if check is not None else ()))
     return out
 
 
