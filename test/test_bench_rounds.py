@@ -29,6 +29,9 @@ def test_rows_cover_round_zero_and_every_round(fleet):
     assert fleet["planted"] == [">".join(r.pattern) for r in rounds.RULES[:2]]
     # the shipped bundle on the fixed streams: the default bundle's base skills
     assert rows[0]["base_micro_f1"] > 0.9
+    # every round's drive adds its own episodes: the store's history grows round on round
+    # (robots numbering their episodes afresh each round would overwrite the last round's)
+    assert rows[2]["store_episodes"] >= 2 * rows[1]["store_episodes"] - 2
     for row in rows[1:]:
         assert row["experiences_shipped"] > 0
         assert 0.0 <= row["false_fire_rate"] <= 1.0

@@ -142,8 +142,13 @@ def robot_view(bundle: Path, stream, missions: list[Mission]):
 
 
 def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: str,
-                      ship_every: int) -> list:
-    """Experiences a robot running ``bundle`` ships while driving ``stream`` (with feedback)."""
+                      ship_every: int, boot_id: str = "bench") -> list:
+    """Experiences a robot running ``bundle`` ships while driving ``stream`` (with feedback).
+
+    ``boot_id`` names the drive: episode ids are (robot, boot, n), so each round's drive
+    needs its own, or its missions would reuse the ids of the round before and the store
+    would keep one of the two (and merge their event timelines).
+    """
     from thinkmem_ros.policy.bundle import signal_set_fingerprint
     from thinkmem_ros.robot.activation import FrameResult
     from thinkmem_ros.robot.experience_builder import BuilderConfig, ExperienceBuilder, Feedback
@@ -154,7 +159,7 @@ def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: s
     builder = ExperienceBuilder(
         BuilderConfig(robot_id, 1.0 / RATE_HZ, feedback_window_s=0.0,
                       ship_every_n_frames=ship_every, episode_gap_s=3600.0),
-        lambda e: shipped.append(e) or True, boot_id="bench")
+        lambda e: shipped.append(e) or True, boot_id=boot_id)
     events = sorted(stream.events, key=lambda e: e[0])
     truth_names = np.asarray(frames.label_names, dtype=object)
     next_event = 0
@@ -322,7 +327,7 @@ def run_fleet(size: dict, seed: int, progress=None) -> dict:
                 stream, missions = planted_stream(size["robot_s"],
                                                   round_plan(r, size["missions"], rng), rng)
                 shipped += robot_experiences(running, stream, missions, f"robot{k}",
-                                             size["ship_every"])
+                                             size["ship_every"], boot_id=f"round{r}")
             _store(fleet, shipped, next_seq)
             report = service.run_round(f"bench round {r}")
             published = report.published_version is not None
@@ -333,7 +338,8 @@ def run_fleet(size: dict, seed: int, progress=None) -> dict:
             natural = tuple(f"{DISCOVERED_PREFIX}{k.split('>')[-1]}"
                             for k, kind in kinds.items() if kind == "natural")
             row = {"round": r, "published": published, "outcome": report.outcome,
-                   "experiences_shipped": len(shipped), "promoted": list(report.promoted),
+                   "experiences_shipped": len(shipped), "store_episodes": report.episodes,
+                   "promoted": list(report.promoted),
                    "planted_promoted": [">".join(p.pattern) for p in planted_now],
                    "spurious": [k for k, kind in kinds.items() if kind == "spurious"],
                    "natural": [k for k, kind in kinds.items() if kind == "natural"],
