@@ -240,6 +240,18 @@ def test_a_code_at_a_fixed_phase_does_not_join_unrelated_pairs(seed):
     assert riders  # the world does make riders nominally significant: they were refused
 
 
+def test_rules_that_share_their_rest_do_not_hide_each_other():
+    # the shared world at 16 repetitions: A...B...C beside X...B...C (and A...D...E). "B...C
+    # without A" is then mostly X's rule; counted against A it credits neither with C
+    w = generate_world(condition_config("shared", repetitions=16),
+                       np.random.default_rng([0, 16, len("shared")]))
+    res = _found(w)
+    shared_rest = [r for r in w.rules if sum(q[1:] == r[1:] for q in w.rules) == 2]
+    assert len(shared_rest) == 2
+    assert set(shared_rest) <= res.accepted_patterns(3)
+    assert score_triples(res.accepted_patterns(3), w)["fp"] == 0
+
+
 # --------------------------------------------------------------- generators beyond one
 @pytest.mark.parametrize("overrides", [
     {"gap_law": "exponential"},

@@ -535,6 +535,15 @@ class _Episodes:
                                           np.arange(self.v + 1))
         self.code_total = np.bincount(log.code, minlength=self.v)
         self.freq = self.code_total.astype(np.float64) / max(n, 1)
+        by_code_rows = np.argsort(log.code, kind="stable")  # rows ascending within a code
+        self._code_rows = by_code_rows
+        self._code_row_start = np.searchsorted(log.code[by_code_rows], np.arange(self.v + 1))
+        span = float(t.max() - t.min()) + cfg.min_gap + 1.0 if n else 1.0
+        self.order_key = (t - (t.min() if n else 0.0)) + ep * span  # ascending over the log
+
+    def rows_of(self, code: int) -> np.ndarray:
+        """Log rows holding ``code``, ascending."""
+        return self._code_rows[self._code_row_start[code]:self._code_row_start[code + 1]]
 
     def copies(self, episodes: np.ndarray, codes: np.ndarray) -> np.ndarray:
         """Copies of ``codes`` in ``episodes`` (elementwise)."""
@@ -1041,9 +1050,9 @@ class _Contrast:
     placement credits it with. Counts add over partitions. Both tables are laid out so that
     where an occurrence sits in its episode can only work against the pattern:
 
-    * first (does A add to B...C): the units are B's occurrences; C must follow (within g)
-      a B that A preceded (within g) more often than a B that no A preceded at any allowed
-      gap (a B with an A only farther back counts on neither side). A B preceded by A sits
+    * first (does A add to B...C): the units are B's occurrences, counted over the whole
+      history by ``_first_table``; C must follow (within g) a B that A preceded (within g)
+      more often than a B that no A preceded at any allowed gap. A B preceded by A sits
       later and has less room left for C, so any bias of position is against the pattern.
     * middle (does B add to A...C): the units are A's occurrences; the pattern must
       complete from an A followed by B (within g) more often than C follows (within g) an A
@@ -1058,10 +1067,6 @@ class _Contrast:
     which already asks whether C follows B more often after A.
     """
 
-    b_exposed: int = 0  # B occurrences with an A before (within g)
-    b_exposed_c: int = 0  # ... followed by C within g
-    b_far: int = 0  # B occurrences with an A before only beyond g (left out)
-    b_unexposed_c: int = 0  # B occurrences without any A before, followed by C
     # per room stratum: A occurrences followed by B within g; of those, the ones the
     # pattern completes from (C within g of such a B); A occurrences without B, C within g
     a_exposed: np.ndarray = field(default_factory=lambda: np.zeros(ROOM_STRATA + 1, np.int64))
@@ -1074,15 +1079,6 @@ class _Contrast:
             ) -> None:
         """Count one episode holding at least two of the three codes."""
         a, b, c = pos
-        if b.size:
-            near = _fits(t, a, b, g, cfg).any(axis=0) if a.size else np.zeros(b.size, bool)
-            far = _fits(t, a, b, math.inf, cfg).any(axis=0) if a.size \
-                else np.zeros(b.size, bool)
-            followed = _fits(t, b, c, g, cfg).any(axis=1) if c.size else np.zeros(b.size, bool)
-            self.b_exposed += int(near.sum())
-            self.b_exposed_c += int((near & followed).sum())
-            self.b_far += int((far & ~near).sum())
-            self.b_unexposed_c += int((~far & followed).sum())
         if a.size:
             stratum = _room_strata(t[-1] - t[a], g)
             then_b = _fits(t, a, b, g, cfg) if b.size else np.zeros((a.size, 0), bool)
@@ -1095,15 +1091,62 @@ class _Contrast:
             np.add.at(self.a_exposed_c, stratum, completes)
             np.add.at(self.a_unexposed_c, stratum, ~exposed & a_to_c)
 
-    def first_table(self, b_total: int) -> tuple[int, int, int, int]:
-        """The first element's 2x2 table (k1, n1, k0, n0); B's total counts every B."""
-        return (self.b_exposed_c, self.b_exposed, self.b_unexposed_c,
-                b_total - self.b_exposed - self.b_far)
-
     def middle_tables(self, a_per_stratum: np.ndarray) -> tuple[np.ndarray, ...]:
         """The middle element's tables per room stratum (k1, n1, k0, n0), every A counted."""
         return (self.a_exposed_c, self.a_exposed, self.a_unexposed_c,
                 a_per_stratum - self.a_exposed)
+
+
+def _gap_to(ctx: _Episodes, code: int, rows: np.ndarray, after: bool) -> np.ndarray:
+    """Per row, the gap to the nearest allowed ``code`` event after (or before) it.
+
+    Same episode, at least min_gap away, no more than ``max_lookback`` events apart; inf
+    where there is none.
+    """
+    t, ep = ctx.log.time, ctx.log.episode
+    mine = ctx.rows_of(code)
+    out = np.full(rows.size, np.inf)
+    if not mine.size or not rows.size:
+        return out
+    if ctx.cfg.min_gap > 0:  # nearest by time at least min_gap away, in (episode, time) order
+        key = ctx.order_key
+        if after:
+            at = np.searchsorted(key[mine], key[rows] + ctx.cfg.min_gap, side="left")
+        else:
+            at = np.searchsorted(key[mine], key[rows] - ctx.cfg.min_gap, side="right") - 1
+    else:  # nearest in log order
+        at = np.searchsorted(mine, rows, side="right") if after \
+            else np.searchsorted(mine, rows, side="left") - 1
+    found = (at >= 0) & (at < mine.size)
+    other = mine[np.clip(at, 0, mine.size - 1)]
+    ok = found & (ep[other] == ep[rows]) & (np.abs(other - rows) <= ctx.cfg.max_lookback)
+    out[ok] = np.abs(t[other[ok]] - t[rows[ok]])
+    return out
+
+
+def _first_table(ctx: _Episodes, codes: tuple[int, int, int], g: float,
+                 shield: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """The first element's 2x2 table (k1, n1, k0, n0) over every B in the history.
+
+    Exposed: an A within g before the B; unexposed: no A before it at any allowed gap (a B
+    with an A only farther back counts on neither side). Outcome: C within g after the B.
+    A B that one of ``shield`` preceded within g counts on neither side: ``shield`` holds
+    the first codes of accepted rules X...B...C, and such a B is explained by X. Where
+    rules share B...C this keeps X's cases from counting as "B...C without A" (which would
+    credit neither rule with C); it also takes them from A's side, so a code that merely
+    rides along with X's rule keeps no evidence of its own.
+    """
+    a, b, c = codes
+    rows = ctx.rows_of(b)
+    before = _gap_to(ctx, a, rows, after=False)
+    explained = np.zeros(rows.size, bool)
+    for x in shield:
+        explained |= _gap_to(ctx, x, rows, after=False) <= g
+    near = (before <= g) & ~explained
+    unexposed = np.isinf(before) & ~explained
+    followed = _gap_to(ctx, c, rows, after=True) <= g
+    return (int(np.count_nonzero(near & followed)), int(np.count_nonzero(near)),
+            int(np.count_nonzero(unexposed & followed)), int(np.count_nonzero(unexposed)))
 
 
 ROOM_STRATA = 4
@@ -1171,8 +1214,8 @@ def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> float:
     return _fisher_greater(ab, n_a, n_b - int(both.size), ctx.n_ep - n_a, ctx.cfg.alpha)
 
 
-def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None
-                ) -> tuple[float, ...]:
+def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None,
+                shield: tuple[int, ...] = ()) -> tuple[float, ...]:
     """Per element, the evidence that it adds to the rest of the pattern (a p-value).
 
     Two kinds of evidence, either enough (Bonferroni over the two: twice the smaller
@@ -1193,7 +1236,7 @@ def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contr
         return (p if ok else 1.0,)
     a, b, c = codes
     ab = _pair_binding(ctx, (a, b))
-    first = _fisher_greater(*counts.first_table(int(ctx.code_total[b])), ctx.cfg.alpha)
+    first = _fisher_greater(*_first_table(ctx, (a, b, c), g, shield), ctx.cfg.alpha)
     middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
                                  ctx.cfg.alpha)
     bc = _pair_binding(ctx, (b, c))
@@ -1324,6 +1367,39 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
                            seconds=_time.perf_counter() - start, codes=log.codes, notes=notes)
 
 
+def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
+                       checks: dict[int, _Check]) -> None:
+    """Redo the first element's contrast of triples that share B...C with a passing one.
+
+    A triple whose checks all pass is taken as a rule here; every other significant triple
+    X...B...C whose first contrast failed gets it again with the Bs that such rules' first
+    codes opened left out (``_first_table``'s ``shield``). Rules that share B...C (A...B...C
+    and X...B...C) then stop hiding each other, and a code that only rides along with a
+    rule gains nothing: its cases are the rule's and leave with them.
+    """
+    alpha = ctx.cfg.alpha
+
+    def passes(i: int) -> bool:
+        ch = checks[i]
+        return max((ch.p_order,) + ch.p_adds + ch.p_contrast) <= alpha and not ch.dominated
+
+    rules: dict[tuple[int, int], set[int]] = {}
+    for i in significant:
+        if passes(i):
+            a, b, c = (int(x) for x in tested.codes[i])
+            rules.setdefault((b, c), set()).add(a)
+    for i in significant:
+        a, b, c = (int(x) for x in tested.codes[i])
+        shield = tuple(sorted(rules.get((b, c), set()) - {a}))
+        ch = checks[i]
+        if not shield or not ch.p_contrast or ch.p_contrast[0] <= alpha:
+            continue
+        g = float(ctx.scales[tested.scale[i]])
+        first = _fisher_greater(*_first_table(ctx, (a, b, c), g, shield), alpha)
+        p_first = _either(first, _pair_binding(ctx, (a, b)))
+        checks[i] = replace(ch, p_contrast=(p_first,) + ch.p_contrast[1:])
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -1338,6 +1414,8 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
         held = tested.frame_ep[lo:hi][tested.frame_m[lo:hi] <= g]
         checks[i] = _check(ctx, tuple(int(c) for c in tested.codes[i]), g, held)
+    if length == 3:
+        _reconsider_shared(ctx, tested, significant, checks)
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
     # A...B makes every X near it significant in step 2, so this family is mostly such
     # riders; controlling its family-wise error keeps them from leaking through by chance
