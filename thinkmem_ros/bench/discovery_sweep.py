@@ -1,0 +1,146 @@
+"""Discovery alone, over more seeds than ``bench exp6`` and over the rounds' own event logs.
+
+Why: the quick exp6 run has 2 seeds per cell, too few to see a power loss of one rule in
+six; and ``bench rounds`` takes half an hour because it trains and gates every round. These
+two loops run only what decides which units are promoted (``discover`` and the knowledge
+life cycle), so a change to the statistics can be judged on both worlds in minutes.
+
+    python -m thinkmem_ros.bench.discovery_sweep conditions --seeds 6
+    python -m thinkmem_ros.bench.discovery_sweep rounds --seeds 3
+
+``conditions``: relation F1 (single pass and after the knowledge rounds) and false relations
+per run, per exp6 condition and repetition count (``bench.exp6._condition``, probes off).
+``rounds``: the missions ``bench rounds`` plants (same seeds, same plans), cut into episodes
+at their ``episode_start`` markers with time = position in the history as the consolidator
+builds it, every round's episodes kept, 4 temporal partitions; per round the promoted units
+classified as in ``bench rounds`` (planted, planted_part, natural, spurious).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class _Episode:
+    episode_id: int
+    partition: int
+    events: list[tuple[float, str]]
+
+
+def condition_sweep(conditions: list[str], reps: list[int], seeds: int, progress=None) -> dict:
+    """Mean F1 and false relations per (condition, repetitions) over ``seeds`` worlds."""
+    from thinkmem_ros.bench.exp6 import _condition
+    from thinkmem_ros.consolidator.discovery import DiscoveryConfig
+    from thinkmem_ros.consolidator.knowledge import KnowledgeConfig
+
+    cfg, kcfg = DiscoveryConfig(), KnowledgeConfig()
+    out = {}
+    for c in conditions:
+        for r in reps:
+            rows = []
+            for s in range(seeds):
+                rows.append(_condition(c, s, r, cfg, kcfg, False))
+                if progress is not None:
+                    progress()
+            out[f"{c}.{r}"] = {
+                "statistics_only": float(np.mean([x["statistics_only"] for x in rows])),
+                "proposed": float(np.mean([x["proposed"] for x in rows])),
+                "false_relations": float(np.mean([x["false_relations"] for x in rows])),
+                "proposed_per_seed": [round(x["proposed"], 3) for x in rows]}
+    return out
+
+
+def _mission_episodes(stream) -> list[list[str]]:
+    """Event names of each mission, split at the ``episode_start`` markers."""
+    from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
+
+    out: list[list[str]] = []
+    for _, name in sorted(stream.events, key=lambda e: e[0]):
+        if name == EPISODE_START_EVENT:
+            out.append([])
+        elif out:
+            out[-1].append(name)
+    return out
+
+
+def rounds_replay(seed: int, progress=None) -> list[dict]:
+    """Per round of ``bench rounds`` (quick size): the units promoted, classified."""
+    from thinkmem_ros.bench.rounds import SIZES, classify_unit, planted_stream, round_plan
+    from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+    from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, consolidate
+
+    size = SIZES[True]
+    history: list[tuple[float, int, int, list[str]]] = []  # (start stamp, robot, round, names)
+    units: dict = {}
+    rows = []
+    for r in range(1, size["rounds"] + 1):
+        for k in range(size["robots"]):
+            rng = np.random.default_rng([seed, r, k])
+            stream, missions = planted_stream(size["robot_s"],
+                                              round_plan(r, size["missions"], rng), rng)
+            history += [(m.start_s, k, r, names)
+                        for m, names in zip(missions, _mission_episodes(stream), strict=True)]
+        order = sorted(range(len(history)), key=lambda i: history[i][:3])
+        part = {i: rank * 4 // len(history) for rank, i in enumerate(order)}
+        log = EventLog.from_episodes(
+            _Episode(i, part[i], [(float(j), n) for j, n in enumerate(h[3])])
+            for i, h in enumerate(history))
+        consolidate(units, discover(log, DiscoveryConfig(), np.random.default_rng([seed, r])),
+                    r, KnowledgeConfig())
+        kinds = {u.key: classify_unit(u.key) for u in units.values() if u.active}
+        rows.append({"round": r, "episodes": len(history),
+                     **{kind: sorted(k for k, v in kinds.items() if v == kind)
+                        for kind in ("planted", "planted_part", "natural", "spurious")}})
+        if progress is not None:
+            progress()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.bench.discovery_sweep",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("conditions", "rounds"))
+    parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--conditions", default="sparse,zipf,heartbeat,shared,chain,decoy")
+    parser.add_argument("--reps", default="4,8,16")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        if args.what == "conditions":
+            conditions = [c for c in args.conditions.split(",") if c]
+            try:
+                reps = [int(x) for x in args.reps.split(",") if x]
+            except ValueError:
+                parser.error(f"--reps must be integers separated by commas, got {args.reps!r}")
+            task = bar.add_task("conditions", total=len(conditions) * len(reps) * args.seeds)
+            result = condition_sweep(conditions, reps, args.seeds,
+                                     lambda: bar.advance(task))
+            for key, row in result.items():
+                print(f"{key:14s} F1 single pass {row['statistics_only']:.2f}  after rounds "
+                      f"{row['proposed']:.2f}  false relations/run {row['false_relations']:.2f}")
+        else:
+            task = bar.add_task("rounds", total=5 * args.seeds)
+            result = {str(s): rounds_replay(s, lambda: bar.advance(task))
+                      for s in range(args.seeds)}
+            for s, rows in result.items():
+                spurious = sorted({k for row in rows for k in row["spurious"]})
+                print(f"seed {s}: planted at the last round {len(rows[-1]['planted'])}, "
+                      f"spurious units promoted {len(spurious)} {spurious}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
