@@ -1214,8 +1214,8 @@ def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> float:
     return _fisher_greater(ab, n_a, n_b - int(both.size), ctx.n_ep - n_a, ctx.cfg.alpha)
 
 
-def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None,
-                shield: tuple[int, ...] = ()) -> tuple[float, ...]:
+def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None
+                ) -> tuple[float, ...]:
     """Per element, the evidence that it adds to the rest of the pattern (a p-value).
 
     Two kinds of evidence, either enough (Bonferroni over the two: twice the smaller
@@ -1236,7 +1236,7 @@ def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contr
         return (p if ok else 1.0,)
     a, b, c = codes
     ab = _pair_binding(ctx, (a, b))
-    first = _fisher_greater(*_first_table(ctx, (a, b, c), g, shield), ctx.cfg.alpha)
+    first = _fisher_greater(*_first_table(ctx, (a, b, c), g, ()), ctx.cfg.alpha)
     middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
                                  ctx.cfg.alpha)
     bc = _pair_binding(ctx, (b, c))
