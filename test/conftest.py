@@ -87,3 +87,15 @@ def copy_bundle(source: Path, dest: Path, *, model_version: int | None = None) -
     manifest.created_at = ""
     write_bundle(dest, bundle.onnx_path.read_bytes(), manifest)
     return dest
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    """A real ZeroMQ receiver on a free loopback port, storing into a fresh SQLite store."""
+    from thinkmem_ros.consolidator.ingest import open_receiver
+    from thinkmem_ros.link.receiver import ReceiverConfig
+
+    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "store.db",
+                         max_frame_bytes=1 << 20, poll_s=0.02)
+    with open_receiver(cfg) as rx:
+        yield rx

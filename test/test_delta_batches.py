@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 import zmq
 
-from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.link import delta, protocol
 from thinkmem_ros.link.experience import Experience, ExperienceError, encode_experience
 from thinkmem_ros.link.protocol import Kind
-from thinkmem_ros.link.receiver import ReceiverConfig
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.link.sockets import context
 
@@ -220,14 +218,6 @@ def test_a_batch_rebuilding_too_many_bytes_is_refused_past_the_bound(monkeypatch
 
 
 # ----------------------------------------------------------------- over the real link
-
-@pytest.fixture
-def receiver(tmp_path):
-    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "store.db",
-                         max_frame_bytes=1 << 20, poll_s=0.02)
-    with open_receiver(cfg) as rx:
-        yield rx
-
 
 def stored(db) -> dict[int, Experience]:
     with ExperienceStore(db) as store:

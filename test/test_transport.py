@@ -43,14 +43,6 @@ def traces(db):
 
 
 @pytest.fixture
-def receiver(tmp_path):
-    cfg = ReceiverConfig(bind="tcp://127.0.0.1:*", db_path=tmp_path / "store.db",
-                         max_frame_bytes=1 << 20, poll_s=0.02)
-    with open_receiver(cfg) as rx:
-        yield rx
-
-
-@pytest.fixture
 def raw_dealer():
     sock = context().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
