@@ -1162,7 +1162,7 @@ def _room_strata(room: np.ndarray, g: float) -> np.ndarray:
 
 def _per_stratum(ctx: _Episodes, code: int, g: float) -> np.ndarray:
     """Occurrences of ``code`` per room stratum (room: how much of the episode is left)."""
-    rows = np.flatnonzero(ctx.log.code == code)
+    rows = ctx.rows_of(code)
     last = ctx.log.time[ctx.start[ctx.log.episode[rows] + 1] - 1]
     return np.bincount(_room_strata(last - ctx.log.time[rows], g), minlength=ROOM_STRATA + 1)
 
