@@ -84,6 +84,72 @@ def test_server_refuses_bad_requests():
     assert server.refused == 2
 
 
+def test_oversized_request_is_dropped_unread_and_the_server_keeps_serving():
+    import zmq
+
+    from thinkmem_ros.link.protocol import MAX_RECALL_REQUEST_BYTES
+    from thinkmem_ros.link.sockets import context
+
+    idx, emb = _index()
+    with RecallServer(idx) as server:
+        raw = context().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(server.endpoint)
+        # a well-formed request, only too big: without the socket limit it would be read
+        # whole, decoded and refused (server.refused 1)
+        big = np.zeros(MAX_RECALL_REQUEST_BYTES // 4 + 1024, "<f4").tobytes()
+        raw.send(encode_frame(Kind.RECALL_REQ, {"id": 1, "k": 3, "embedding": big}))
+        assert not raw.poll(500)  # no answer: the connection was dropped
+        raw.close()
+        client = RecallClient(server.endpoint, "r1", deadline_s=2.0, k=2)
+        try:
+            items = client.recall(emb[5])
+        finally:
+            client.close()
+    assert items[0]["episode_id"] == "ep5"
+    assert server.refused == 0 and server.served == 1
+
+
+def test_oversized_reply_times_out_instead_of_being_read():
+    import threading
+
+    import zmq
+
+    from thinkmem_ros.link.protocol import MAX_RECALL_REPLY_BYTES
+    from thinkmem_ros.link.sockets import context
+
+    # a real ROUTER that answers every request with a reply over the robot's limit
+    # (64 evidence maps with 80 KB of labels each), as a broken server could
+    router = context().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+    item = {"robot_id": "r1", "episode_id": "ep", "seq": 0, "stamp": 0.0, "score": 1.0,
+            "labels": ["x" * 40_000, "y" * 40_000], "reward": None}
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                parts = router.recv_multipart()
+                body = {"id": 1, "items": [item] * 64}
+                reply = encode_frame(Kind.RECALL_REP, body)
+                assert len(reply) > MAX_RECALL_REPLY_BYTES
+                router.send_multipart([parts[0], reply])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    client = RecallClient(endpoint, "r1", deadline_s=1.0, k=64)
+    try:
+        with pytest.raises(RecallError, match="timed out"):
+            client.recall(np.ones(D))
+    finally:
+        client.close()
+        stop.set()
+        thread.join(2)
+        router.close(0)
+
+
 def test_background_recall_never_blocks_the_tick():
     idx, emb = _index()
     with RecallServer(idx) as server:

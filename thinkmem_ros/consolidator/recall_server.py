@@ -24,6 +24,7 @@ import zmq
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.protocol import (
     MAX_RECALL_K,
+    MAX_RECALL_REQUEST_BYTES,
     Kind,
     ProtocolError,
     decode_frame,
@@ -127,6 +128,9 @@ class RecallServer:
         self._lock = threading.Lock()
         self._socket = context().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        # a request is an embedding and a few ints: anything far bigger is not one, and
+        # ZeroMQ drops its connection before the frame is in memory
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REQUEST_BYTES)
         self._socket.bind(endpoint)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poll_ms = poll_ms

@@ -74,6 +74,12 @@ whole batch of the largest size needs 3 per record)."""
 MAX_ARTEFACTS = 16
 """Most artefact files one BUNDLE_PUSH may carry (a bundle has four today)."""
 MAX_RECALL_K = 64  # evidence items one RECALL_REQ may ask for
+MAX_RECALL_REQUEST_BYTES = 256 * 1024
+"""Largest RECALL_REQ the recall server reads (ZMQ_MAXMSGSIZE): an embedding of up to
+65,536 float32 values and its envelope; a bigger frame drops its connection unread."""
+MAX_RECALL_REPLY_BYTES = 4 * 1024 * 1024
+"""Largest RECALL_REP the robot reads (ZMQ_MAXMSGSIZE): ``MAX_RECALL_K`` evidence maps at
+up to 64 KiB each; a bigger reply drops the connection and the request times out."""
 MAX_ARTEFACT_NAME = 64
 RESERVED_NAMES = frozenset({"bundle.json", "policy.onnx", "bundle.sig"})
 """The bundle's own files, which travel in their own fields and are never artefacts."""

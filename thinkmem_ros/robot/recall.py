@@ -19,6 +19,7 @@ import zmq
 
 from thinkmem_ros.link.protocol import (
     MAX_RECALL_K,
+    MAX_RECALL_REPLY_BYTES,
     Kind,
     ProtocolError,
     decode_frame,
@@ -47,6 +48,9 @@ class RecallClient:
         self._socket = context().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.SNDHWM, 4)
+        # a reply bigger than any legitimate one (a broken or hostile server) drops the
+        # connection unread; the request then times out and the caller keeps its situation
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REPLY_BYTES)
         self._socket.connect(endpoint)
         self._next_id = 0
         self.timeouts = 0
