@@ -109,6 +109,9 @@ class Spool:
         self._reserve_retry_at = 0.0
         self._full_log = RateLimitedLog(log, 100)
         self.disk_full = False  # the filesystem is short of room (reserve not held)
+        # acknowledged rows left since the disk filled: only their pages may be given back
+        # to the filesystem; the pages shedding frees are the room the spool writes into
+        self._acked_since_full = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -416,6 +419,7 @@ class Spool:
             raise SpoolError(f"{self.path}: delete failed: {exc}") from exc
         self.rows -= count
         self.bytes -= size
+        self._acked_since_full |= count > 0
         self._after_write()
         return count
 
@@ -459,6 +463,7 @@ class Spool:
                       "reserve; the oldest experiences are shed to make room",
                       self.path.parent, self.free_bytes(), self.reserve_bytes)
         self.disk_full = True
+        self._acked_since_full = False
         self._reserve_retry_at = time.monotonic() + _RESERVE_RETRY_S
         self._release_reserve()
         self._set_low_disk(True)
@@ -477,7 +482,11 @@ class Spool:
                 self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         if self.disk_full and time.monotonic() >= self._reserve_retry_at:
             self._reserve_retry_at = time.monotonic() + _RESERVE_RETRY_S
-            self._give_back_pages(self.reserve_bytes + 2 * self._headroom)
+            # while nothing leaves (the consolidator away), giving shed rows' pages back
+            # for the reserve only trades spooled experiences for it, once per retry: on a
+            # slow machine that emptied the spool to a few dozen rows
+            if self._acked_since_full:
+                self._give_back_pages(self.reserve_bytes + 2 * self._headroom)
             if self.free_bytes() >= self.reserve_bytes + 2 * self._headroom \
                     and self._take_reserve():
                 self.disk_full = False
