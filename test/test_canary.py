@@ -245,6 +245,70 @@ def test_controller_promotes_links_current_and_rolls_back_as_a_new_version(
     assert publisher.next_version() == 6
 
 
+def test_a_restarted_controller_resumes_the_undecided_canary(tmp_path, source_bundle):
+    from thinkmem_ros.consolidator.canary import STATE_FILE
+    from thinkmem_ros.consolidator.store import ExperienceStore
+    from thinkmem_ros.link.experience import encode_experience
+
+    _, key = write_signing_keypair(tmp_path / "keys", "c")
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
+    config = PublishConfig(tmp_path / "pub", key)
+    cfg = CanaryConfig(robots=("c",), min_feedback=5, max_wait_s=100)
+    now, wall = [0.0], [1000.0]
+    labels = load_bundle(initial).manifest.labels
+    thr = load_bundle(initial).manifest.thresholds
+
+    def exps(robot, version, first_seq, n):
+        need = [labels[0]]
+        probs = [(thr[lb] + 1) / 2 if lb in need else thr[lb] / 2 for lb in labels]
+        return [Experience(robot_id=robot, episode_id="e", stamp=float(i), seq=i,
+                           window=np.zeros((2, 3), np.float32), labels=labels,
+                           probabilities=probs, bundle_version=version, required=need)
+                for i in range(first_seq, first_seq + n)]
+
+    def store_all(store, batch):
+        store.insert_many([(e, encode_experience(e)) for e in batch])
+
+    with ExperienceStore(tmp_path / "store.db") as store:
+        store_all(store, exps("r", 1, 0, 7))  # before the push: not the canary's evidence
+        mark = store.last_id()
+        first = CanaryController(cfg, Publisher(config, initial), clock=lambda: now[0],
+                                 wall=lambda: wall[0])
+        staged = load_bundle(copy_bundle(source_bundle, tmp_path / "s2", model_version=2))
+        first.publish(staged, first.publisher.current(), ["c", "r"], None, store_mark=mark)
+        assert (tmp_path / "pub" / STATE_FILE).exists()
+        store_all(store, exps("c", 2, 0, 3) + exps("r", 1, 100, 5))
+
+        # the process dies; a new one (its own clock) resumes from the state and the store
+        now[0], wall[0] = 500.0, 1030.0
+        second = CanaryController(cfg, Publisher(config, initial), clock=lambda: now[0],
+                                  wall=lambda: wall[0])
+        run = second.resume(lambda m: (e for _, e in store.iter_experiences(after_id=m)))
+        assert run is not None and run.version == 2 and run.selector.chosen == {"c"}
+        canary, control = run.figures.snapshot()
+        assert (canary.experiences, control.experiences) == (3, 5)
+        assert now[0] - run.started == pytest.approx(30.0)  # the wait counts from the push
+        assert second.check(None).action == "wait"
+        second.observe(exps("c", 2, 3, 2))
+        assert second.check(None).action == "promote"
+        assert second.publisher.current().version == 2
+        assert not (tmp_path / "pub" / STATE_FILE).exists()
+
+    # a state that does not fit the history any more, or cannot be read: dropped, said
+    def restart(text, canary_cfg=cfg):
+        (tmp_path / "pub" / STATE_FILE).write_text(text)
+        ctl = CanaryController(canary_cfg, Publisher(config, initial))
+        run = ctl.resume(lambda m: iter(()))
+        return run, (tmp_path / "pub" / STATE_FILE).exists()
+
+    stale = ('{"version": 2, "baseline_version": 1, "chosen": ["c"], "fraction": 0.0, '
+             '"explicit": true, "started_unix": 0, "store_mark": 0}')
+    assert restart(stale) == (None, False)  # current is v2 now
+    assert restart("{not json") == (None, False)
+    assert restart('{"version": 3}') == (None, False)
+    assert restart(stale, CanaryConfig()) == (None, False)  # canary publishing turned off
+
+
 def test_late_robots_get_the_newest_push_meant_for_them(tmp_path, source_bundle):
     """A subset push is remembered for its robots; a push to all supersedes it."""
     pub, key = write_signing_keypair(tmp_path / "keys", "c")
@@ -325,6 +389,13 @@ def test_end_to_end_canary_rollback_over_zeromq(tmp_path, one_thread):
             assert report.outcome == "published to canaries", report.to_dict()
             assert report.published_version == 2 and set(report.canaries) == canaries
             assert service.run_round("again").outcome == "skipped: canary v2 undecided"
+            # a consolidator restarted now takes the undecided canary up again (same
+            # version, same canaries) instead of forgetting it and running rounds on top
+            restarted = ConsolidatorService(config)
+            assert restarted.canary.pending is not None
+            assert restarted.canary.pending.version == 2
+            assert restarted.canary.pending.selector.chosen == canaries
+            restarted.close()
             loop.start()  # the service's own loop decides from here on
             for name in canaries:
                 assert wait(lambda n=name: installed[n]), receivers[name].stats()

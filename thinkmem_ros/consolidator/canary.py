@@ -51,12 +51,15 @@ to audit:
   the canaries again.
 
 While a canary is undecided the service runs no round: a round on top of an undecided
-version would stack a second unproven change on it.
+version would stack a second unproven change on it. The undecided canary is written to
+``STATE_FILE`` beside ``current`` (with the store's last row id at the push), so a
+restarted consolidator resumes it from the store instead of forgetting it (``resume``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -77,6 +80,8 @@ log = logging.getLogger(__name__)
 ROLLED_BACK_FROM = "rolled_back_from"  # manifest extras: the version a rollback replaced
 REPUBLISHED_FROM = "republished_from"  # manifest extras: the version whose model it carries
 DECISIONS = ("wait", "promote", "rollback", "hold")
+STATE_FILE = "canary.json"
+"""The undecided canary, kept beside ``current`` so a restarted consolidator resumes it."""
 
 
 @dataclass
@@ -323,6 +328,22 @@ class LiveFigures:
             return (_copy(self.canary), _copy(self.control))
 
 
+def _live_figures(candidate: Bundle, running: Bundle) -> LiveFigures:
+    """Figures of ``candidate`` (canary) against what ``running`` stands for (control).
+
+    The control group is the running version and, when that is a rollback's republished
+    model, the version whose model it carries: robots still on it run the same model.
+    """
+    version = candidate.version
+    original = running.manifest.extras.get(REPUBLISHED_FROM, running.version)
+    control = {running.version, original}
+    thresholds = {v: dict(running.manifest.thresholds) for v in control}
+    thresholds[version] = dict(candidate.manifest.thresholds)
+    sha = {v: running.manifest.sha256 for v in control}
+    sha[version] = candidate.manifest.sha256
+    return LiveFigures(version, control, thresholds, sha)
+
+
 def _copy(figures: GroupFigures) -> GroupFigures:
     return GroupFigures(**{**asdict(figures), "robots": set(figures.robots)})
 
@@ -407,12 +428,15 @@ class CanaryController:
     """
 
     def __init__(self, config: CanaryConfig, publisher: Publisher,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.config = config
         self.publisher = publisher
         self.clock = clock
+        self.wall = wall
         self.run: CanaryRun | None = None
         self.decisions: list[Decision] = []  # acted-on decisions (not the waits)
+        self.state_path = Path(publisher.root) / STATE_FILE
 
     @property
     def pending(self) -> CanaryRun | None:
@@ -420,25 +444,23 @@ class CanaryController:
         return self.run
 
     def publish(self, candidate: Bundle, running: Bundle, known_robots: Iterable[str],
-                push: Push | None) -> Publication:
-        """Sign ``candidate`` into the history (``current`` stays) and push it to canaries."""
+                push: Push | None, store_mark: int = 0) -> Publication:
+        """Sign ``candidate`` into the history (``current`` stays) and push it to canaries.
+
+        ``store_mark`` is the store's last row id before the push: a restarted consolidator
+        replays the rows after it to rebuild the live figures (``resume``).
+        """
         selector = CanarySelector.choose(known_robots, self.config)
         send = None if push is None else (lambda frame: push(frame, robots=selector))
-        version = candidate.version
-        original = running.manifest.extras.get(REPUBLISHED_FROM, running.version)
-        control = {running.version, original}
-        thresholds = {v: dict(running.manifest.thresholds) for v in control}
-        thresholds[version] = dict(candidate.manifest.thresholds)
-        sha = {v: running.manifest.sha256 for v in control}
-        sha[version] = candidate.manifest.sha256
         # counting starts before the push, so no experience of a fast canary is missed
-        self.run = CanaryRun(version, running, selector,
-                             LiveFigures(version, control, thresholds, sha), self.clock())
+        self.run = CanaryRun(candidate.version, running, selector,
+                             _live_figures(candidate, running), self.clock())
         try:
             publication = self.publisher.publish(candidate, push=send, link=False)
         except BaseException:
             self.run = None
             raise
+        self._save(self.run, store_mark)
         log.info("canary: v%d pushed to %s robot connections of canaries %s (others stay on "
                  "v%d)", publication.version, publication.pushed_to,
                  sorted(selector.chosen) or "none connected yet", running.version)
@@ -470,6 +492,7 @@ class CanaryController:
             decision.published_version = publication.version
             decision.pushed_to = publication.pushed_to
         self.run = None
+        self._forget()
         self.decisions.append(decision)
         log.log(logging.WARNING if decision.action != "promote" else logging.INFO,
                 "canary v%d: %s%s: %s (canary %s, others %s)", run.version,
@@ -477,6 +500,62 @@ class CanaryController:
                 "" if publication is None else f" as v{publication.version}",
                 decision.reason, decision.canary.to_dict(), decision.control.to_dict())
         return decision
+
+    def resume(self, stored_after: Callable[[int], Iterable[Experience]]) -> CanaryRun | None:
+        """Take up the canary a previous process left undecided (``STATE_FILE``).
+
+        ``stored_after(mark)`` yields the experiences stored after row id ``mark``: the live
+        figures are rebuilt from them, and the wait counts from the original push. A state
+        that no longer matches the history (the version is gone, or ``current`` moved on) is
+        dropped with a warning: deciding it now could undo what an operator did since.
+        """
+        if not self.state_path.exists():
+            return None
+        if not self.config.enabled:
+            log.warning("canary: %s names an undecided canary, but canary publishing is "
+                        "off now; not resumed", self.state_path)
+            self._forget()
+            return None
+        try:
+            state = json.loads(self.state_path.read_text())
+            version, baseline = int(state["version"]), int(state["baseline_version"])
+            selector = CanarySelector(frozenset(str(r) for r in state["chosen"]),
+                                      float(state["fraction"]), bool(state["explicit"]))
+            started_unix, mark = float(state["started_unix"]), int(state["store_mark"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("canary: ignoring unreadable %s (%s); no canary resumed",
+                        self.state_path, exc)
+            self._forget()
+            return None
+        running = self.publisher.current()
+        folder = self.publisher.history / f"v{version:06d}"
+        if running.version != baseline or not folder.is_dir() or version <= baseline:
+            log.warning("canary: %s names v%d over v%d, but current is v%d; not resumed",
+                        self.state_path, version, baseline, running.version)
+            self._forget()
+            return None
+        figures = _live_figures(load_bundle(folder), running)
+        figures.observe(stored_after(mark))
+        waited = max(0.0, self.wall() - started_unix)
+        self.run = CanaryRun(version, running, selector, figures, self.clock() - waited)
+        canary, control = figures.snapshot()
+        log.info("canary: resumed v%d (over v%d, %.0f s since the push; %d canary and %d "
+                 "other experiences so far)", version, baseline, waited, canary.experiences,
+                 control.experiences)
+        return self.run
+
+    def _save(self, run: CanaryRun, store_mark: int) -> None:
+        """Write the undecided canary beside ``current`` (atomically)."""
+        state = {"version": run.version, "baseline_version": run.baseline.version,
+                 "chosen": sorted(run.selector.chosen), "fraction": run.selector.fraction,
+                 "explicit": run.selector.explicit, "started_unix": self.wall(),
+                 "store_mark": int(store_mark)}
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.state_path)
+
+    def _forget(self) -> None:
+        self.state_path.unlink(missing_ok=True)
 
     def _rollback(self, run: CanaryRun, push: Push | None) -> Publication:
         """Republish the baseline's model as a new version and push it to the canaries."""

@@ -51,6 +51,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,7 @@ class ConsolidatorService:
         # (counted in ``accept.refused``); run one consolidator per signal set
         self.accept = SignalSetFilter(self._line_bundles())
         self.canary = CanaryController(config.canary, self.publisher)
+        self.canary.resume(self._stored_after)
 
     # ---- lifecycle
     def start(self) -> ConsolidatorService:
@@ -285,6 +287,16 @@ class ConsolidatorService:
                 self._seen_events.update(exp.events)
                 self.trigger.observe(exp.key, novelty=1.0 if novel else 0.0, reward=exp.reward)
         self.canary.observe(experiences)
+
+    def _stored_after(self, mark: int, page: int = 5000) -> Iterator[Experience]:
+        """Experiences of this line stored after row id ``mark`` (a page at a time)."""
+        with ExperienceStore(self.config.db_path) as store:
+            while True:
+                rows = list(store.iter_experiences(after_id=mark, limit=page))
+                yield from (e for _, e in rows if self.accept.reason(e) is None)
+                if len(rows) < page:
+                    return
+                mark = rows[-1][0]
 
     def check_canary(self) -> Decision | None:
         """Decide on a pending canary and act on it (promote, roll back, hold, or wait)."""
@@ -432,8 +444,10 @@ class ConsolidatorService:
         install(kept, cfg.publish_dir, version)
         push = self.receiver.push_bundle if self.receiver is not None else None
         if cfg.canary.enabled and self.receiver is not None:
+            with ExperienceStore(cfg.db_path) as store:
+                mark = store.last_id()
             publication = self.canary.publish(candidate, current, self.receiver.peers.values(),
-                                              push)
+                                              push, store_mark=mark)
             report.canaries = sorted(self.canary.pending.selector.chosen)
         else:
             publication = self.publisher.publish(candidate, push=push)

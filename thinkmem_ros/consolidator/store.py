@@ -130,6 +130,11 @@ class ExperienceStore:
         return self._conn.execute(
             "SELECT COUNT(*) FROM experiences WHERE robot_id = ?", (robot_id,)).fetchone()[0]
 
+    def last_id(self) -> int:
+        """The newest row id (0 when empty): a mark to resume ``iter_experiences`` after."""
+        return int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM experiences")
+                   .fetchone()[0])
+
     def seqs(self, robot_id: str) -> list[int]:
         """All stored sequence numbers of a robot, ascending."""
         rows = self._conn.execute(
