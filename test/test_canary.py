@@ -1,8 +1,10 @@
 """Canary publishing: who is a canary, the live figures, the decision, and a real rollback.
 
 The decision logic runs on synthetic experience lists; the controller on a real publisher
-(signed history, ``current`` link); the end-to-end test on a real consolidator service with
-a real round, real ZeroMQ and four robots (shippers with BundleReceivers).
+(signed history, ``current`` link), also across a restart with a real store; a real
+receive-only process pushing the canary to its canaries; the end-to-end test on a real
+consolidator service with a real round, real ZeroMQ and four robots (shippers with
+BundleReceivers).
 """
 
 from __future__ import annotations
@@ -346,6 +348,48 @@ def test_late_robots_get_the_newest_push_meant_for_them(tmp_path, source_bundle)
         for shipper in shippers:
             shipper.close()
         rx.stop()
+
+
+def test_a_receive_only_process_pushes_the_canary_to_its_canaries(tmp_path, source_bundle):
+    """Robots on a receive-only process get the same roles as on the consolidator."""
+    from thinkmem_ros.consolidator.receive import ReceiveConfig, ReceiveProcess
+
+    pub, key = write_signing_keypair(tmp_path / "keys", "c")
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
+    publisher = Publisher(PublishConfig(tmp_path / "pub", key), initial)
+    ctl = CanaryController(CanaryConfig(robots=("c",), min_feedback=3, max_wait_s=100),
+                           publisher)
+    process = ReceiveProcess(ReceiveConfig(db_path=tmp_path / "s.db", bind="tcp://127.0.0.1:*",
+                                           curve="off", initial_bundle=initial,
+                                           publish_dir=tmp_path / "pub")).start()
+    shippers, robots = [], {}
+    try:
+        for name in ("c", "r"):
+            robots[name] = BundleReceiver(BundleReceiverConfig(tmp_path / name, pub,
+                                                               current_version=1))
+            shipper = ExperienceShipper(ShipperConfig(
+                endpoint=process.endpoint, robot_id=name, spool_path=tmp_path / f"{name}.db",
+                curve="off", on_bundle_push=robots[name].handle_push)).start()
+            shippers.append(shipper)
+            assert shipper.ship(record(name, 1, [], None)) and shipper.flush(10.0)
+        assert not process.check_canary()  # nothing undecided yet
+        staged = load_bundle(copy_bundle(source_bundle, tmp_path / "s2", model_version=2))
+        ctl.publish(staged, publisher.current(), ["c", "r"], None)
+        assert process.check_canary() and not process.check_canary()  # once per version
+        assert wait(lambda: robots["c"].version == 2), robots["c"].stats()
+        assert not process.check_publications()  # current is still v1
+        assert robots["r"].version == 1 and robots["r"].stats()["accepted"] == 0
+        # promoted by the consolidator: current moves, everyone here gets v2
+        ctl.observe([record("c", 2, ["trend"], ["trend"]) for _ in range(3)]
+                    + [record("r", 1, ["trend"], ["trend"]) for _ in range(3)])
+        assert ctl.check(None).action == "promote"
+        assert process.check_publications()
+        assert wait(lambda: robots["r"].version == 2), robots["r"].stats()
+    finally:
+        for shipper in shippers:
+            shipper.close()
+        process.stop()
+        process.receiver.stop()
 
 
 @pytest.fixture

@@ -84,6 +84,10 @@ STATE_FILE = "canary.json"
 """The undecided canary, kept beside ``current`` so a restarted consolidator resumes it."""
 
 
+class CanaryStateError(ValueError):
+    """``STATE_FILE`` exists but cannot be read as a canary state."""
+
+
 @dataclass
 class CanaryConfig:
     """How a new version reaches the fleet: canaries first, then everyone or a rollback."""
@@ -159,6 +163,40 @@ class CanarySelector:
         if len(known) > 1 and len(chosen) == len(known):
             chosen = chosen[:-1]  # at least one robot left on the running version
         return cls(frozenset(chosen), config.fraction)
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    """What ``STATE_FILE`` says about the undecided canary."""
+
+    version: int
+    baseline_version: int
+    selector: CanarySelector
+    started_unix: float
+    store_mark: int
+
+
+def read_state(publish_dir: Path | str) -> CanaryState | None:
+    """The undecided canary of ``publish_dir``, None when there is none.
+
+    Raises ``CanaryStateError`` naming the file when it exists but does not parse.
+    """
+    path = Path(publish_dir) / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CanaryStateError(f"{path}: {exc}") from exc
+    try:
+        state = json.loads(text)
+        return CanaryState(
+            int(state["version"]), int(state["baseline_version"]),
+            CanarySelector(frozenset(str(r) for r in state["chosen"]),
+                           float(state["fraction"]), bool(state["explicit"])),
+            float(state["started_unix"]), int(state["store_mark"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CanaryStateError(f"{path}: not a canary state ({exc!r})") from exc
 
 
 # ------------------------------------------------------------------ live figures
@@ -517,16 +555,15 @@ class CanaryController:
             self._forget()
             return None
         try:
-            state = json.loads(self.state_path.read_text())
-            version, baseline = int(state["version"]), int(state["baseline_version"])
-            selector = CanarySelector(frozenset(str(r) for r in state["chosen"]),
-                                      float(state["fraction"]), bool(state["explicit"]))
-            started_unix, mark = float(state["started_unix"]), int(state["store_mark"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("canary: ignoring unreadable %s (%s); no canary resumed",
-                        self.state_path, exc)
+            state = read_state(self.state_path.parent)
+        except CanaryStateError as exc:
+            log.warning("canary: ignoring an unreadable state (%s); no canary resumed", exc)
             self._forget()
             return None
+        if state is None:
+            return None
+        version, baseline = state.version, state.baseline_version
+        selector, started_unix, mark = state.selector, state.started_unix, state.store_mark
         running = self.publisher.current()
         folder = self.publisher.history / f"v{version:06d}"
         if running.version != baseline or not folder.is_dir() or version <= baseline:

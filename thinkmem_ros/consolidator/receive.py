@@ -17,6 +17,9 @@ consolidator share
   ``--publish-dir``; the folder is watched, and a version the consolidator publishes is
   served and pushed to the robots connected here (the consolidator pushes only to its
   own connections). A robot offline across a publication gets it with the next one.
+  An undecided canary (``canary.STATE_FILE`` in the publish dir) is pushed to the canaries
+  connected here only, chosen by the same selector as the consolidator's, so a robot's
+  role does not depend on which receiver it landed on.
 
 SQLite serialises writers: receivers wait for each other through the store's busy
 timeout (each batch is one short transaction), readers never block them (WAL), and a new
@@ -40,6 +43,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from thinkmem_ros.consolidator.canary import CanaryStateError, read_state
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
 from thinkmem_ros.core.paths import resolve_bundle_path
@@ -88,6 +92,7 @@ class ReceiveProcess:
         self._started = False
         self.accept = SignalSetFilter(self._line_bundles())
         self._current = self._current_target()  # published before we started: not pushed
+        self._canary: int | None = None  # the canary version pushed from here, if any
         self.receiver: ExperienceReceiver = open_receiver(ReceiverConfig(
             bind=config.bind, db_path=config.db_path, curve=config.curve,
             server_secret_file=config.server_secret_file,
@@ -135,6 +140,34 @@ class ReceiveProcess:
         log.info("pushed published v%d to %d robot connections", bundle.version, sent)
         return True
 
+    def check_canary(self) -> bool:
+        """Push an undecided canary version to the canaries connected here; True if pushed.
+
+        The receiver remembers a push meant for some robots, so a canary that connects
+        here later gets it on HELLO, as it would from the consolidator.
+        """
+        if self.publish_dir is None:
+            return False
+        try:
+            state = read_state(self.publish_dir)
+        except CanaryStateError as exc:
+            log.error("canary not pushed from here: %s", exc)
+            return False
+        if state is None or state.version == self._canary:
+            return False
+        folder = self.publish_dir / HISTORY / f"v{state.version:06d}"
+        try:
+            bundle = load_bundle(folder)
+            frame = push_frame(folder)
+        except Exception as exc:  # noqa: BLE001 - keep receiving; retried next check
+            log.error("canary bundle %s unreadable, not pushed: %s", folder, exc)
+            return False
+        self._canary = state.version
+        self.accept.serve(bundle)
+        sent = self.receiver.push_bundle(frame, robots=state.selector)
+        log.info("pushed canary v%d to %d robot connections", bundle.version, sent)
+        return True
+
     def start(self) -> ReceiveProcess:
         """Open the store and receive on the receiver's thread (idempotent)."""
         if not self._started:
@@ -148,6 +181,7 @@ class ReceiveProcess:
         try:
             while not self.stop_event.wait(self.config.watch_s):
                 self.check_publications()
+                self.check_canary()
         finally:
             self.receiver.stop()
 
