@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -117,6 +118,30 @@ def index_experiences(experiences: Iterable[Experience], embed: Callable[[list[E
             flush()
     flush()
     return index
+
+
+def index_store(db_path: Path | str, bundle, batch: int = 256) -> RecallIndex:
+    """An index of every experience in the store, embedded by ``bundle``'s policy.
+
+    The robot asks with the embedding of its running bundle, so the index must be built
+    by the same model: the consolidator rebuilds it whenever ``current`` moves.
+    """
+    from thinkmem_ros.consolidator.store import ExperienceStore
+    from thinkmem_ros.consolidator.values import embed_experiences
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
+    runtime = PolicyRuntime(bundle, threads=1)
+    dim = int(runtime.predict(*_probe_inputs(runtime)).embedding.shape[1])
+    with ExperienceStore(db_path) as store:
+        return index_experiences((e for _, e in store.iter_experiences()),
+                                 lambda chunk: embed_experiences(runtime, chunk), dim, batch)
+
+
+def _probe_inputs(runtime) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One all-zero input, to read the embedding width off the model itself."""
+    shape = (1, runtime.window, len(runtime.manifest.signals))
+    return (np.zeros(shape, np.float32), np.ones(shape, np.float32),
+            np.zeros((1, runtime.max_events), np.int64))
 
 
 class RecallServer:

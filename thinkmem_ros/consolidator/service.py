@@ -63,6 +63,7 @@ from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, disco
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
+from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
 from thinkmem_ros.consolidator.store import ExperienceStore
@@ -105,6 +106,8 @@ class ConsolidatorConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     rehearsal: RehearsalConfig = field(default_factory=RehearsalConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)  # off by default
+    # serve episodic recall (RECALL_REQ) here, e.g. tcp://0.0.0.0:5757; None = not served
+    recall_bind: str | None = None
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -119,6 +122,9 @@ class ConsolidatorConfig:
                              f"got {self.bind!r}")
         if self.check_s <= 0:
             raise ValueError(f"ConsolidatorConfig.check_s must be > 0, got {self.check_s}")
+        if self.recall_bind is not None and "://" not in self.recall_bind:
+            raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
+                             f"tcp://host:port, got {self.recall_bind!r}")
         if self.partitions < 1:
             raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
                              f"{self.partitions}")
@@ -214,6 +220,8 @@ class ConsolidatorService:
         # (counted in ``accept.refused``); run one consolidator per signal set
         self.accept = SignalSetFilter(self._line_bundles())
         self.canary = CanaryController(config.canary, self.publisher)
+        self.recall: RecallServer | None = None
+        self._recall_version = -1
         self.canary.resume(self._stored_after)
 
     # ---- lifecycle
@@ -225,7 +233,31 @@ class ConsolidatorService:
             server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
             max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored),
             accept=self.accept).start()
+        if cfg.recall_bind is not None:
+            current = self.publisher.current()
+            self.recall = RecallServer(index_store(cfg.db_path, current),
+                                       cfg.recall_bind).start()
+            self._recall_version = current.version
+            log.info("recall served on %s (%d experiences, embedded by v%d)",
+                     self.recall.endpoint, len(self.recall.index), current.version)
         return self
+
+    def refresh_recall(self) -> bool:
+        """Rebuild the recall index when ``current`` moved; True if it was rebuilt.
+
+        Robots ask with their running model's embedding, so the index is re-embedded by
+        the new ``current`` (and picks up the experiences stored since the last build).
+        """
+        if self.recall is None:
+            return False
+        current = self.publisher.current()
+        if current.version == self._recall_version:
+            return False
+        self.recall.replace_index(index_store(self.config.db_path, current))
+        self._recall_version = current.version
+        log.info("recall index rebuilt by v%d: %d experiences", current.version,
+                 len(self.recall.index))
+        return True
 
     def _line_bundles(self) -> list:
         """The initial bundle and every published version still in the history."""
@@ -249,11 +281,14 @@ class ConsolidatorService:
         self.stop_event.set()
 
     def close(self) -> None:
-        """Stop and release the receiver (idempotent)."""
+        """Stop and release the receiver and the recall server (idempotent)."""
         self.stop()
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
+        if self.recall is not None:
+            self.recall.close()
+            self.recall = None
 
     def __enter__(self) -> ConsolidatorService:
         return self.start()
@@ -309,7 +344,14 @@ class ConsolidatorService:
         if decision is not None and decision.published_version is not None:
             self.accept.serve(load_bundle(self.publisher.history
                                           / f"v{decision.published_version:06d}"))
+            self._refresh_recall_safely()
         return decision
+
+    def _refresh_recall_safely(self) -> None:
+        try:
+            self.refresh_recall()
+        except Exception:  # keep serving the old index; the next publication retries
+            log.exception("recall index not rebuilt; the previous one is still served")
 
     # ---- one round
     def run_round(self, reason: str = "manual") -> RoundReport:
@@ -332,6 +374,8 @@ class ConsolidatorService:
                 self.trigger.consolidated()
             self.rounds.append(report)
             self._log(report)
+        if report.published_version is not None and report.canaries is None:
+            self._refresh_recall_safely()
         return report
 
     def _check_stop(self) -> None:
@@ -579,6 +623,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "reported)")
     parser.add_argument("--canary-max-wait-s", type=float, default=canary.max_wait_s,
                         help="then hold: neither promote nor roll back, resume rounds")
+    parser.add_argument("--recall-bind", default=None,
+                        help="serve episodic recall to the robots here (their "
+                             "recall_endpoint), e.g. tcp://0.0.0.0:5757; default: not served")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -600,7 +647,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         canary=CanaryConfig(fraction=args.canary_fraction, robots=args.canary_robots,
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
-                            max_wait_s=args.canary_max_wait_s))
+                            max_wait_s=args.canary_max_wait_s),
+        recall_bind=args.recall_bind)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -618,7 +666,12 @@ def run(args: argparse.Namespace) -> int:
     if args.once:
         service.run_round("once")
         return 0
-    service.start()
+    try:
+        service.start()
+    except Exception as exc:  # noqa: BLE001 - a bind that fails (address in use), a bad store
+        service.close()
+        print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: service.stop())
     print(f"READY {service.endpoint}", flush=True)

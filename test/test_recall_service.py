@@ -1,0 +1,61 @@
+"""The consolidator serves recall from its own store, embedded by its current bundle.
+
+Real store (SQLite), real ONNX Runtime for the embeddings, real ZeroMQ between a
+``RecallClient`` (the robot's end) and the service's ``RecallServer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import consolidator_world as world
+import pytest
+from conftest import copy_bundle
+
+from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.values import embed_experiences
+from thinkmem_ros.link.experience import encode_experience
+from thinkmem_ros.link.security import write_signing_keypair
+from thinkmem_ros.policy.bundle import load_bundle
+from thinkmem_ros.policy.runtime import PolicyRuntime
+from thinkmem_ros.robot.recall import RecallClient
+
+
+def test_consolidator_serves_recall_from_its_store_and_rebuilds_it_for_a_new_current(
+        tmp_path):
+    _, key = write_signing_keypair(tmp_path / "keys", "c")
+    bundle = world.running_bundle(tmp_path / "running")
+    exps = [replace(e, seq=i) for i, e in enumerate(world.experiences("r0", 6, 5, seed=3))]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in exps])
+    config = ConsolidatorConfig(db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub",
+                                signing_key=key, initial_bundle=bundle,
+                                bind="tcp://127.0.0.1:*", recall_bind="tcp://127.0.0.1:*")
+    probe = exps[17]
+    query = embed_experiences(PolicyRuntime(load_bundle(bundle), threads=1), [probe])[0]
+    with ConsolidatorService(config) as service:
+        assert len(service.recall.index) == len(exps)
+        client = RecallClient(service.recall.endpoint, "r0", deadline_s=5.0, k=3)
+        try:
+            items = client.recall(query)
+        finally:
+            client.close()
+        assert (items[0]["episode_id"], items[0]["seq"]) == (probe.episode_id, 17)
+        assert items[0]["score"] == pytest.approx(1.0, abs=1e-4)
+        assert not service.refresh_recall()  # current did not move: nothing to rebuild
+        # a new version becomes current: the index is re-embedded by it, and experiences
+        # stored since the last build are in it
+        more = [replace(e, seq=100 + i, episode_id="late") for i, e in enumerate(exps[:4])]
+        with ExperienceStore(tmp_path / "c.db") as store:
+            store.insert_many([(e, encode_experience(e)) for e in more])
+        staged = load_bundle(copy_bundle(bundle, tmp_path / "s2", model_version=2))
+        service.publisher.publish(staged)
+        assert service.refresh_recall() and len(service.recall.index) == len(exps) + 4
+    assert service.recall is None  # closed with the service
+
+
+def test_recall_bind_must_be_an_endpoint(tmp_path):
+    _, key = write_signing_keypair(tmp_path / "keys", "c")
+    with pytest.raises(ValueError, match="recall_bind"):
+        ConsolidatorConfig(db_path=tmp_path / "c.db", signing_key=key, recall_bind="5757")
