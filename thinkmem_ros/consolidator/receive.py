@@ -128,16 +128,9 @@ class ReceiveProcess:
         target = self._current_target()
         if target is None or target == self._current:
             return False
-        try:
-            bundle = load_bundle(target)
-            frame = push_frame(target)
-        except Exception as exc:  # noqa: BLE001 - keep receiving; retried next check
-            log.error("published bundle %s unreadable, not pushed: %s", target, exc)
+        if not self._serve_and_push(target, "published", None):
             return False
         self._current = target
-        self.accept.serve(bundle)
-        sent = self.receiver.push_bundle(frame)
-        log.info("pushed published v%d to %d robot connections", bundle.version, sent)
         return True
 
     def check_canary(self) -> bool:
@@ -156,16 +149,22 @@ class ReceiveProcess:
         if state is None or state.version == self._canary:
             return False
         folder = self.publish_dir / HISTORY / f"v{state.version:06d}"
+        if not self._serve_and_push(folder, "canary", state.selector):
+            return False
+        self._canary = state.version
+        return True
+
+    def _serve_and_push(self, folder: Path, what: str, robots) -> bool:
+        """Serve the bundle in ``folder`` and push it (to ``robots`` only, if given)."""
         try:
             bundle = load_bundle(folder)
             frame = push_frame(folder)
         except Exception as exc:  # noqa: BLE001 - keep receiving; retried next check
-            log.error("canary bundle %s unreadable, not pushed: %s", folder, exc)
+            log.error("%s bundle %s unreadable, not pushed: %s", what, folder, exc)
             return False
-        self._canary = state.version
         self.accept.serve(bundle)
-        sent = self.receiver.push_bundle(frame, robots=state.selector)
-        log.info("pushed canary v%d to %d robot connections", bundle.version, sent)
+        sent = self.receiver.push_bundle(frame, robots=robots)
+        log.info("pushed %s v%d to %d robot connections", what, bundle.version, sent)
         return True
 
     def start(self) -> ReceiveProcess:
