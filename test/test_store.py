@@ -25,6 +25,17 @@ def test_insert_is_idempotent_per_robot_and_seq(tmp_path):
         assert store.get("r1", 2).seq == 2 and store.get("r1", 99) is None
 
 
+def test_whole_store_passes_go_page_by_page_from_a_mark(tmp_path):
+    with ExperienceStore(tmp_path / "x.db") as store:
+        assert store.last_id() == 0
+        store.insert_many([exp(i) for i in range(7)])
+        mark = store.last_id()
+        store.insert_many([exp(i) for i in range(7, 12)])
+        assert [e.seq for e in store.iter_all(page=3)] == list(range(12))
+        assert [e.seq for e in store.iter_all(after_id=mark, page=2)] == list(range(7, 12))
+        assert list(store.iter_all(after_id=store.last_id())) == []
+
+
 def test_queries_for_discovery(tmp_path):
     with ExperienceStore(tmp_path / "x.db") as store:
         store.insert_many([exp(1, events=["A"]), exp(2, events=["A", "B"], reward=1.0),

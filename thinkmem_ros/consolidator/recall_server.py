@@ -133,7 +133,7 @@ def index_store(db_path: Path | str, bundle, batch: int = 256) -> RecallIndex:
     runtime = PolicyRuntime(bundle, threads=1)
     dim = int(runtime.predict(*_probe_inputs(runtime)).embedding.shape[1])
     with ExperienceStore(db_path) as store:
-        return index_experiences((e for _, e in store.iter_experiences()),
+        return index_experiences(store.iter_all(),
                                  lambda chunk: embed_experiences(runtime, chunk), dim, batch)
 
 

@@ -323,15 +323,11 @@ class ConsolidatorService:
                 self.trigger.observe(exp.key, novelty=1.0 if novel else 0.0, reward=exp.reward)
         self.canary.observe(experiences)
 
-    def _stored_after(self, mark: int, page: int = 5000) -> Iterator[Experience]:
-        """Experiences of this line stored after row id ``mark`` (a page at a time)."""
+    def _stored_after(self, mark: int) -> Iterator[Experience]:
+        """Experiences of this line stored after row id ``mark``."""
         with ExperienceStore(self.config.db_path) as store:
-            while True:
-                rows = list(store.iter_experiences(after_id=mark, limit=page))
-                yield from (e for _, e in rows if self.accept.reason(e) is None)
-                if len(rows) < page:
-                    return
-                mark = rows[-1][0]
+            yield from (e for e in store.iter_all(after_id=mark)
+                        if self.accept.reason(e) is None)
 
     def check_canary(self) -> Decision | None:
         """Decide on a pending canary and act on it (promote, roll back, hold, or wait)."""

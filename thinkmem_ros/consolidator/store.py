@@ -179,6 +179,19 @@ class ExperienceStore:
         rows = self._conn.execute(sql, params).fetchall()
         yield from zip((r[0] for r in rows), _decode_all([r[1] for r in rows]))
 
+    def iter_all(self, after_id: int = 0, page: int = 5000) -> Iterator[Experience]:
+        """Every experience after row id ``after_id`` in arrival order, ``page`` rows at a time.
+
+        For whole-store passes (an index, a replay): memory stays at one page of decoded
+        records however large the store is.
+        """
+        while True:
+            rows = list(self.iter_experiences(after_id=after_id, limit=page))
+            yield from (e for _, e in rows)
+            if len(rows) < page:
+                return
+            after_id = rows[-1][0]
+
     def episode_experiences(self, robot_id: str, episode_id: str) -> list[Experience]:
         """One episode's experiences in time order (stamp, then seq)."""
         rows = self._conn.execute(
