@@ -175,6 +175,15 @@ class CanaryState:
     started_unix: float
     store_mark: int
 
+    def to_json(self) -> str:
+        """The text ``read_state`` parses back."""
+        return json.dumps({"version": self.version, "baseline_version": self.baseline_version,
+                           "chosen": sorted(self.selector.chosen),
+                           "fraction": self.selector.fraction,
+                           "explicit": self.selector.explicit,
+                           "started_unix": self.started_unix, "store_mark": self.store_mark},
+                          indent=1)
+
 
 def read_state(publish_dir: Path | str) -> CanaryState | None:
     """The undecided canary of ``publish_dir``, None when there is none.
@@ -547,13 +556,6 @@ class CanaryController:
         that no longer matches the history (the version is gone, or ``current`` moved on) is
         dropped with a warning: deciding it now could undo what an operator did since.
         """
-        if not self.state_path.exists():
-            return None
-        if not self.config.enabled:
-            log.warning("canary: %s names an undecided canary, but canary publishing is "
-                        "off now; not resumed", self.state_path)
-            self._forget()
-            return None
         try:
             state = read_state(self.state_path.parent)
         except CanaryStateError as exc:
@@ -562,8 +564,12 @@ class CanaryController:
             return None
         if state is None:
             return None
+        if not self.config.enabled:
+            log.warning("canary: %s names an undecided canary, but canary publishing is "
+                        "off now; not resumed", self.state_path)
+            self._forget()
+            return None
         version, baseline = state.version, state.baseline_version
-        selector, started_unix, mark = state.selector, state.started_unix, state.store_mark
         running = self.publisher.current()
         folder = self.publisher.history / f"v{version:06d}"
         if running.version != baseline or not folder.is_dir() or version <= baseline:
@@ -572,9 +578,9 @@ class CanaryController:
             self._forget()
             return None
         figures = _live_figures(load_bundle(folder), running)
-        figures.observe(stored_after(mark))
-        waited = max(0.0, self.wall() - started_unix)
-        self.run = CanaryRun(version, running, selector, figures, self.clock() - waited)
+        figures.observe(stored_after(state.store_mark))
+        waited = max(0.0, self.wall() - state.started_unix)
+        self.run = CanaryRun(version, running, state.selector, figures, self.clock() - waited)
         canary, control = figures.snapshot()
         log.info("canary: resumed v%d (over v%d, %.0f s since the push; %d canary and %d "
                  "other experiences so far)", version, baseline, waited, canary.experiences,
@@ -583,12 +589,10 @@ class CanaryController:
 
     def _save(self, run: CanaryRun, store_mark: int) -> None:
         """Write the undecided canary beside ``current`` (atomically)."""
-        state = {"version": run.version, "baseline_version": run.baseline.version,
-                 "chosen": sorted(run.selector.chosen), "fraction": run.selector.fraction,
-                 "explicit": run.selector.explicit, "started_unix": self.wall(),
-                 "store_mark": int(store_mark)}
+        state = CanaryState(run.version, run.baseline.version, run.selector, self.wall(),
+                            int(store_mark))
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
+        tmp.write_text(state.to_json())
         os.replace(tmp, self.state_path)
 
     def _forget(self) -> None:
