@@ -17,7 +17,7 @@ import argparse
 HELP = "run the offboard consolidator service"
 
 _RECEIVE_OPTIONS = ("db", "bind", "curve", "server_key", "allow", "initial_bundle",
-                    "publish_dir")
+                    "publish_dir", "flush_rows")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     An optional leading ``receive`` runs a receive-only process instead; it takes the
     service's ingest options (``--db --bind --curve --server-key --allow
-    --initial-bundle --publish-dir``), so one option set describes both.
+    --initial-bundle --publish-dir --flush-rows``), so one option set describes both.
     """
     from thinkmem_ros.consolidator.service import add_arguments as service_arguments
 

@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Iterable, Sequence
 
-from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 from thinkmem_ros.policy.bundle import Bundle, signal_set_fingerprint
@@ -108,17 +108,20 @@ class _FilteredStore:
         self.store.close()
 
 
-def open_receiver(config: ReceiverConfig,
-                  accept: SignalSetFilter | None = None) -> ExperienceReceiver:
+def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
+                  flush_rows: int = DEFAULT_FLUSH_ROWS) -> ExperienceReceiver:
     """Bind a receiver whose batches go into the experience store at ``config.db_path``.
 
     With ``accept`` only experiences of the served signal set are stored (see
-    ``SignalSetFilter``); without it every valid experience is.
+    ``SignalSetFilter``); without it every valid experience is. ``flush_rows``: tail rows
+    that move the tail into the store's lake (0 = never).
     """
+    def store() -> ExperienceStore:
+        return ExperienceStore(config.db_path, flush_rows=flush_rows)
+
     if accept is None:
-        return ExperienceReceiver(config, open_store=lambda: ExperienceStore(config.db_path))
-    return ExperienceReceiver(
-        config, open_store=lambda: _FilteredStore(ExperienceStore(config.db_path), accept))
+        return ExperienceReceiver(config, open_store=store)
+    return ExperienceReceiver(config, open_store=lambda: _FilteredStore(store(), accept))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

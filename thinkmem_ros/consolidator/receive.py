@@ -46,6 +46,7 @@ from pathlib import Path
 from thinkmem_ros.consolidator.canary import CanaryStateError, read_state
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
+from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS
 from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.link.receiver import (
     MAX_INBOUND_FRAME_BYTES,
@@ -71,6 +72,7 @@ class ReceiveConfig:
     watch_s: float = 2.0  # how often publish_dir/current is checked for a new version
     max_frame_bytes: int = MAX_INBOUND_FRAME_BYTES
     name: str = "receiver"
+    flush_rows: int = DEFAULT_FLUSH_ROWS  # tail rows that move into the lake (0 = never)
 
     def __post_init__(self) -> None:
         if not str(self.db_path):
@@ -80,6 +82,8 @@ class ReceiveConfig:
                              f"got {self.bind!r}")
         if self.watch_s <= 0:
             raise ValueError(f"ReceiveConfig.watch_s must be > 0, got {self.watch_s}")
+        if self.flush_rows < 0:
+            raise ValueError(f"ReceiveConfig.flush_rows must be >= 0, got {self.flush_rows}")
 
 
 class ReceiveProcess:
@@ -97,7 +101,7 @@ class ReceiveProcess:
             bind=config.bind, db_path=config.db_path, curve=config.curve,
             server_secret_file=config.server_secret_file,
             allowed_clients=config.allowed_clients, max_frame_bytes=config.max_frame_bytes,
-            name=config.name), accept=self.accept)
+            name=config.name), accept=self.accept, flush_rows=config.flush_rows)
 
     @property
     def endpoint(self) -> str:
@@ -200,6 +204,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "bundle (default: the shipped models/default)")
     parser.add_argument("--publish-dir", default=None, help="the consolidator's publish "
                         "dir: its versions are served and pushed to robots connected here")
+    parser.add_argument("--flush-rows", type=int, default=DEFAULT_FLUSH_ROWS,
+                        help="stored rows that move the store's tail into its Parquet lake "
+                        "(0 = keep everything in SQLite)")
 
 
 def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -> int:
@@ -209,7 +216,8 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
         process = ReceiveProcess(ReceiveConfig(
             db_path=args.db, bind=args.bind, curve=args.curve,
             server_secret_file=args.server_key, allowed_clients=args.allow,
-            initial_bundle=args.initial_bundle, publish_dir=args.publish_dir))
+            initial_bundle=args.initial_bundle, publish_dir=args.publish_dir,
+            flush_rows=args.flush_rows))
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: process.stop())
         process.start()  # opens the store: a bad --db fails here, by name

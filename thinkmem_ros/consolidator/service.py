@@ -66,7 +66,7 @@ from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore,
 from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
-from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.link.experience import Experience
@@ -108,6 +108,7 @@ class ConsolidatorConfig:
     canary: CanaryConfig = field(default_factory=CanaryConfig)  # off by default
     # serve episodic recall (RECALL_REQ) here, e.g. tcp://0.0.0.0:5757; None = not served
     recall_bind: str | None = None
+    flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -125,6 +126,9 @@ class ConsolidatorConfig:
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
+        if self.flush_rows < 0:
+            raise ValueError(f"ConsolidatorConfig.flush_rows must be >= 0, got "
+                             f"{self.flush_rows}")
         if self.partitions < 1:
             raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
                              f"{self.partitions}")
@@ -232,7 +236,7 @@ class ConsolidatorService:
             bind=cfg.bind, db_path=cfg.db_path, curve=cfg.curve,
             server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
             max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored),
-            accept=self.accept).start()
+            accept=self.accept, flush_rows=cfg.flush_rows).start()
         if cfg.recall_bind is not None:
             current = self.publisher.current()
             self.recall = RecallServer(index_store(cfg.db_path, current),
@@ -622,6 +626,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recall-bind", default=None,
                         help="serve episodic recall to the robots here (their "
                              "recall_endpoint), e.g. tcp://0.0.0.0:5757; default: not served")
+    parser.add_argument("--flush-rows", type=int, default=DEFAULT_FLUSH_ROWS,
+                        help="stored rows that move the store's tail into its Parquet lake "
+                        "(<db>.lake/; 0 = keep everything in SQLite)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -644,7 +651,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
                             max_wait_s=args.canary_max_wait_s),
-        recall_bind=args.recall_bind)
+        recall_bind=args.recall_bind, flush_rows=args.flush_rows)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,9 +20,11 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from thinkmem_ros.consolidator.lake import COLUMNS, LakeFile, ParquetLake, lake_dir_for
 from thinkmem_ros.link.experience import (
     Experience,
     ExperienceError,
@@ -52,9 +54,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # one line, so queries by it are rare and an index would cost every insert
         "ALTER TABLE experiences ADD COLUMN signal_set TEXT NOT NULL DEFAULT ''",
     ),
+    (  # 4: the lake: its file manifest and the keys of every row moved into it, so the
+        # tail table (``experiences``) can shrink while duplicates keep dying at insert
+        "CREATE TABLE lake_files (path TEXT PRIMARY KEY, robot_id TEXT NOT NULL,"
+        " day TEXT NOT NULL, rows INTEGER NOT NULL, min_id INTEGER NOT NULL,"
+        " max_id INTEGER NOT NULL)",
+        "CREATE TABLE flushed_keys (robot_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " PRIMARY KEY (robot_id, seq)) WITHOUT ROWID",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
+# Tail rows that trigger a move into the lake: ~28 MB of payloads, a few files per robot
+# and day per flush; small enough that the flush (about a second) barely delays an ack.
+DEFAULT_FLUSH_ROWS = 20_000
 
 
 class StoreError(SinkError):
@@ -73,10 +86,20 @@ class EpisodeInfo:
 
 
 class ExperienceStore:
-    """SQLite-backed experience store used by one thread (open one per thread)."""
+    """Experience store used by one thread (open one per thread): a SQLite tail and a lake.
 
-    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION) -> None:
+    New batches land in SQLite (the exactly-once ingest); once the tail holds
+    ``flush_rows`` rows they move to the Parquet lake beside the file (``lake.py``), and
+    every query reads both, so callers never see where a row lives. ``flush_rows=0``
+    keeps everything in SQLite (tests of the tail alone, tools that must not write files).
+    """
+
+    def __init__(self, path: Path | str, *, target_version: int = SCHEMA_VERSION,
+                 flush_rows: int = DEFAULT_FLUSH_ROWS) -> None:
         self.path = Path(path)
+        self.flush_rows = int(flush_rows)
+        self._lake = ParquetLake(lake_dir_for(self.path))
+        self._tail_rows: int | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=10.0)
@@ -96,6 +119,11 @@ class ExperienceStore:
             raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
 
     @property
+    def lake_dir(self) -> Path:
+        """The folder of this store's Parquet files (exists once something was flushed)."""
+        return self._lake.root
+
+    @property
     def schema_version(self) -> int:
         """Schema version of the open file."""
         row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -104,59 +132,83 @@ class ExperienceStore:
     def insert_many(self, records: Sequence[tuple[Experience, bytes]]) -> tuple[int, int]:
         """Store validated ``(experience, payload)`` pairs in one transaction.
 
-        Returns ``(stored, duplicates)``: keys already present are ignored, never overwritten.
+        Returns ``(stored, duplicates)``: keys already present (in the tail or flushed to
+        the lake) are ignored, never overwritten. Moves the tail to the lake when it is full.
         """
         if not records:
             return 0, 0
         now = time.time()
         rows = [(e.robot_id, e.seq, e.episode_id, e.stamp, e.bundle_version, payload,
-                 "\n".join(e.events), e.reward, now, e.signal_set) for e, payload in records]
+                 "\n".join(e.events), e.reward, now, e.signal_set, e.robot_id, e.seq)
+                for e, payload in records]
         try:
             with self._conn:
                 before = self._conn.total_changes
                 self._conn.executemany(
                     "INSERT OR IGNORE INTO experiences (robot_id, seq, episode_id, stamp,"
                     " bundle_version, payload, events, reward, received_at, signal_set)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                    " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM"
+                    " flushed_keys WHERE robot_id = ? AND seq = ?)", rows)
                 stored = self._conn.total_changes - before
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: insert failed: {exc}") from exc
+        self._maybe_flush(stored)
         return stored, len(rows) - stored
+
+    def flush(self, chunk: int = 50_000) -> int:
+        """Move every tail row into the lake, ``chunk`` rows per file set; returns rows moved.
+
+        Each chunk is one SQLite write transaction: files written and renamed, listed in the
+        manifest, keys kept in ``flushed_keys``, tail rows deleted, all committed together.
+        """
+        moved = 0
+        while (n := self._flush_chunk(chunk)) > 0:
+            moved += n
+        self._tail_rows = 0
+        return moved
 
     def count(self, robot_id: str | None = None) -> int:
         """Count stored experiences (of one robot, if given)."""
-        if robot_id is None:
-            return self._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0]
-        return self._conn.execute(
-            "SELECT COUNT(*) FROM experiences WHERE robot_id = ?", (robot_id,)).fetchone()[0]
+        where, params = ("", ()) if robot_id is None else (" WHERE robot_id = ?", (robot_id,))
+        with self._snapshot():
+            tail = self._conn.execute(f"SELECT COUNT(*) FROM experiences{where}", params)
+            lake = self._conn.execute(f"SELECT COALESCE(SUM(rows), 0) FROM lake_files{where}",
+                                      params)
+            return int(tail.fetchone()[0]) + int(lake.fetchone()[0])
 
     def last_id(self) -> int:
         """The newest row id (0 when empty): a mark to resume ``iter_experiences`` after."""
-        return int(self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM experiences")
-                   .fetchone()[0])
+        with self._snapshot():
+            tail = self._conn.execute("SELECT COALESCE(MAX(id), 0) FROM experiences")
+            lake = self._conn.execute("SELECT COALESCE(MAX(max_id), 0) FROM lake_files")
+            return max(int(tail.fetchone()[0]), int(lake.fetchone()[0]))
 
     def seqs(self, robot_id: str) -> list[int]:
         """All stored sequence numbers of a robot, ascending."""
-        rows = self._conn.execute(
-            "SELECT seq FROM experiences WHERE robot_id = ? ORDER BY seq", (robot_id,))
-        return [r[0] for r in rows]
+        lake, tail = self._both("SELECT seq FROM {src} WHERE robot_id = ?", (robot_id,),
+                                robot_id)
+        return sorted(r[0] for r in lake + tail)
 
     def get(self, robot_id: str, seq: int) -> Experience | None:
         """Return the experience stored under a key, or None."""
-        row = self._conn.execute(
-            "SELECT payload FROM experiences WHERE robot_id = ? AND seq = ?",
-            (robot_id, seq)).fetchone()
-        return None if row is None else decode_experience(row[0])
+        lake, tail = self._both("SELECT payload FROM {src} WHERE robot_id = ? AND seq = ?",
+                                (robot_id, seq), robot_id)
+        rows = tail or lake
+        return None if not rows else decode_experience(rows[0][0])
 
     def episodes(self, robot_id: str | None = None) -> list[EpisodeInfo]:
         """Every episode with its size and time span, ordered by robot then first stamp."""
-        sql = ("SELECT robot_id, episode_id, COUNT(*), MIN(stamp), MAX(stamp) FROM experiences"
-               " {} GROUP BY robot_id, episode_id ORDER BY robot_id, MIN(stamp)")
-        if robot_id is None:
-            rows = self._conn.execute(sql.format(""))
-        else:
-            rows = self._conn.execute(sql.format("WHERE robot_id = ?"), (robot_id,))
-        return [EpisodeInfo(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        where, params = ("", ()) if robot_id is None else ("WHERE robot_id = ?", (robot_id,))
+        lake, tail = self._both(
+            "SELECT robot_id, episode_id, COUNT(*), MIN(stamp), MAX(stamp) FROM {src} "
+            f"{where} GROUP BY robot_id, episode_id", params, robot_id)
+        merged: dict[tuple[str, str], list] = {}
+        for r in lake + tail:
+            have = merged.get((r[0], r[1]))
+            merged[(r[0], r[1])] = list(r[2:]) if have is None else [
+                have[0] + r[2], min(have[1], r[3]), max(have[2], r[4])]
+        out = [EpisodeInfo(k[0], k[1], *v) for k, v in merged.items()]
+        return sorted(out, key=lambda e: (e.robot_id, e.first_stamp))
 
     def iter_experiences(self, robot_id: str | None = None, episode_id: str | None = None,
                          after_id: int = 0, limit: int | None = None,
@@ -172,11 +224,12 @@ class ExperienceStore:
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
-        sql = f"SELECT id, payload FROM experiences WHERE {' AND '.join(clauses)} ORDER BY id"
+        sql = "SELECT id, payload FROM {src} WHERE " + " AND ".join(clauses) + " ORDER BY id"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        rows = self._conn.execute(sql, params).fetchall()
+        lake, tail = self._both(sql, params, robot_id, after_id)
+        rows = (lake + tail)[:limit]  # every lake id is below every tail id
         yield from zip((r[0] for r in rows), _decode_all([r[1] for r in rows]))
 
     def iter_all(self, after_id: int = 0, page: int = 5000) -> Iterator[Experience]:
@@ -194,10 +247,11 @@ class ExperienceStore:
 
     def episode_experiences(self, robot_id: str, episode_id: str) -> list[Experience]:
         """One episode's experiences in time order (stamp, then seq)."""
-        rows = self._conn.execute(
-            "SELECT payload FROM experiences WHERE robot_id = ? AND episode_id = ?"
-            " ORDER BY stamp, seq", (robot_id, episode_id)).fetchall()
-        return _decode_all([r[0] for r in rows])
+        lake, tail = self._both(
+            "SELECT stamp, seq, payload FROM {src} WHERE robot_id = ? AND episode_id = ?",
+            (robot_id, episode_id), robot_id)
+        rows = sorted(lake + tail, key=lambda r: (r[0], r[1]))
+        return _decode_all([r[2] for r in rows])
 
     def episode_events(self) -> dict[tuple[str, str], list[str]]:
         """Event sequence per (robot_id, episode_id), for cross-experience discovery.
@@ -206,26 +260,42 @@ class ExperienceStore:
         the history of the episode's latest record (by stamp, then seq) is taken as the
         episode's sequence. Histories are capped at ``LIMITS['max_events']`` by the node.
         """
-        rows = self._conn.execute(
-            "SELECT robot_id, episode_id, events FROM experiences e WHERE id = ("
-            " SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
-            " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)")
-        return {(r[0], r[1]): r[2].split("\n") if r[2] else [] for r in rows}
+        with self._snapshot():
+            files = self._lake_files()
+            tail = self._conn.execute(
+                "SELECT robot_id, episode_id, stamp, seq, events FROM experiences e WHERE id ="
+                " (SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
+                " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)"
+            ).fetchall()
+        lake = self._lake.query(
+            "SELECT robot_id, episode_id, stamp, seq, events FROM {src} QUALIFY row_number()"
+            " OVER (PARTITION BY robot_id, episode_id ORDER BY stamp DESC, seq DESC) = 1",
+            files)
+        latest: dict[tuple[str, str], tuple] = {}
+        for r in lake + tail:
+            have = latest.get((r[0], r[1]))
+            if have is None or (r[2], r[3]) > (have[2], have[3]):
+                latest[(r[0], r[1])] = r
+        return {k: r[4].split("\n") if r[4] else [] for k, r in latest.items()}
 
     def signal_sets(self) -> dict[str, int]:
         """Stored experiences per signal-set fingerprint ('' = records that carry none)."""
-        rows = self._conn.execute(
-            "SELECT signal_set, COUNT(*) FROM experiences GROUP BY signal_set ORDER BY 1")
-        return {r[0]: r[1] for r in rows}
+        lake, tail = self._both("SELECT signal_set, COUNT(*) FROM {src} GROUP BY signal_set",
+                                ())
+        out: dict[str, int] = {}
+        for key, n in lake + tail:
+            out[key] = out.get(key, 0) + n
+        return dict(sorted(out.items()))
 
     def rewards(self) -> list[tuple[str, int, float]]:
         """``(robot_id, seq, reward)`` of every experience that carries feedback."""
-        rows = self._conn.execute(
-            "SELECT robot_id, seq, reward FROM experiences WHERE reward IS NOT NULL ORDER BY id")
-        return [(r[0], r[1], r[2]) for r in rows]
+        lake, tail = self._both(
+            "SELECT robot_id, seq, reward FROM {src} WHERE reward IS NOT NULL ORDER BY id", ())
+        return [(r[0], r[1], r[2]) for r in lake + tail]
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Close the database and the lake's engine (idempotent)."""
+        self._lake.close()
         try:
             self._conn.close()
         except sqlite3.Error:  # already closed
@@ -236,6 +306,71 @@ class ExperienceStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _both(self, sql: str, params: Sequence, robot_id: str | None = None,
+              after_id: int = 0) -> tuple[list[tuple], list[tuple]]:
+        """Run one query (``{src}`` = the rows) over the lake and the tail of one snapshot.
+
+        The manifest and the tail are read in one SQLite read transaction, so a flush
+        committed meanwhile cannot show a row twice or hide it; listed files never change.
+        """
+        with self._snapshot():
+            files = self._lake_files(robot_id, after_id)
+            tail = self._conn.execute(sql.format(src="experiences"), params).fetchall()
+        return self._lake.query(sql, files, params), tail
+
+    def _lake_files(self, robot_id: str | None = None, after_id: int = 0) -> list[str]:
+        sql, params = "SELECT path FROM lake_files WHERE max_id > ?", [after_id]
+        if robot_id is not None:
+            sql += " AND robot_id = ?"
+            params.append(robot_id)
+        return [r[0] for r in self._conn.execute(sql + " ORDER BY min_id", params)]
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction: every SELECT inside sees the same committed state."""
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._conn.execute("COMMIT")
+
+    def _maybe_flush(self, stored: int) -> None:
+        if self.flush_rows <= 0 or stored == 0:
+            return
+        if self._tail_rows is None:  # first insert: learn what the tail holds already
+            self._tail_rows = int(self._conn.execute(
+                "SELECT COUNT(*) FROM experiences").fetchone()[0])
+        else:
+            self._tail_rows += stored
+        if self._tail_rows >= self.flush_rows:
+            self.flush()
+
+    def _flush_chunk(self, chunk: int) -> int:
+        written: list[LakeFile] = []
+        try:
+            with self._conn:
+                self._conn.execute("BEGIN IMMEDIATE")  # one flusher at a time, any process
+                rows = self._conn.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM experiences ORDER BY id LIMIT ?",
+                    (chunk,)).fetchall()
+                if not rows:
+                    return 0
+                listed = {r[0] for r in self._conn.execute("SELECT path FROM lake_files")}
+                self._lake.remove_unlisted(listed)  # leftovers of a crashed flush
+                self._lake.write(rows, written)
+                self._conn.executemany(
+                    "INSERT INTO lake_files VALUES (?, ?, ?, ?, ?, ?)",
+                    [(f.path, f.robot_id, f.day, f.rows, f.min_id, f.max_id) for f in written])
+                self._conn.executemany("INSERT INTO flushed_keys VALUES (?, ?)",
+                                       [(r[1], r[2]) for r in rows])
+                self._conn.execute("DELETE FROM experiences WHERE id <= ?", (rows[-1][0],))
+            return len(rows)
+        except BaseException as exc:
+            self._lake.remove(written)  # never listed: the transaction rolled back
+            if isinstance(exc, (sqlite3.Error, OSError)):
+                raise StoreError(f"{self.path}: flush to {self.lake_dir} failed: {exc}") from exc
+            raise
 
     def _migrate(self, target: int) -> None:
         if not 1 <= target <= SCHEMA_VERSION:

@@ -1,0 +1,216 @@
+"""The store's Parquet lake: same answers wherever a row lives, exactly once, crash-safe.
+
+Real SQLite, real Parquet files written by pyarrow, real DuckDB queries; no mocks. The
+crash cases use real faults: a partition folder that cannot be created (a file sits where
+the folder should be) and a leftover file a crash would leave.
+"""
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from test_store import exp
+
+from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
+from thinkmem_ros.link.experience import encode_experience
+
+
+def _history():
+    """Rows over two robots, episodes that span the flush, feedback on some, two fingerprints."""
+    rows = []
+    for i in range(30):
+        robot = "r1" if i % 3 else "robot:2.b"  # ":" is quoted in the path
+        e, payload = exp(i, robot=robot, episode=f"e{i // 7}", stamp=100 - i if i % 5 else i,
+                         events=[f"ev{i % 4}", f"ev{i % 6}"], reward=(0.5 if i % 4 == 0 else None))
+        if i % 2:
+            e.signal_set = "ab" * 32
+            payload = encode_experience(e)
+        rows.append((e, payload))
+    return rows
+
+
+def _answers(store):
+    return {
+        "count": (store.count(), store.count("r1"), store.count("robot:2.b")),
+        "last_id": store.last_id(),
+        "seqs": (store.seqs("r1"), store.seqs("robot:2.b")),
+        "get": (store.get("r1", 4).seq, store.get("robot:2.b", 3).seq, store.get("r1", 3)),
+        "episodes": store.episodes(), "episodes_r1": store.episodes("r1"),
+        "iter": [(i, e.seq) for i, e in store.iter_experiences()],
+        "iter_after": [(i, e.seq) for i, e in store.iter_experiences(after_id=9, limit=8)],
+        "iter_filtered": [e.seq for _, e in store.iter_experiences(robot_id="r1",
+                                                                  episode_id="e2")],
+        "iter_signal": [e.seq for _, e in store.iter_experiences(signal_set="ab" * 32)],
+        "all": [e.seq for e in store.iter_all(after_id=5, page=4)],
+        "episode": [e.seq for e in store.episode_experiences("r1", "e1")],
+        "events": store.episode_events(),
+        "signal_sets": store.signal_sets(),
+        "rewards": store.rewards(),
+    }
+
+
+def test_every_query_answers_the_same_from_tail_lake_or_both(tmp_path):
+    rows = _history()
+    with ExperienceStore(tmp_path / "tail.db", flush_rows=0) as tail_only:
+        tail_only.insert_many(rows[:17])
+        tail_only.insert_many(rows[17:])
+        expected = _answers(tail_only)
+        assert not tail_only.lake_dir.exists()
+    with ExperienceStore(tmp_path / "split.db", flush_rows=0) as split:
+        split.insert_many(rows[:17])
+        assert split.flush(chunk=6) == 17  # three chunks, several files each
+        split.insert_many(rows[17:])
+        assert _answers(split) == expected
+        assert split.flush() == 13
+        assert _answers(split) == expected
+        assert split._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0] == 0
+
+
+def test_flushed_keys_stay_exactly_once(tmp_path):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        assert store.insert_many([exp(1), exp(2)]) == (2, 0)
+        store.flush()
+        assert store.insert_many([exp(2), exp(3), exp(1, robot="r2")]) == (2, 1)
+        store.flush()
+        assert store.insert_many([exp(1), exp(3), exp(1, robot="r2")]) == (0, 3)
+        assert store.count() == 4 and store.seqs("r1") == [1, 2, 3]
+        ids = [i for i, _ in store.iter_experiences()]
+        assert ids == sorted(ids) and len(set(ids)) == 4
+
+
+def test_the_tail_moves_to_the_lake_when_full(tmp_path):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=10) as store:
+        for start in range(0, 25, 5):
+            store.insert_many([exp(i) for i in range(start, start + 5)])
+        tail = store._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0]
+        assert tail == 5 and store.count() == 25  # flushed at 10 and at 20
+        assert [e.seq for e in store.iter_all()] == list(range(25))
+
+
+def test_the_lake_is_hive_partitioned_parquet_any_engine_reads(tmp_path):
+    with ExperienceStore(tmp_path / "fleet.db", flush_rows=0) as store:
+        store.insert_many(_history())
+        store.flush()
+        lake = store.lake_dir
+    assert lake == tmp_path / "fleet.lake"
+    robots = sorted(p.name for p in lake.iterdir())
+    assert robots == ["robot=r1", "robot=robot%3A2.b"]
+    days = {p.name for p in lake.glob("robot=*/day=*")}
+    assert len(days) == 1 and next(iter(days)).startswith("day=20")
+    con = duckdb.connect()
+    got = con.execute("SELECT robot, COUNT(*) FROM read_parquet(?, hive_partitioning = true)"
+                      " GROUP BY robot ORDER BY robot",
+                      [str(lake / "**" / "*.parquet")]).fetchall()
+    assert got == [("r1", 20), ("robot:2.b", 10)]  # the engine decodes the quoting
+
+
+def test_a_failed_flush_keeps_the_tail_and_leaves_no_listed_file(tmp_path):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        store.insert_many([exp(1), exp(2, robot="r2"), exp(3, robot="r3")])
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        blocker = store.lake_dir / "robot=r3" / f"day={day}" / "part-3-3.parquet"
+        blocker.mkdir(parents=True)  # a folder where r3's file must go: a real rename fault
+        before = _answers_small(store)
+        with pytest.raises(StoreError, match="flush to .* failed"):
+            store.flush()
+        assert store._conn.execute("SELECT COUNT(*) FROM lake_files").fetchone()[0] == 0
+        files = [p for p in store.lake_dir.rglob("*") if p.is_file()]
+        assert files == []  # r1's and r2's files went too, and r3's temporary one
+        assert _answers_small(store) == before
+        blocker.rmdir()
+        assert store.flush() == 3
+        assert _answers_small(store) == before
+
+
+def _answers_small(store):
+    return (store.count(), [e.seq for e in store.iter_all()], store.episode_events())
+
+
+def test_files_a_crash_left_unlisted_are_never_read_and_are_swept(tmp_path):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        store.insert_many([exp(1)])
+        store.flush()
+        listed = next(store.lake_dir.rglob("*.parquet"))
+        stray = listed.with_name("part-900-901.parquet")  # a flush that never committed
+        stray.write_bytes(listed.read_bytes())
+        (listed.parent / ".part-5-6.parquet.abc.tmp").write_bytes(b"half")
+        assert store.count() == 1 and [e.seq for e in store.iter_all()] == [1]
+        store.insert_many([exp(2)])
+        store.flush()
+        assert not stray.exists() and not list(store.lake_dir.rglob("*.tmp"))
+        assert [e.seq for e in store.iter_all()] == [1, 2]
+
+
+def test_two_writers_flushing_one_store_store_each_key_once(tmp_path):
+    path = tmp_path / "shared.db"
+    ExperienceStore(path).close()
+
+    def writer(offset):
+        with ExperienceStore(path, flush_rows=7) as store:
+            for start in range(0, 60, 5):  # overlapping keys: both send 20..59
+                store.insert_many([exp(i) for i in range(start + offset, start + offset + 5)])
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with ExperienceStore(path) as store:
+        assert store.seqs("r1") == list(range(80))
+        assert store.count() == 80
+        files = store._conn.execute("SELECT COUNT(*) FROM lake_files").fetchone()[0]
+        assert files > 0
+
+
+def test_a_store_from_before_the_lake_opens_and_flushes(tmp_path):
+    path = tmp_path / "old.db"
+    with ExperienceStore(path, target_version=3) as old:
+        with old._conn:
+            old._conn.execute(
+                "INSERT INTO experiences (robot_id, seq, episode_id, stamp, bundle_version,"
+                " payload, events, reward, received_at, signal_set) VALUES"
+                " (?, ?, ?, ?, ?, ?, 'a', NULL, 0, '')", ("r1", 5, "e1", 5.0, 1, exp(5)[1]))
+    with ExperienceStore(path, flush_rows=0) as store:
+        assert store.flush() == 1
+        assert store.insert_many([exp(5)]) == (0, 1)
+        assert store.get("r1", 5).seq == 5 and store.episode_events() == {("r1", "e1"): ["a"]}
+        assert store.lake_dir.joinpath("robot=r1", "day=1970-01-01").is_dir()
+
+
+def test_a_receiver_killed_mid_flush_loses_and_duplicates_nothing(tmp_path):
+    """A real process is killed while it flushes; the store is whole when reopened."""
+    path = tmp_path / "k.db"
+    script = (
+        "import sys; from test_store import exp\n"
+        "from thinkmem_ros.consolidator.store import ExperienceStore\n"
+        "s = ExperienceStore(sys.argv[1], flush_rows=0)\n"
+        "s.insert_many([exp(i, robot=f'r{i % 50}') for i in range(20000)])\n"
+        "print('ready', flush=True)\n"
+        "s.flush(chunk=500)\n"
+        "print('done', flush=True)\n")
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # somewhere inside the chunked flush
+    proc.kill()
+    proc.wait()
+    with ExperienceStore(path, flush_rows=0) as store:
+        assert store.count() == 20000
+        store.flush()
+        assert store.count() == 20000
+        assert sorted(store.seqs("r7")) == list(range(7, 20000, 50))
+        with sqlite3.connect(path) as conn:
+            keys = conn.execute("SELECT COUNT(*) FROM flushed_keys").fetchone()[0]
+        assert keys == 20000
+        listed = {r[0] for r in store._conn.execute("SELECT path FROM lake_files")}
+        on_disk = {str(p.relative_to(store.lake_dir)) for p in store.lake_dir.rglob("*")
+                   if p.is_file()}
+        assert on_disk == listed

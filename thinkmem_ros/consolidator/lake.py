@@ -1,0 +1,156 @@
+"""The experience lake: append-only Parquet files, partitioned by robot and day, read by DuckDB.
+
+Why a lake beside SQLite: a fleet's history outgrows one SQLite table (every row carries
+its wire payload, and a round would page through all of it), while columnar files are
+written once, compress well, and are read column by column by an embedded engine with
+nothing to install or start. SQLite keeps what it does best: the exactly-once ingest
+(each batch is one transaction, acknowledged after commit) for the recent tail, the keys
+of everything ever flushed, and the manifest of lake files. ``ExperienceStore.flush``
+moves the tail into the lake under SQLite's write lock: files are written to a temporary
+name and renamed, then listed in the manifest in the same transaction that deletes the
+tail rows, so a crash anywhere leaves each experience either in the tail or in a listed
+file, never both and never neither. Readers only read files the manifest lists, so a
+file orphaned by a crash before the commit is invisible (and removed by the next flush).
+
+Layout (Hive style, so DuckDB, pyarrow or Spark can read the folder directly)::
+
+    <store>.lake/robot=<robot id, %-quoted>/day=<YYYY-MM-DD, UTC of arrival>/
+        part-<first id>-<last id>.parquet
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+# Column order of a lake row: the SQLite tail's columns, so one SELECT feeds both.
+COLUMNS = ("id", "robot_id", "seq", "episode_id", "stamp", "bundle_version", "payload",
+           "events", "reward", "received_at", "signal_set")
+
+
+@dataclass(frozen=True)
+class LakeFile:
+    """One Parquet file as the manifest lists it (``path`` relative to the lake root)."""
+
+    path: str
+    robot_id: str
+    day: str
+    rows: int
+    min_id: int
+    max_id: int
+
+
+def lake_dir_for(store_path: Path) -> Path:
+    """Where a store's lake lives: beside the SQLite file, same stem, ``.lake``."""
+    return store_path.with_suffix(".lake")
+
+
+def _schema():
+    import pyarrow as pa  # offboard only: the robot never imports the lake
+
+    return pa.schema([
+        ("id", pa.int64()), ("robot_id", pa.string()), ("seq", pa.int64()),
+        ("episode_id", pa.string()), ("stamp", pa.float64()),
+        ("bundle_version", pa.int64()), ("payload", pa.binary()), ("events", pa.string()),
+        ("reward", pa.float64()), ("received_at", pa.float64()), ("signal_set", pa.string()),
+    ])
+
+
+def _day(received_at: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(received_at))
+
+
+class ParquetLake:
+    """Writes tail rows as Parquet partitions and answers SQL over listed files with DuckDB."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._db = None
+
+    def write(self, rows: Sequence[tuple], written: list[LakeFile]) -> None:
+        """Write rows (``COLUMNS`` order, ascending id) as one file per robot and day.
+
+        Each file is complete before it gets its final name (write, fsync, rename), so a
+        listed file is never partial. Files are appended to ``written`` as they land, so a
+        caller whose transaction fails can remove exactly those.
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        groups: dict[tuple[str, str], list[tuple]] = defaultdict(list)
+        for row in rows:
+            groups[(row[1], _day(row[9]))].append(row)
+        schema = _schema()
+        for (robot_id, day), part in groups.items():
+            rel = (f"robot={quote(robot_id, safe='')}/day={day}/"
+                   f"part-{part[0][0]}-{part[-1][0]}.parquet")
+            target = self.root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_arrays(
+                [pa.array([r[i] for r in part], type=schema.field(i).type)
+                 for i in range(len(COLUMNS))], schema=schema)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                pq.write_table(table, tmp, compression="zstd")
+                _fsync(tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            written.append(LakeFile(rel, robot_id, day, len(part), part[0][0], part[-1][0]))
+
+    def remove_unlisted(self, listed: set[str]) -> int:
+        """Delete Parquet and temporary files the manifest does not list (crash leftovers).
+
+        Only safe under the store's write lock: a flush in progress holds it while its
+        files are not listed yet.
+        """
+        removed = 0
+        if not self.root.is_dir():
+            return 0
+        for path in self.root.rglob("*"):
+            if path.is_file() and str(path.relative_to(self.root)) not in listed:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+    def remove(self, files: Sequence[LakeFile]) -> None:
+        """Delete files written by a flush whose transaction did not commit."""
+        for f in files:
+            (self.root / f.path).unlink(missing_ok=True)
+
+    def query(self, sql: str, files: Sequence[str], params: Sequence = ()) -> list[tuple]:
+        """Run ``sql`` with ``{src}`` standing for the listed files; [] when none are listed."""
+        if not files:
+            return []
+        src = "read_parquet(?)"
+        paths = [str(self.root / f) for f in files]
+        return self.db.execute(sql.format(src=src), [paths, *params]).fetchall()
+
+    @property
+    def db(self):
+        """An in-process DuckDB connection, made on first use (one per store, one thread)."""
+        if self._db is None:
+            import duckdb
+
+            self._db = duckdb.connect(":memory:", config={"threads": 1})
+        return self._db
+
+    def close(self) -> None:
+        """Close the DuckDB connection (idempotent)."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
