@@ -385,23 +385,6 @@ def pb_tail(probs: list[np.ndarray] | np.ndarray, s: np.ndarray) -> np.ndarray:
     return out
 
 
-def _z_chernoff(tails: np.ndarray, cand: np.ndarray, n_cand: int, z: np.ndarray
-                ) -> np.ndarray:
-    """Chernoff bound on P(Z >= z), Z = sum of independent per-frame scores.
-
-    E[exp(theta Z_e)] = 1 + sum_l (e^(theta l) - e^(theta (l-1))) P(Z_e >= l); the bound is
-    the smallest over a grid of theta of exp(-theta z) prod_e E[exp(theta Z_e)].
-    """
-    levels = np.arange(1, tails.shape[1] + 1)
-    best = np.zeros(n_cand)
-    for theta in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0):
-        steps = np.exp(theta * levels) - np.exp(theta * (levels - 1))
-        log_mgf = np.log1p(tails @ steps)
-        total = np.bincount(cand, weights=log_mgf, minlength=n_cand) - theta * z
-        best = np.minimum(best, total)
-    return np.minimum(np.exp(best), 1.0)
-
-
 def _z_tail(tails: list[np.ndarray], z: np.ndarray) -> np.ndarray:
     """Exact P(Z >= z) for sums of independent scores in 0..S, one problem per list item.
 
@@ -487,7 +470,14 @@ def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Episodes:
     """Per-episode slot structure: pairs within the gap window, presence, slot counts."""
 
-    def __init__(self, log: EventLog, cfg: DiscoveryConfig) -> None:
+    def __init__(self, log: EventLog, cfg: DiscoveryConfig, *, pairs: bool = True,
+                 whole: _Episodes | None = None) -> None:
+        """Index ``log``; see the flags for a log scanned in parts.
+
+        ``pairs=False``: no slot pairs (the O(events) index the checks need, for a log
+        scanned in parts); ``whole``: this log is a part of ``whole``'s and takes its
+        median gap, scales and completeness, so per-episode sums match a whole-log pass.
+        """
         self.log, self.cfg = log, cfg
         self.n_ep = len(log.episode_ids)
         self.v = log.n_codes
@@ -495,11 +485,29 @@ class _Episodes:
         self.start = np.searchsorted(ep, np.arange(self.n_ep + 1))
         self.n = np.diff(self.start)
         n = ep.size
-        gaps = np.diff(t)[ep[1:] == ep[:-1]] if n > 1 else np.zeros(0)
-        positive = gaps[gaps > 0]
-        self.delta = float(np.median(positive)) if positive.size else 1.0
-        out_i, out_j = [], []
+        if whole is None:
+            gaps = np.diff(t)[ep[1:] == ep[:-1]] if n > 1 else np.zeros(0)
+            positive = gaps[gaps > 0]
+            self.delta = float(np.median(positive)) if positive.size else 1.0
+            del gaps, positive
+        else:
+            self.delta = whole.delta
         longest = int(self.n.max()) if self.n.size else 0
+        self.complete = longest <= cfg.max_lookback if whole is None else whole.complete
+        scales = sorted({s * self.delta for s in cfg.scales if s * self.delta < cfg.max_gap}
+                        | {cfg.max_gap})
+        self.scales = np.asarray(scales, np.float64)
+        self.t2 = np.zeros((self.n_ep, self.scales.size))
+        self.t3 = np.zeros((self.n_ep, self.scales.size))
+        if pairs:
+            self._slot_pairs(longest)
+        self._index_codes()
+
+    def _slot_pairs(self, longest: int) -> None:
+        """Slot pairs within the gap window, and per episode the slot-pair/triple counts."""
+        log, cfg = self.log, self.cfg
+        ep, t, n = log.episode, log.time, log.episode.size
+        out_i, out_j = [], []
         for d in range(1, min(longest, cfg.max_lookback + 1)):
             i = np.arange(n - d)
             j = i + d
@@ -511,22 +519,21 @@ class _Episodes:
             ok = within & (gap >= cfg.min_gap)
             out_i.append(i[ok])
             out_j.append(j[ok])
-        self.complete = longest <= cfg.max_lookback  # every slot pair enumerated
         self.pi = np.concatenate(out_i) if out_i else np.zeros(0, np.int64)
         self.pj = np.concatenate(out_j) if out_j else np.zeros(0, np.int64)
         self.pgap = t[self.pj] - t[self.pi]
-        scales = sorted({s * self.delta for s in cfg.scales if s * self.delta < cfg.max_gap}
-                        | {cfg.max_gap})
-        self.scales = np.asarray(scales, np.float64)
         # slot-pair and slot-triple counts per episode and scale (code-independent)
-        self.t2 = np.zeros((self.n_ep, self.scales.size))
-        self.t3 = np.zeros((self.n_ep, self.scales.size))
         for s, g in enumerate(self.scales):
             sel = self.pgap <= g
             left = np.bincount(self.pj[sel], minlength=n).astype(np.float64)
             right = np.bincount(self.pi[sel], minlength=n).astype(np.float64)
             self.t2[:, s] = np.bincount(ep, weights=left, minlength=self.n_ep)
             self.t3[:, s] = np.bincount(ep, weights=left * right, minlength=self.n_ep)
+
+    def _index_codes(self) -> None:
+        """Which codes each episode holds and where each code sits (what the checks read)."""
+        log, cfg = self.log, self.cfg
+        ep, t, n = log.episode, log.time, log.episode.size
         # code presence: key = episode * V + code, with copies per episode
         self.pres_key, self.pres_count = _counts(ep * self.v + log.code)
         by_code = np.argsort(self.pres_key % self.v, kind="stable")
@@ -626,39 +633,50 @@ def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
     return rows
 
 
+def _copresent_pairs(ctx: _Episodes) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, code-pair key) rows: every pair of distinct codes an episode holds."""
+    v = ctx.v
+    ep, code = ctx.pres_key // v, ctx.pres_key % v
+    starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
+    ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
+    g, off = _expand(np.maximum(ends - np.arange(ep.size) - 1, 0))
+    second = g + 1 + off
+    return ep[g], code[g] * v + code[second]
+
+
+def _copresent_triples(ctx: _Episodes, frequent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, code-triple key) rows for triples whose three pairs are all ``frequent``."""
+    v = ctx.v
+    ep, code = ctx.pres_key // v, ctx.pres_key % v
+    starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
+    ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
+    g, off = _expand(np.maximum(ends - np.arange(ep.size) - 1, 0))
+    second = g + 1 + off
+    sel = _member(frequent, code[g] * v + code[second])
+    p_first, p_second = g[sel], second[sel]
+    g2, off2 = _expand(np.maximum(ends[p_second] - p_second - 1, 0))
+    third = p_second[g2] + 1 + off2
+    a, b, c = code[p_first[g2]], code[p_second[g2]], code[third]
+    ok = _member(frequent, b * v + c) & _member(frequent, a * v + c)
+    return ep[third[ok]], (a[ok] * v + b[ok]) * v + c[ok]
+
+
 def _copresent_sets(ctx: _Episodes, length: int, minimum: int) -> tuple[np.ndarray, ...]:
     """Code sets present together in >= ``minimum`` episodes.
 
     Returns the sorted set keys, their episode counts and the (episode, key) rows; triples
     are only built from pairs that co-occur that often.
     """
-    v = ctx.v
-    ep = ctx.pres_key // v
-    code = ctx.pres_key % v
-    starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
-    ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
-    after = ends - np.arange(ep.size)  # codes after this one in its episode, + 1
-    g, off = _expand(np.maximum(after - 1, 0))
-    second = g + 1 + off
-    pair_ep, pair_key = ep[g], code[g] * v + code[second]
+    pair_ep, pair_key = _copresent_pairs(ctx)
     pk, pc = _counts(pair_key)
     if length == 2:
-        keep = pc >= minimum
-        sel = _member(pk[keep], pair_key)
-        return pk[keep], pc[keep], pair_ep[sel], pair_key[sel]
-    frequent = pk[pc >= minimum]
-    sel = _member(frequent, pair_key)
-    p_first, p_second = g[sel], second[sel]
-    g2, off2 = _expand(np.maximum(ends[p_second] - p_second - 1, 0))
-    third = p_second[g2] + 1 + off2
-    a, b, c = code[p_first[g2]], code[p_second[g2]], code[third]
-    ok = _member(frequent, b * v + c) & _member(frequent, a * v + c)
-    t_ep = ep[third[ok]]
-    t_key = (a[ok] * v + b[ok]) * v + c[ok]
-    tk, tc = _counts(t_key)
-    keep = tc >= minimum
-    sel = _member(tk[keep], t_key)
-    return tk[keep], tc[keep], t_ep[sel], t_key[sel]
+        set_ep, set_key = pair_ep, pair_key
+    else:
+        set_ep, set_key = _copresent_triples(ctx, pk[pc >= minimum])
+    keys, counts = _counts(set_key)
+    keep = counts >= minimum
+    sel = _member(keys[keep], set_key)
+    return keys[keep], counts[keep], set_ep[sel], set_key[sel]
 
 
 def _sorted_set_key(codes: np.ndarray, v: int) -> np.ndarray:
@@ -689,15 +707,45 @@ class _Tested:
     weight: np.ndarray = field(default_factory=lambda: np.ones(0))  # weighted-BH weights
 
 
-def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray,
-                     set_row_key: np.ndarray) -> _Tested:
-    """Within-episode null p-values at every scale for candidates with enough support."""
-    cfg, v = ctx.cfg, ctx.v
-    keys = rows["uk"][rows["support"] >= cfg.accept_support]
-    codes = np.stack([(keys // v ** (length - 1 - c)) % v for c in range(length)], axis=1) \
-        if keys.size else np.zeros((0, length), np.int64)
-    n_scales = ctx.scales.size
-    # frames: the episodes holding the candidate's code set
+_THETAS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # the Chernoff bound's grid
+
+
+def _candidate_codes(keys: np.ndarray, length: int, v: int) -> np.ndarray:
+    """(P, L) codes of pattern keys."""
+    if not keys.size:
+        return np.zeros((0, length), np.int64)
+    return np.stack([(keys // v ** (length - 1 - c)) % v for c in range(length)], axis=1)
+
+
+@dataclass
+class _Frames:
+    """Per frame (an episode holding a candidate's code set): candidate, episode, evidence."""
+
+    cand: np.ndarray  # (R,) candidate index, ascending
+    ep: np.ndarray  # (R,) episode row
+    m: np.ndarray  # (R,) tightest occurrence (nan when absent: never <= a scale)
+    pe: np.ndarray  # (R, S) null probability per scale
+
+    @classmethod
+    def concat(cls, parts: list[_Frames], n_scales: int) -> _Frames:
+        """Frames of consecutive parts of the log, grouped by candidate (episode order kept)."""
+        if not parts:
+            z = np.zeros(0, np.int64)
+            return cls(z, z, np.zeros(0), np.zeros((0, n_scales)))
+        cand = np.concatenate([f.cand for f in parts])
+        order = np.argsort(cand, kind="stable")
+        return cls(cand[order], np.concatenate([f.ep for f in parts])[order],
+                   np.concatenate([f.m for f in parts])[order],
+                   np.concatenate([f.pe for f in parts])[order])
+
+
+def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np.ndarray,
+            set_ep: np.ndarray, set_row_key: np.ndarray, offset: int = 0) -> _Frames:
+    """Frames of the candidates ``keys`` in ``ctx``'s episodes, with null probabilities.
+
+    ``offset`` is added to the episode rows (``ctx`` holds a part of the log starting there).
+    """
+    v = ctx.v
     order = np.argsort(set_row_key, kind="stable")
     srk, sep = set_row_key[order], set_ep[order]
     skey = _sorted_set_key(codes, v) if keys.size else np.zeros(0, np.int64)
@@ -705,8 +753,7 @@ def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray
     hi = np.searchsorted(srk, skey, side="right")
     cand, off = _expand(hi - lo)
     f_ep = sep[lo[cand] + off]
-    frame_start = np.concatenate(([0], np.cumsum(hi - lo)))
-    # tightest occurrence of the candidate in each frame episode (inf when absent)
+    # tightest occurrence of the candidate in each frame episode (nan when absent)
     combined = rows["key"] * (ctx.n_ep + 1) + rows["ep"]
     order_o = np.argsort(combined, kind="stable")
     combined, occ_m = combined[order_o], rows["m"][order_o]
@@ -729,20 +776,74 @@ def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray
     pe = np.clip(pe, 1e-300, 1.0)
     # the true probability grows with the scale: a bound at g also bounds every g' < g
     pe = np.minimum.accumulate(pe[:, ::-1], axis=1)[:, ::-1]
-    n_cand = keys.size
-    support = np.zeros((n_cand, n_scales))
-    expected = np.zeros((n_cand, n_scales))
-    for s in range(n_scales):
-        support[:, s] = np.bincount(cand, weights=f_m <= ctx.scales[s], minlength=n_cand)
-        expected[:, s] = np.bincount(cand, weights=pe[:, s], minlength=n_cand)
-    # the score: Z = sum over scales of the support, i.e. per episode the number of scales
-    # its tightest occurrence fits in; P(Z_e >= l) = p_e(g_(S-l)) (smallest l scales)
+    return _Frames(cand, f_ep + offset, f_m, pe)
+
+
+@dataclass
+class _Sums:
+    """Per-candidate sums over frames: all the test needs except the exact refinement."""
+
+    support: np.ndarray  # (P, S) frames whose tightest occurrence fits scale s
+    expected: np.ndarray  # (P, S) sum of null probabilities
+    log_mgf: np.ndarray  # (P, len(_THETAS)) sum of log E[exp(theta Z_e)]
+    log_min: np.ndarray  # (P,) sum of log p_e at the smallest scale
+    width: np.ndarray  # (P,) frames
+
+    @classmethod
+    def zeros(cls, n_cand: int, n_scales: int) -> _Sums:
+        """Nothing seen yet."""
+        return cls(np.zeros((n_cand, n_scales)), np.zeros((n_cand, n_scales)),
+                   np.zeros((n_cand, len(_THETAS))), np.zeros(n_cand),
+                   np.zeros(n_cand, np.int64))
+
+    def add(self, f: _Frames, scales: np.ndarray) -> None:
+        """Add one part's frames (sums over episodes: parts add up to the whole)."""
+        n_cand = self.width.size
+        for s in range(scales.size):
+            self.support[:, s] += np.bincount(f.cand, weights=f.m <= scales[s],
+                                              minlength=n_cand)
+            self.expected[:, s] += np.bincount(f.cand, weights=f.pe[:, s], minlength=n_cand)
+        tails = f.pe[:, ::-1]  # tails[:, l-1] = P(Z_e >= l)
+        levels = np.arange(1, tails.shape[1] + 1)
+        for t, theta in enumerate(_THETAS):
+            steps = np.exp(theta * levels) - np.exp(theta * (levels - 1))
+            self.log_mgf[:, t] += np.bincount(f.cand, weights=np.log1p(tails @ steps),
+                                              minlength=n_cand)
+        self.log_min += np.bincount(f.cand, weights=np.log(f.pe[:, 0]), minlength=n_cand)
+        self.width += np.bincount(f.cand, minlength=n_cand)
+
+    def chernoff(self) -> np.ndarray:
+        """Chernoff bound on P(Z >= z) (see ``_z_chernoff``) from the sums."""
+        z = self.support.sum(axis=1)
+        best = np.zeros(z.size)
+        for t, theta in enumerate(_THETAS):
+            best = np.minimum(best, self.log_mgf[:, t] - theta * z)
+        return np.minimum(np.exp(best), 1.0)
+
+    def worth_frames(self, cfg: DiscoveryConfig) -> np.ndarray:
+        """Candidates whose frames the later steps may read: refinable or nominal."""
+        p = self.chernoff()
+        return (p <= max(0.05, cfg.alpha)) & (self.support[:, -1] >= cfg.accept_support)
+
+
+def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
+            frames: _Frames) -> _Tested:
+    """p-values from the sums, refined exactly where the frames allow; frames kept.
+
+    ``frames`` must hold every frame of each candidate it holds any frame of (all
+    candidates in a whole-log pass, ``_Sums.worth_frames`` ones in a partitioned pass).
+    """
+    cfg = ctx.cfg
+    n_cand, n_scales = keys.size, ctx.scales.size
+    support, width = sums.support, sums.width
     z = support.sum(axis=1)
-    tails = pe[:, ::-1]  # tails[:, l-1] = P(Z_e >= l)
-    p = _z_chernoff(tails, cand, n_cand, z)
-    width = np.diff(frame_start)
+    p = sums.chernoff()
+    frame_start = np.concatenate(([0], np.cumsum(np.bincount(frames.cand,
+                                                              minlength=n_cand))))
+    held_frames = np.diff(frame_start) == width
+    tails = frames.pe[:, ::-1]
     refine = np.flatnonzero((p <= 0.05) & (support[:, -1] >= cfg.accept_support)
-                            & (width <= 4096) & (z <= 4096))
+                            & (width <= 4096) & (z <= 4096) & held_frames)
     if refine.size:
         refine = refine[np.argsort(width[refine] * z[refine], kind="stable")]
         budget = 2_000_000
@@ -756,16 +857,26 @@ def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray
                 p[chunk] = np.minimum(p[chunk], exact)
                 chunk = []
     p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
-    log_min = np.bincount(cand, weights=np.log(pe[:, 0]), minlength=n_cand)
-    minp = np.minimum(1.0, np.exp(log_min))
+    minp = np.minimum(1.0, np.exp(sums.log_min))
     # a candidate whose frames are fewer than accept_support can never be accepted
     minp = np.where(width >= cfg.accept_support, minp, 1.0)
-    single = poisson_tail_bound(support, expected)
+    single = poisson_tail_bound(support, sums.expected)
     best = np.argmin(single + (support < cfg.accept_support), axis=1) if n_cand \
         else np.zeros(0, np.int64)
     return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
-                   expected=expected, frame_start=frame_start, frame_ep=f_ep, frame_m=f_m,
-                   frame_pe=pe)
+                   expected=sums.expected, frame_start=frame_start, frame_ep=frames.ep,
+                   frame_m=frames.m, frame_pe=frames.pe)
+
+
+def _test_candidates(ctx: _Episodes, rows: dict, length: int, set_ep: np.ndarray,
+                     set_row_key: np.ndarray) -> _Tested:
+    """Within-episode null p-values at every scale for candidates with enough support."""
+    keys = rows["uk"][rows["support"] >= ctx.cfg.accept_support]
+    codes = _candidate_codes(keys, length, ctx.v)
+    frames = _frames(ctx, rows, length, keys, codes, set_ep, set_row_key)
+    sums = _Sums.zeros(keys.size, ctx.scales.size)
+    sums.add(frames, ctx.scales)
+    return _tested(ctx, keys, codes, sums, frames)
 
 
 COOCCURRENCE_TILT = 2.0
