@@ -96,6 +96,10 @@ class DiscoveryConfig:
     scales: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # x median gap
     max_lookback: int = 256  # events between two steps of a pattern, at most
     max_checked: int = 2000  # significant patterns examined in step 3 (strongest first)
+    # a log with more events is scanned in parts of about this many events (whole episodes):
+    # the candidate tests then hold one part's pairs and triples at a time, not the log's;
+    # 0 = always one pass over the whole log
+    part_events: int = 200_000
 
     def __post_init__(self) -> None:
         if self.min_gap < 0 or self.max_gap < self.min_gap:
@@ -119,6 +123,8 @@ class DiscoveryConfig:
         self.scales = tuple(float(s) for s in self.scales)
         if any(not s > 0 for s in self.scales):
             raise ValueError(f"scales must be > 0, got {self.scales}")
+        if self.part_events < 0:
+            raise ValueError(f"part_events must be >= 0, got {self.part_events}")
         if self.max_lookback < 1 or self.max_checked < 1:
             raise ValueError(f"max_lookback and max_checked must be >= 1, got "
                              f"{self.max_lookback}, {self.max_checked}")
@@ -174,6 +180,12 @@ class EventLog:
         """The same slots (episodes, times) holding other codes."""
         return EventLog(self.episode, self.time, np.asarray(code, dtype=np.int64),
                         self.partition, self.episode_ids, self.codes)
+
+    def slice(self, first: int, last: int) -> EventLog:
+        """Episodes ``first`` .. ``last - 1`` (renumbered from 0): a view, no copy of events."""
+        lo, hi = np.searchsorted(self.episode, [first, last])
+        return EventLog(self.episode[lo:hi] - first, self.time[lo:hi], self.code[lo:hi],
+                        self.partition[first:last], self.episode_ids[first:last], self.codes)
 
     def select(self, rows: np.ndarray) -> EventLog:
         """Only the episodes whose row index is in ``rows`` (renumbered, order kept)."""
@@ -1435,24 +1447,17 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     """
     del rng
     start = _time.perf_counter()
-    ctx = _Episodes(log, cfg)
+    parts = _parts(log, cfg.part_events)
+    scan = _scan_whole if len(parts) < 2 else _scan_parts
+    ctx, candidates, by_length = scan(log, cfg, parts)
     v = ctx.v
-    pair_rows = _pair_rows(ctx)
-    frequent = pair_rows["uk"][pair_rows["support"] >= cfg.candidate_support]
-    left, right = _neighbours(ctx, frequent)
-    triple_rows = _triple_rows(ctx, left, right)
-    candidates = {2: frequent,
-                  3: triple_rows["uk"][triple_rows["support"] >= cfg.candidate_support]}
-    notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta}
+    notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
+                   "parts": len(parts)}
     if progress is not None:
         progress()
     scored: list[Relation] = []
     accepted_triples: list[Relation] = []
-    by_length = {3: triple_rows, 2: pair_rows} if cfg.pairs else {3: triple_rows}
-    for length, rows in by_length.items():
-        set_keys, set_counts, set_ep, set_row_key = _copresent_sets(ctx, length,
-                                                                    cfg.accept_support)
-        tested = _test_candidates(ctx, rows, length, set_ep, set_row_key)
+    for length, (tested, set_keys, set_counts) in by_length.items():
         set_weight = _cooccurrence_weights(ctx, set_keys, set_counts, length)
         tested.weight = _lookup(set_keys, set_weight, _sorted_set_key(tested.codes, v), 1.0) \
             if tested.keys.size else np.ones(0)
@@ -1476,6 +1481,132 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
                            null_max={}, config=cfg, n_events=int(log.code.size),
                            n_episodes=int(len(log.episode_ids)),
                            seconds=_time.perf_counter() - start, codes=log.codes, notes=notes)
+
+
+_Scan = tuple["_Episodes", dict[int, np.ndarray],
+              dict[int, tuple["_Tested", np.ndarray, np.ndarray]]]
+
+
+def _parts(log: EventLog, part_events: int) -> list[tuple[int, int]]:
+    """Consecutive episode ranges of about ``part_events`` events each (whole episodes)."""
+    n_ep = len(log.episode_ids)
+    if part_events <= 0 or log.code.size <= part_events:
+        return [(0, n_ep)]
+    ends = np.searchsorted(log.episode, np.arange(1, n_ep + 1))  # events up to each episode
+    cuts = np.searchsorted(ends, np.arange(part_events, log.code.size, part_events))
+    bounds = np.unique(np.concatenate(([0], cuts + 1, [n_ep])).clip(0, n_ep))
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
+    """Candidates and their tests in one pass over the whole log (small logs)."""
+    del parts
+    ctx = _Episodes(log, cfg)
+    pair_rows = _pair_rows(ctx)
+    frequent = pair_rows["uk"][pair_rows["support"] >= cfg.candidate_support]
+    left, right = _neighbours(ctx, frequent)
+    triple_rows = _triple_rows(ctx, left, right)
+    candidates = {2: frequent,
+                  3: triple_rows["uk"][triple_rows["support"] >= cfg.candidate_support]}
+    by_length = {}
+    for length, rows in ({3: triple_rows, 2: pair_rows} if cfg.pairs
+                         else {3: triple_rows}).items():
+        set_keys, set_counts, set_ep, set_row_key = _copresent_sets(ctx, length,
+                                                                    cfg.accept_support)
+        by_length[length] = (_test_candidates(ctx, rows, length, set_ep, set_row_key),
+                             set_keys, set_counts)
+    return ctx, candidates, by_length
+
+
+class _Tally:
+    """Counts per key summed over parts, kept merged (memory: the distinct keys)."""
+
+    def __init__(self) -> None:
+        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Add one part's (unique keys, counts)."""
+        merged = np.concatenate((self.keys, keys))
+        weights = np.concatenate((self.counts, counts))
+        order = np.argsort(merged, kind="stable")
+        merged, weights = merged[order], weights[order]
+        if merged.size == 0:
+            return
+        starts = np.flatnonzero(np.concatenate(([True], merged[1:] != merged[:-1])))
+        self.keys, self.counts = merged[starts], np.add.reduceat(weights, starts)
+
+    def at_least(self, minimum: int) -> np.ndarray:
+        """Keys counted ``minimum`` times or more (sorted)."""
+        return self.keys[self.counts >= minimum]
+
+
+def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]]) -> _Scan:
+    """The same candidates and tests as ``_scan_whole``, one part of the log at a time.
+
+    Every statistic is a sum over episodes, so parts add up: pass 1 counts pairs (and fills
+    the per-episode slot counts), pass 2 triples built on the pairs frequent over the whole
+    log, pass 3 sums each candidate's evidence, pass 4 keeps the frames of the candidates
+    the later steps read. Memory: one part's rows plus the distinct keys and those frames.
+    """
+    ctx = _Episodes(log, cfg, pairs=False)
+    lengths = (3, 2) if cfg.pairs else (3,)
+
+    def each_part():
+        for first, last in parts:
+            yield first, _Episodes(log.slice(first, last), cfg, whole=ctx)
+
+    pair_support, pair_sets = _Tally(), _Tally()
+    for first, part in each_part():
+        ctx.t2[first:first + part.n_ep] = part.t2
+        ctx.t3[first:first + part.n_ep] = part.t3
+        rows = _pair_rows(part)
+        pair_support.add(rows["uk"], rows["support"])
+        pair_sets.add(*_counts(_copresent_pairs(part)[1]))
+    frequent = pair_support.at_least(cfg.candidate_support)
+    co_frequent = pair_sets.at_least(cfg.accept_support)
+    triple_support, triple_sets = _Tally(), _Tally()
+    for _, part in each_part():
+        rows = _triple_rows(part, *_neighbours(part, frequent))
+        triple_support.add(rows["uk"], rows["support"])
+        triple_sets.add(*_counts(_copresent_triples(part, co_frequent)[1]))
+    candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
+    support = {2: pair_support, 3: triple_support}
+    sets = {2: pair_sets, 3: triple_sets}
+    keys = {n: support[n].at_least(cfg.accept_support) for n in lengths}
+    codes = {n: _candidate_codes(keys[n], n, ctx.v) for n in lengths}
+    set_keys = {n: sets[n].at_least(cfg.accept_support) for n in lengths}
+
+    def part_frames(part: _Episodes, first: int, wanted: dict) -> dict[int, _Frames]:
+        out, rows = {}, {2: _pair_rows(part)}
+        if 3 in lengths:
+            rows[3] = _triple_rows(part, *_neighbours(part, frequent))
+        for n in lengths:
+            set_ep, set_key = (_copresent_pairs(part) if n == 2
+                               else _copresent_triples(part, co_frequent))
+            sel = _member(set_keys[n], set_key)
+            k = keys[n] if wanted is None else keys[n][wanted[n]]
+            c = codes[n] if wanted is None else codes[n][wanted[n]]
+            f = _frames(part, rows[n], n, k, c, set_ep[sel], set_key[sel], first)
+            if wanted is not None:
+                f.cand = wanted[n][f.cand]
+            out[n] = f
+        return out
+
+    sums = {n: _Sums.zeros(keys[n].size, ctx.scales.size) for n in lengths}
+    for first, part in each_part():
+        for n, f in part_frames(part, first, None).items():
+            sums[n].add(f, ctx.scales)
+    wanted = {n: np.flatnonzero(sums[n].worth_frames(cfg)) for n in lengths}
+    kept: dict[int, list[_Frames]] = {n: [] for n in lengths}
+    for first, part in each_part():
+        for n, f in part_frames(part, first, wanted).items():
+            kept[n].append(f)
+    by_length = {}
+    for n in lengths:
+        frames = _Frames.concat(kept[n], ctx.scales.size)
+        by_length[n] = (_tested(ctx, keys[n], codes[n], sums[n], frames), set_keys[n],
+                        sets[n].counts[sets[n].counts >= cfg.accept_support])
+    return ctx, candidates, by_length
 
 
 def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
