@@ -75,3 +75,13 @@ def test_a_slice_is_episodes_renumbered_from_zero():
 def test_part_events_is_validated():
     with pytest.raises(ValueError, match="part_events"):
         DiscoveryConfig(part_events=-1)
+
+
+def test_parts_built_a_few_candidates_at_a_time_give_the_same(monkeypatch):
+    from thinkmem_ros.consolidator import discovery
+
+    log = _world_log("heartbeat")
+    want = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))
+    monkeypatch.setattr(discovery, "FRAME_BLOCK", 400)  # several blocks per part
+    got = discover(log, DiscoveryConfig(part_events=900), np.random.default_rng(0))
+    assert _scored(got) == _scored(want)

@@ -6,7 +6,7 @@
 
 BENCHMARKS: tuple[str, ...] = (
     "exp1", "exp2", "exp3", "exp5", "exp6", "latency",
-    "node", "transport", "values", "memctl", "rounds", "faults", "real",
+    "node", "transport", "values", "memctl", "rounds", "faults", "real", "fleet",
 )
 
 
@@ -39,6 +39,8 @@ def load(name: str):
             from thinkmem_ros.bench import faults as module
         case "real":
             from thinkmem_ros.bench import real as module
+        case "fleet":
+            from thinkmem_ros.bench import fleet as module
         case _:
             raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     return module

@@ -1540,6 +1540,29 @@ class _Tally:
         return self.keys[self.counts >= minimum]
 
 
+FRAME_BLOCK = 1_000_000  # frames built at once in a partitioned scan (~100 MB)
+
+
+def _blocks(subset: np.ndarray, codes: np.ndarray, set_key: np.ndarray, v: int):
+    """Split candidate indices so each block has at most ~``FRAME_BLOCK`` frames here.
+
+    A frame is an episode holding the candidate's code set; with a small vocabulary every
+    set is in many episodes, and one part's frames of all candidates would not fit.
+    """
+    if subset.size == 0:
+        return
+    srk = np.sort(set_key)
+    skey = _sorted_set_key(codes[subset], v)
+    width = np.searchsorted(srk, skey, side="right") - np.searchsorted(srk, skey)
+    ends = np.cumsum(width)
+    start = 0
+    while start < subset.size:
+        base = ends[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + FRAME_BLOCK, side="right")))
+        yield subset[start:stop]
+        start = stop
+
+
 def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]]) -> _Scan:
     """The same candidates and tests as ``_scan_whole``, one part of the log at a time.
 
@@ -1576,30 +1599,31 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     codes = {n: _candidate_codes(keys[n], n, ctx.v) for n in lengths}
     set_keys = {n: sets[n].at_least(cfg.accept_support) for n in lengths}
 
-    def part_frames(part: _Episodes, first: int, wanted: dict) -> dict[int, _Frames]:
-        out, rows = {}, {2: _pair_rows(part)}
+    def part_frames(part: _Episodes, first: int, subset: dict):
+        """(length, frames) of ``subset``'s candidates in one part, a block at a time."""
+        rows = {2: _pair_rows(part)}
         if 3 in lengths:
             rows[3] = _triple_rows(part, *_neighbours(part, frequent))
         for n in lengths:
             set_ep, set_key = (_copresent_pairs(part) if n == 2
                                else _copresent_triples(part, co_frequent))
             sel = _member(set_keys[n], set_key)
-            k = keys[n] if wanted is None else keys[n][wanted[n]]
-            c = codes[n] if wanted is None else codes[n][wanted[n]]
-            f = _frames(part, rows[n], n, k, c, set_ep[sel], set_key[sel], first)
-            if wanted is not None:
-                f.cand = wanted[n][f.cand]
-            out[n] = f
-        return out
+            set_ep, set_key = set_ep[sel], set_key[sel]
+            for block in _blocks(subset[n], codes[n], set_key, ctx.v):
+                f = _frames(part, rows[n], n, keys[n][block], codes[n][block], set_ep,
+                            set_key, first)
+                f.cand = block[f.cand]
+                yield n, f
 
     sums = {n: _Sums.zeros(keys[n].size, ctx.scales.size) for n in lengths}
+    every = {n: np.arange(keys[n].size) for n in lengths}
     for first, part in each_part():
-        for n, f in part_frames(part, first, None).items():
+        for n, f in part_frames(part, first, every):
             sums[n].add(f, ctx.scales)
     wanted = {n: np.flatnonzero(sums[n].worth_frames(cfg)) for n in lengths}
     kept: dict[int, list[_Frames]] = {n: [] for n in lengths}
     for first, part in each_part():
-        for n, f in part_frames(part, first, wanted).items():
+        for n, f in part_frames(part, first, wanted):
             kept[n].append(f)
     by_length = {}
     for n in lengths:
