@@ -49,7 +49,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check thinkmem_ros test
 
-BENCHES := exp1 exp2 exp3 exp5 exp6 latency node transport values memctl rounds faults
+BENCHES := exp1 exp2 exp3 exp5 exp6 latency node transport values memctl rounds faults fleet
 BENCH_DIR ?= bench_results
 
 # Every benchmark, one after another (they compete for the CPU), then the Markdown tables.
