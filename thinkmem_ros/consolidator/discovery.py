@@ -459,16 +459,47 @@ def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default=0):
     query = np.asarray(query)
     if keys.size == 0:
         return np.full(query.shape, default, dtype=np.asarray(values).dtype)
-    pos = np.clip(np.searchsorted(keys, query), 0, keys.size - 1)
+    pos = _positions(keys, query)
     return np.where(keys[pos] == query, values[pos], default)
 
 
+BITMAP_KEYS = 1 << 26  # key ranges up to this are looked up in a bitmap (<= 64 MB)
+
+
 def _member(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """Elementwise ``query in sorted_keys`` by binary search (keys sorted, unique)."""
+    """Elementwise ``query in sorted_keys`` (keys sorted, unique, >= 0).
+
+    Pair keys (< V^2) are looked up in a bitmap: a binary search per query over millions of
+    keys misses the cache on every step, and this runs for every slot pair of the log.
+    """
+    query = np.asarray(query)
     if sorted_keys.size == 0:
-        return np.zeros(np.shape(query), bool)
-    pos = np.clip(np.searchsorted(sorted_keys, query), 0, sorted_keys.size - 1)
+        return np.zeros(query.shape, bool)
+    top = int(sorted_keys[-1])
+    if top < BITMAP_KEYS and query.size * 64 > top:
+        bitmap = np.zeros(top + 1, bool)
+        bitmap[sorted_keys] = True
+        inside = (query >= 0) & (query <= top)
+        out = np.zeros(query.shape, bool)
+        out[inside] = bitmap[query[inside]]
+        return out
+    pos = _positions(sorted_keys, query)
     return sorted_keys[pos] == query
+
+
+def _positions(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``searchsorted`` clipped to valid indices; large random queries are searched sorted.
+
+    Sorted queries let each search start where the last one ended: 4-5x faster on millions
+    of keys, where a random binary search misses the cache at every step.
+    """
+    if query.ndim == 1 and query.size > 4096 and sorted_keys.size > 65536:
+        order = np.argsort(query)
+        pos = np.empty(query.size, np.int64)
+        pos[order] = np.searchsorted(sorted_keys, query[order])
+    else:
+        pos = np.searchsorted(sorted_keys, query)
+    return np.clip(pos, 0, sorted_keys.size - 1)
 
 
 def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1519,21 +1550,49 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
 
 
 class _Tally:
-    """Counts per key summed over parts, kept merged (memory: the distinct keys)."""
+    """Counts per key summed over parts (memory: the distinct keys, plus a pending buffer).
+
+    Parts' counts wait in a buffer and are merged once the buffer outgrows the merged
+    keys, so the merges cost O(N log N) over the scan, not a full re-sort per part.
+    """
 
     def __init__(self) -> None:
-        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._keys, self._counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_size = 0
 
     def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
         """Add one part's (unique keys, counts)."""
-        merged = np.concatenate((self.keys, keys))
-        weights = np.concatenate((self.counts, counts))
-        order = np.argsort(merged, kind="stable")
+        self._pending.append((keys, counts))
+        self._pending_size += keys.size
+        if self._pending_size > max(self._keys.size, 1 << 20):
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self._pending:
+            return
+        merged = np.concatenate([self._keys, *(k for k, _ in self._pending)])
+        weights = np.concatenate([self._counts, *(c for _, c in self._pending)])
+        self._pending, self._pending_size = [], 0
+        order = np.argsort(merged)
         merged, weights = merged[order], weights[order]
+        del order
         if merged.size == 0:
             return
         starts = np.flatnonzero(np.concatenate(([True], merged[1:] != merged[:-1])))
-        self.keys, self.counts = merged[starts], np.add.reduceat(weights, starts)
+        self._keys, self._counts = merged[starts], np.add.reduceat(weights, starts)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """Distinct keys seen (sorted)."""
+        self._merge()
+        return self._keys
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Their counts."""
+        self._merge()
+        return self._counts
 
     def at_least(self, minimum: int) -> np.ndarray:
         """Keys counted ``minimum`` times or more (sorted)."""
