@@ -12,8 +12,9 @@ tails, no permutations, logs above ``part_events`` scanned in parts. Reported pe
 seconds, peak RSS, planted-rule recall and false relations (accepted triples not planted).
 ``results.embedded.discovery_s_1e7`` / ``peak_rss_gb`` and ``results.rule_recall_1e7`` /
 ``false_relations_1e7`` come from the 10^7-event size (full run only; ``--quick`` stops
-at 10^6 and reports those keys as null). A ``small_vocabulary`` point repeats 10^6 events
-with 48 codes, where every code is frequent and candidate generation is at its costliest.
+at 10^6 and reports those keys as null). A ``small_vocabulary`` point runs 3 x 10^5 events
+with 48 codes, where every code is frequent and each candidate's evidence is spread over
+thousands of episodes (the costliest case per event).
 
 Ingest (``bench/fleet_ingest.py``): robots in their own processes shipping to one and two
 receive-only processes on one store (``ingest_per_s_1`` / ``_2``, no target on 2 cores),
@@ -40,6 +41,7 @@ BACKGROUND = 20.0
 SIZES = (100_000, 300_000, 1_000_000, 3_000_000, 10_000_000)
 QUICK_SIZES = (100_000, 300_000, 1_000_000)
 SMALL_VOCABULARY = 48
+SMALL_VOCABULARY_EVENTS = 300_000  # 48 codes cost ~1 ms per event: 10^6 takes ~20 min
 
 
 def fleet_log(n_events: int, n_codes: int, seed: int):
@@ -106,11 +108,19 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+MEMORY_CAP_GB = 14.0  # address space per size: a size that needs more fails, reported
+SIZE_TIMEOUT_S = {10_000_000: 900.0}  # the rest: 3600 s
+
+
 def _discovery_child(n_events: int, n_codes: int, seed: int, out) -> None:
     """One size in a fresh process: build the stream, then time discovery alone."""
+    import resource
+
     from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
     from thinkmem_ros.world.event_worlds import score_triples
 
+    cap = int(MEMORY_CAP_GB * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
         start = time.perf_counter()
         log, w, robot_of = fleet_log(n_events, n_codes, seed)
@@ -130,7 +140,9 @@ def _discovery_child(n_events: int, n_codes: int, seed: int, out) -> None:
                  "parts": result.notes.get("parts", 1), "rule_recall": score["recall"],
                  "false_relations": score["fp"], "accepted": len(result.accepted)})
     except Exception as exc:  # noqa: BLE001 - reported as the size's outcome
-        out.put({"n_events": n_events, "n_codes": n_codes, "error": f"{exc}"[:300]})
+        out.put({"n_events": n_events, "n_codes": n_codes,
+                 "error": f"{type(exc).__name__}: {exc}"[:300],
+                 "peak_rss_gb": round(_peak_rss_gb(), 3)})
 
 
 def discovery_at(n_events: int, n_codes: int = N_CODES, seed: int = 0,
@@ -151,6 +163,10 @@ def discovery_at(n_events: int, n_codes: int = N_CODES, seed: int = 0,
     if proc.exitcode not in (0, None) and "error" not in row:
         row["error"] = f"exit code {proc.exitcode}"
     return row
+
+
+def _failed(row: dict | None) -> str | None:
+    return None if row is None else row.get("error")
 
 
 def _linear_exponent(rows: list[dict]) -> float | None:
@@ -174,9 +190,9 @@ def run(quick: bool, seeds: int) -> dict:
     with bench_progress() as progress:
         task = progress.add_task("fleet", total=len(sizes) + 5)
         for n in sizes:
-            rows.append(discovery_at(n))
+            rows.append(discovery_at(n, timeout_s=SIZE_TIMEOUT_S.get(n, 3600.0)))
             progress.advance(task)
-        small = discovery_at(1_000_000, SMALL_VOCABULARY)
+        small = discovery_at(SMALL_VOCABULARY_EVENTS, SMALL_VOCABULARY)
         progress.advance(task)
         records = 8000 if quick else 20000
         one = fleet_ingest.ingest_rate(1, robots=4, records=records)
@@ -187,14 +203,16 @@ def run(quick: bool, seeds: int) -> dict:
         progress.advance(task)
         wire = fleet_ingest.bytes_per_experience(records=2000, ship_every=1)
         progress.advance(task)
-    top = next((r for r in rows if r["n_events"] >= 9_000_000 and "seconds" in r), None)
+    big = next((r for r in rows if r["n_events"] >= 9_000_000), None)
+    top = big if big is not None and "seconds" in big else None
     from thinkmem_ros.consolidator.discovery import DiscoveryConfig
 
     cfg = DiscoveryConfig()
     results = {
         "embedded": {"discovery_s_1e7": None if top is None else top["seconds"],
                      "peak_rss_gb": None if top is None else top["peak_rss_gb"],
-                     "time_exponent": _linear_exponent(rows)},
+                     "time_exponent": _linear_exponent(rows),
+                     "failed_1e7": _failed(big)},
         "ray": {"discovery_s_1e7": None, "same_patterns": None,
                 "status": "not implemented: no distributed engine yet"},
         "permutations": 0,
@@ -206,7 +224,7 @@ def run(quick: bool, seeds: int) -> dict:
         "bytes_per_experience": {"before": round(wire["before"], 1),
                                  "after": round(wire["after"], 1),
                                  "ratio": round(wire["ratio"], 2)},
-        "small_vocabulary_1e6": small,
+        "small_vocabulary": small,
     }
     return {
         "results": results,
