@@ -214,3 +214,16 @@ def test_a_receiver_killed_mid_flush_loses_and_duplicates_nothing(tmp_path):
         on_disk = {str(p.relative_to(store.lake_dir)) for p in store.lake_dir.rglob("*")
                    if p.is_file()}
         assert on_disk == listed
+
+
+def test_a_damaged_lake_file_is_a_store_error_naming_the_lake(tmp_path):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        store.insert_many([exp(1), exp(2)])
+        store.flush()
+        listed = next(store.lake_dir.rglob("*.parquet"))
+        listed.write_bytes(listed.read_bytes()[:40])  # truncated on disk
+        assert store.count() == 2  # the manifest still answers
+        with pytest.raises(StoreError, match="cannot read the lake"):
+            list(store.iter_all())
+        with pytest.raises(StoreError, match="cannot read the lake"):
+            store.episode_events()

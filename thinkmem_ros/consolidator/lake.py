@@ -34,6 +34,10 @@ COLUMNS = ("id", "robot_id", "seq", "episode_id", "stamp", "bundle_version", "pa
            "events", "reward", "received_at", "signal_set")
 
 
+class LakeError(RuntimeError):
+    """A listed lake file cannot be read (truncated, tampered with, deleted by hand)."""
+
+
 @dataclass(frozen=True)
 class LakeFile:
     """One Parquet file as the manifest lists it (``path`` relative to the lake root)."""
@@ -128,9 +132,15 @@ class ParquetLake:
         """Run ``sql`` with ``{src}`` standing for the listed files; [] when none are listed."""
         if not files:
             return []
+        import duckdb
+
         src = "read_parquet(?)"
         paths = [str(self.root / f) for f in files]
-        return self.db.execute(sql.format(src=src), [paths, *params]).fetchall()
+        try:
+            return self.db.execute(sql.format(src=src), [paths, *params]).fetchall()
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LakeError(f"{self.root}: cannot read the lake: {first}") from exc
 
     @property
     def db(self):

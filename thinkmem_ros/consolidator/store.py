@@ -24,7 +24,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from thinkmem_ros.consolidator.lake import COLUMNS, LakeFile, ParquetLake, lake_dir_for
+from thinkmem_ros.consolidator.lake import (
+    COLUMNS,
+    LakeError,
+    LakeFile,
+    ParquetLake,
+    lake_dir_for,
+)
 from thinkmem_ros.link.experience import (
     Experience,
     ExperienceError,
@@ -267,7 +273,7 @@ class ExperienceStore:
                 " (SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
                 " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)"
             ).fetchall()
-        lake = self._lake.query(
+        lake = self._lake_query(
             "SELECT robot_id, episode_id, stamp, seq, events FROM {src} QUALIFY row_number()"
             " OVER (PARTITION BY robot_id, episode_id ORDER BY stamp DESC, seq DESC) = 1",
             files)
@@ -317,7 +323,13 @@ class ExperienceStore:
         with self._snapshot():
             files = self._lake_files(robot_id, after_id)
             tail = self._conn.execute(sql.format(src="experiences"), params).fetchall()
-        return self._lake.query(sql, files, params), tail
+        return self._lake_query(sql, files, params), tail
+
+    def _lake_query(self, sql: str, files: list[str], params: Sequence = ()) -> list[tuple]:
+        try:
+            return self._lake.query(sql, files, params)
+        except LakeError as exc:
+            raise StoreError(str(exc)) from exc
 
     def _lake_files(self, robot_id: str | None = None, after_id: int = 0) -> list[str]:
         sql, params = "SELECT path FROM lake_files WHERE max_id > ?", [after_id]
