@@ -676,25 +676,30 @@ def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
     return rows
 
 
-def _copresent_pairs(ctx: _Episodes) -> tuple[np.ndarray, np.ndarray]:
-    """(episode, code-pair key) rows: every pair of distinct codes an episode holds."""
+def _presence_pairs(ctx: _Episodes) -> tuple[np.ndarray, ...]:
+    """Per episode, every pair of the distinct codes it holds, as presence-row indices.
+
+    Returns (episode of each presence row, its code, first row, second row, each row's
+    episode end); rows of one episode are consecutive and ordered by code.
+    """
     v = ctx.v
     ep, code = ctx.pres_key // v, ctx.pres_key % v
     starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
     ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
     g, off = _expand(np.maximum(ends - np.arange(ep.size) - 1, 0))
-    second = g + 1 + off
-    return ep[g], code[g] * v + code[second]
+    return ep, code, g, g + 1 + off, ends
+
+
+def _copresent_pairs(ctx: _Episodes) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, code-pair key) rows: every pair of distinct codes an episode holds."""
+    ep, code, first, second, _ = _presence_pairs(ctx)
+    return ep[first], code[first] * ctx.v + code[second]
 
 
 def _copresent_triples(ctx: _Episodes, frequent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(episode, code-triple key) rows for triples whose three pairs are all ``frequent``."""
     v = ctx.v
-    ep, code = ctx.pres_key // v, ctx.pres_key % v
-    starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
-    ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
-    g, off = _expand(np.maximum(ends - np.arange(ep.size) - 1, 0))
-    second = g + 1 + off
+    ep, code, g, second, ends = _presence_pairs(ctx)
     sel = _member(frequent, code[g] * v + code[second])
     p_first, p_second = g[sel], second[sel]
     g2, off2 = _expand(np.maximum(ends[p_second] - p_second - 1, 0))

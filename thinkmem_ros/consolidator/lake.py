@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from thinkmem_ros.policy.bundle import fsync_dir
+
 # Column order of a lake row: the SQLite tail's columns, so one SELECT feeds both.
 COLUMNS = ("id", "robot_id", "seq", "episode_id", "stamp", "bundle_version", "payload",
            "events", "reward", "received_at", "signal_set")
@@ -102,8 +104,9 @@ class ParquetLake:
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
             try:
                 pq.write_table(table, tmp, compression="zstd")
-                _fsync(tmp)
+                fsync_dir(tmp)  # the file's data (fsync of any path opened read-only)
                 os.replace(tmp, target)
+                fsync_dir(target.parent)  # the rename
             finally:
                 tmp.unlink(missing_ok=True)
             written.append(LakeFile(rel, robot_id, day, len(part), part[0][0], part[-1][0]))
@@ -156,11 +159,3 @@ class ParquetLake:
         if self._db is not None:
             self._db.close()
             self._db = None
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
