@@ -258,6 +258,10 @@ def plot(report: dict, path) -> None:
         ref = np.array([n[0], n[-1]], float)
         left.loglog(ref, rows[0]["seconds"] * ref / n[0], ":", color="grey",
                     label="linear from the smallest")
+    for r in report["curves"]["discovery"]:
+        if "error" in r and r.get("peak_rss_gb"):  # a size that failed: where it stopped
+            right.plot([r["n_events"]], [r["peak_rss_gb"]], "rx", markersize=10,
+                       label=f"{r['n_events']:.0e} failed: {r['error'].split(':')[0]}")
     left.axhline(600, color="r", linestyle="--", label="target at 1e7: 600 s")
     right.axhline(2.0, color="r", linestyle="--", label="target: 2 GB")
     left.set(xlabel="events", ylabel="discovery seconds", title="time")
@@ -266,7 +270,9 @@ def plot(report: dict, path) -> None:
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     res = report["results"]
-    fig.suptitle(f"bench fleet: rule recall @1e7 {res['rule_recall_1e7']}, false "
+    recall = res["rule_recall_1e7"]
+    fig.suptitle(f"bench fleet: rule recall @1e7 "
+                 f"{'not measured' if recall is None else recall}, false "
                  f"{res['false_relations_1e7']}; ingest 1/2 receivers "
                  f"{res['ingest_per_s_1']:.0f}/{res['ingest_per_s_2']:.0f} per s; kill lost "
                  f"{res['receiver_kill']['lost']}", fontsize=9)
