@@ -227,3 +227,18 @@ def test_a_damaged_lake_file_is_a_store_error_naming_the_lake(tmp_path):
             list(store.iter_all())
         with pytest.raises(StoreError, match="cannot read the lake"):
             store.episode_events()
+
+
+def test_a_flush_that_fails_during_ingest_keeps_ingesting(tmp_path, caplog):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=3) as store:
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        blocker = store.lake_dir / "robot=r1" / f"day={day}" / "part-1-3.parquet"
+        blocker.mkdir(parents=True)  # the flush the third row triggers cannot rename
+        assert store.insert_many([exp(1), exp(2)]) == (2, 0)
+        assert store.insert_many([exp(3)]) == (1, 0)  # committed, then the flush failed
+        assert "stay in the SQLite tail" in caplog.text
+        assert store.insert_many([exp(3), exp(4)]) == (1, 1)
+        blocker.rmdir()
+        assert store.insert_many([exp(5), exp(6)]) == (2, 0)  # the next try moves them all
+        assert store._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0] == 0
+        assert [e.seq for e in store.iter_all()] == [1, 2, 3, 4, 5, 6]

@@ -17,6 +17,7 @@ decoded again) next to indexed columns for the queries discovery and retraining 
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -71,6 +72,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
+log = logging.getLogger(__name__)
 # Tail rows that trigger a move into the lake: ~28 MB of payloads, a few files per robot
 # and day per flush; small enough that the flush (about a second) barely delays an ack.
 DEFAULT_FLUSH_ROWS = 20_000
@@ -356,7 +358,11 @@ class ExperienceStore:
         else:
             self._tail_rows += stored
         if self._tail_rows >= self.flush_rows:
-            self.flush()
+            try:
+                self.flush()
+            except StoreError as exc:  # the batch is committed: ingest goes on, tail grows
+                self._tail_rows = 0  # try again after another flush_rows rows
+                log.warning("experiences stay in the SQLite tail: %s", exc)
 
     def _flush_chunk(self, chunk: int) -> int:
         written: list[LakeFile] = []
