@@ -170,7 +170,7 @@ class ExperienceStore:
         manifest, keys kept in ``flushed_keys``, tail rows deleted, all committed together.
         """
         moved = 0
-        while (n := self._flush_chunk(chunk)) > 0:
+        while (n := self._flush_chunk(chunk, sweep=moved == 0)) > 0:
             moved += n
         self._tail_rows = 0
         return moved
@@ -364,7 +364,7 @@ class ExperienceStore:
                 self._tail_rows = 0  # try again after another flush_rows rows
                 log.warning("experiences stay in the SQLite tail: %s", exc)
 
-    def _flush_chunk(self, chunk: int) -> int:
+    def _flush_chunk(self, chunk: int, sweep: bool) -> int:
         written: list[LakeFile] = []
         try:
             with self._conn:
@@ -374,8 +374,9 @@ class ExperienceStore:
                     (chunk,)).fetchall()
                 if not rows:
                     return 0
-                listed = {r[0] for r in self._conn.execute("SELECT path FROM lake_files")}
-                self._lake.remove_unlisted(listed)  # leftovers of a crashed flush
+                if sweep:  # leftovers of a crashed flush; once per flush, not per chunk
+                    listed = {r[0] for r in self._conn.execute("SELECT path FROM lake_files")}
+                    self._lake.remove_unlisted(listed)
                 self._lake.write(rows, written)
                 self._conn.executemany(
                     "INSERT INTO lake_files VALUES (?, ?, ?, ?, ?, ?)",
