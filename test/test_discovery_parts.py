@@ -84,4 +84,40 @@ def test_parts_built_a_few_candidates_at_a_time_give_the_same(monkeypatch):
     want = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))
     monkeypatch.setattr(discovery, "FRAME_BLOCK", 400)  # several blocks per part
     got = discover(log, DiscoveryConfig(part_events=900), np.random.default_rng(0))
-    assert _scored(got) == _scored(want)
+    _assert_same(got, want)
+
+
+def _assert_same(got, want):
+    """Same scored patterns, reasons and episodes; p-values to 1e-9 (summation order)."""
+    a, b = _scored(got), _scored(want)
+    assert [x[:5] for x in a] == [y[:5] for y in b]
+    np.testing.assert_allclose([x[5] for x in a], [y[5] for y in b], rtol=1e-9)
+    assert got.notes["family_2"] == want.notes["family_2"]
+    assert got.notes["family_3"] == want.notes["family_3"]
+    for n in (2, 3):
+        assert np.array_equal(got.candidates[n], want.candidates[n])
+
+
+def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
+    """A fleet log's key counts and frames go through files; results must not change."""
+    from thinkmem_ros.consolidator import bucket_files, discovery, key_tally
+
+    log = _world_log("shared")
+    want = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))
+    made = []
+    real = bucket_files.BucketFiles.__init__
+
+    def counting(self, buckets, dtype, directory=None):
+        real(self, buckets, dtype, str(tmp_path))
+        made.append(self)
+
+    monkeypatch.setattr(key_tally, "MEMORY_ROWS", 500)  # every tally spills
+    monkeypatch.setattr(discovery, "FRAME_BLOCK", 300)  # many frame buckets
+    monkeypatch.setattr(bucket_files.BucketFiles, "__init__", counting)
+    got = discover(log, DiscoveryConfig(part_events=800), np.random.default_rng(0))
+    _assert_same(got, want)
+    tallies = [f for f in made if f.dtype.names == ("key", "count")]
+    frames = [f for f in made if "cand" in f.dtype.names]
+    assert len(tallies) == 4 and all(f.rows > 0 for f in tallies)
+    assert len(frames) == 2 and all(f.buckets > 3 for f in frames)
+    assert list(tmp_path.iterdir()) == []  # every spill folder removed

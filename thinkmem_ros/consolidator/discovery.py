@@ -78,6 +78,9 @@ from functools import cache
 
 import numpy as np
 
+from thinkmem_ros.consolidator.bucket_files import BucketFiles
+from thinkmem_ros.consolidator.key_tally import KeyTally
+
 
 @dataclass
 class DiscoveryConfig:
@@ -99,7 +102,7 @@ class DiscoveryConfig:
     # a log with more events is scanned in parts of about this many events (whole episodes):
     # the candidate tests then hold one part's pairs and triples at a time, not the log's;
     # 0 = always one pass over the whole log
-    part_events: int = 200_000
+    part_events: int = 50_000
 
     def __post_init__(self) -> None:
         if self.min_gap < 0 or self.max_gap < self.min_gap:
@@ -522,6 +525,7 @@ class _Episodes:
         median gap, scales and completeness, so per-episode sums match a whole-log pass.
         """
         self.log, self.cfg = log, cfg
+        self.pass_s: dict[str, float] = {}  # seconds per pass of a scan in parts
         self.n_ep = len(log.episode_ids)
         self.v = log.n_codes
         ep, t = log.episode, log.time
@@ -575,8 +579,8 @@ class _Episodes:
 
     def _index_codes(self) -> None:
         """Which codes each episode holds and where each code sits (what the checks read)."""
-        log, cfg = self.log, self.cfg
-        ep, t, n = log.episode, log.time, log.episode.size
+        log = self.log
+        ep, n = log.episode, log.episode.size
         # code presence: key = episode * V + code, with copies per episode
         self.pres_key, self.pres_count = _counts(ep * self.v + log.code)
         by_code = np.argsort(self.pres_key % self.v, kind="stable")
@@ -588,8 +592,19 @@ class _Episodes:
         by_code_rows = np.argsort(log.code, kind="stable")  # rows ascending within a code
         self._code_rows = by_code_rows
         self._code_row_start = np.searchsorted(log.code[by_code_rows], np.arange(self.v + 1))
-        span = float(t.max() - t.min()) + cfg.min_gap + 1.0 if n else 1.0
-        self.order_key = (t - (t.min() if n else 0.0)) + ep * span  # ascending over the log
+        self._order_key: np.ndarray | None = None
+
+    @property
+    def order_key(self) -> np.ndarray:
+        """A time that ascends over the whole log (episode after episode).
+
+        Built on first use: only a positive ``min_gap`` needs it.
+        """
+        if self._order_key is None:
+            t, ep, n = self.log.time, self.log.episode, self.log.episode.size
+            span = float(t.max() - t.min()) + self.cfg.min_gap + 1.0 if n else 1.0
+            self._order_key = (t - (t.min() if n else 0.0)) + ep * span
+        return self._order_key
 
     def rows_of(self, code: int) -> np.ndarray:
         """Log rows holding ``code``, ascending."""
@@ -640,14 +655,17 @@ def _neighbours(ctx: _Episodes, frequent: np.ndarray) -> tuple[dict, dict]:
             {"slot": rk // v, "code": rk % v, "gap": rgap})
 
 
-def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
-    """Per (episode, ordered triple of distinct codes): the tightest largest step gap."""
+def _triple_slots(ctx: _Episodes, left: dict, right: dict, with_gaps: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (nearest a, middle slot j, nearest c) combination of distinct codes.
+
+    Returns (episode, triple key, largest step gap) per combination, in ascending episode
+    order (the gaps are empty unless ``with_gaps``).
+    """
     log, v = ctx.log, ctx.v
     # group left by middle slot j; right (entries with slot == j) by j
     lo = np.argsort(left["slot"], kind="stable")
     ro = np.argsort(right["slot"], kind="stable")
-    left = {k: a[lo] for k, a in left.items()}
-    right = {k: a[ro] for k, a in right.items()}
     n = log.code.size
     lcount = np.bincount(left["slot"], minlength=n)
     rcount = np.bincount(right["slot"], minlength=n)
@@ -657,23 +675,64 @@ def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
     mids = np.flatnonzero(pairs)
     if mids.size == 0:
         z = np.zeros(0, np.int64)
-        return {"ep": z, "key": z, "m": np.zeros(0), "uk": z, "support": z}
+        return z, z, np.zeros(0)
     g, off = _expand(pairs[mids])
     j = mids[g]
-    li = lstart[j] + off // rcount[j]
-    ri = rstart[j] + off % rcount[j]
+    del g
+    li = lo[lstart[j] + off // rcount[j]]
+    ri = ro[rstart[j] + off % rcount[j]]
+    del off
     a, c = left["code"][li], right["code"][ri]
     ok = a != c
-    j, li, ri, a, c = j[ok], li[ok], ri[ok], a[ok], c[ok]
-    key = (a * v + log.code[j]) * v + c
-    m = np.maximum(left["gap"][li], right["gap"][ri])
-    ep = log.episode[j]
-    order = np.lexsort((m, key, ep))
+    j, a, c = j[ok], a[ok], c[ok]
+    m = np.maximum(left["gap"][li[ok]], right["gap"][ri[ok]]) if with_gaps else np.zeros(0)
+    del li, ri, ok
+    return log.episode[j], (a * v + log.code[j]) * v + c, m
+
+
+def _episode_key_order(ep: np.ndarray, key: np.ndarray, span: int) -> np.ndarray:
+    """Order of rows by (episode, key), ``ep`` non-decreasing and keys below ``span``.
+
+    One sort of a combined integer where it fits in 63 bits (3-10x faster than a lexsort
+    of millions of rows), a lexsort otherwise.
+    """
+    if ep.size == 0:
+        return np.zeros(0, np.int64)
+    base = int(ep[0])
+    if (int(ep[-1]) - base + 1) * span < 2 ** 62:
+        return np.argsort((ep - base) * span + key)
+    return np.lexsort((key, ep))
+
+
+def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
+    """Per (episode, ordered triple of distinct codes): the tightest largest step gap."""
+    ep, key, m = _triple_slots(ctx, left, right, with_gaps=True)
+    order = _episode_key_order(ep, key, ctx.v ** 3)
     ep, key, m = ep[order], key[order], m[order]
-    first = np.concatenate(([True], (ep[1:] != ep[:-1]) | (key[1:] != key[:-1])))
-    rows = {"ep": ep[first], "key": key[first], "m": m[first]}
+    starts = np.flatnonzero(np.concatenate(([True], (ep[1:] != ep[:-1])
+                                            | (key[1:] != key[:-1])))) \
+        if ep.size else np.zeros(0, np.int64)
+    rows = {"ep": ep[starts], "key": key[starts],
+            "m": np.minimum.reduceat(m, starts) if m.size else m}
     rows["uk"], rows["support"] = _counts(rows["key"])
     return rows
+
+
+def _triple_support_keys(ctx: _Episodes, left: dict, right: dict) -> np.ndarray:
+    """Triple keys once per episode that holds them (what a support count needs): no gaps."""
+    ep, key, _ = _triple_slots(ctx, left, right, with_gaps=False)
+    if ep.size == 0:
+        return key
+    span = ctx.v ** 3
+    base = int(ep[0])
+    if (int(ep[-1]) - base + 1) * span < 2 ** 62:
+        combined = np.sort((ep - base) * span + key)
+        del ep, key
+        distinct = np.concatenate(([True], combined[1:] != combined[:-1]))
+        return combined[distinct] % span
+    order = np.lexsort((key, ep))
+    ep, key = ep[order], key[order]
+    return key[np.concatenate(([True], (ep[1:] != ep[:-1]) | (key[1:] != key[:-1])))]
 
 
 def _presence_pairs(ctx: _Episodes) -> tuple[np.ndarray, ...]:
@@ -753,6 +812,9 @@ class _Tested:
     frame_m: np.ndarray  # tightest occurrence (nan when absent: never <= a scale)
     frame_pe: np.ndarray  # (R, S) null probability per frame and scale
     weight: np.ndarray = field(default_factory=lambda: np.ones(0))  # weighted-BH weights
+    # weighted smallest achievable p-values of candidates left out because they cannot be
+    # significant (a scan in parts keeps only the others): they still count for Tarone
+    other_minp: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 _THETAS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # the Chernoff bound's grid
@@ -774,24 +836,14 @@ class _Frames:
     m: np.ndarray  # (R,) tightest occurrence (nan when absent: never <= a scale)
     pe: np.ndarray  # (R, S) null probability per scale
 
-    @classmethod
-    def concat(cls, parts: list[_Frames], n_scales: int) -> _Frames:
-        """Frames of consecutive parts of the log, grouped by candidate (episode order kept)."""
-        if not parts:
-            z = np.zeros(0, np.int64)
-            return cls(z, z, np.zeros(0), np.zeros((0, n_scales)))
-        cand = np.concatenate([f.cand for f in parts])
-        order = np.argsort(cand, kind="stable")
-        return cls(cand[order], np.concatenate([f.ep for f in parts])[order],
-                   np.concatenate([f.m for f in parts])[order],
-                   np.concatenate([f.pe for f in parts])[order])
 
+def _frame_rows(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray,
+                codes: np.ndarray, set_ep: np.ndarray, set_row_key: np.ndarray
+                ) -> tuple[np.ndarray, ...]:
+    """Per frame of the candidates ``keys`` in ``ctx``'s episodes: what its test reads.
 
-def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np.ndarray,
-            set_ep: np.ndarray, set_row_key: np.ndarray, offset: int = 0) -> _Frames:
-    """Frames of the candidates ``keys`` in ``ctx``'s episodes, with null probabilities.
-
-    ``offset`` is added to the episode rows (``ctx`` holds a part of the log starting there).
+    Returns (candidate index, episode row in ``ctx``, tightest occurrence (nan when
+    absent), copies of each code (R, length)).
     """
     v = ctx.v
     order = np.argsort(set_row_key, kind="stable")
@@ -806,10 +858,18 @@ def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np
     order_o = np.argsort(combined, kind="stable")
     combined, occ_m = combined[order_o], rows["m"][order_o]
     f_m = _lookup(combined, occ_m, keys[cand] * (ctx.n_ep + 1) + f_ep, np.nan)
-    # null probability per frame and scale
-    n_e = ctx.n[f_ep].astype(np.float64)
     k = np.stack([ctx.copies(f_ep, codes[cand, c]) for c in range(length)], axis=1) \
         if f_ep.size else np.zeros((0, length), np.int64)
+    return cand, f_ep, f_m, k
+
+
+def _null_probs(ctx: _Episodes, f_ep: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(R, S) probability that each frame holds its pattern at each scale under the null.
+
+    ``f_ep`` indexes ``ctx``'s episodes, ``k`` (R, length) the copies of each code there.
+    """
+    length = k.shape[1]
+    n_e = ctx.n[f_ep].astype(np.float64)
     kprod = np.prod(k.astype(np.float64), axis=1)
     if length == 3:
         falling = n_e * (n_e - 1) * (n_e - 2)
@@ -823,8 +883,14 @@ def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np
                      else _p_order2(k[:, 0], k[:, 1]))
     pe = np.clip(pe, 1e-300, 1.0)
     # the true probability grows with the scale: a bound at g also bounds every g' < g
-    pe = np.minimum.accumulate(pe[:, ::-1], axis=1)[:, ::-1]
-    return _Frames(cand, f_ep + offset, f_m, pe)
+    return np.minimum.accumulate(pe[:, ::-1], axis=1)[:, ::-1]
+
+
+def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np.ndarray,
+            set_ep: np.ndarray, set_row_key: np.ndarray) -> _Frames:
+    """Frames of the candidates ``keys`` in ``ctx``'s episodes, with null probabilities."""
+    cand, f_ep, f_m, k = _frame_rows(ctx, rows, length, keys, codes, set_ep, set_row_key)
+    return _Frames(cand, f_ep, f_m, _null_probs(ctx, f_ep, k))
 
 
 @dataclass
@@ -868,18 +934,13 @@ class _Sums:
             best = np.minimum(best, self.log_mgf[:, t] - theta * z)
         return np.minimum(np.exp(best), 1.0)
 
-    def worth_frames(self, cfg: DiscoveryConfig) -> np.ndarray:
-        """Candidates whose frames the later steps may read: refinable or nominal."""
-        p = self.chernoff()
-        return (p <= max(0.05, cfg.alpha)) & (self.support[:, -1] >= cfg.accept_support)
-
 
 def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
             frames: _Frames) -> _Tested:
     """p-values from the sums, refined exactly where the frames allow; frames kept.
 
-    ``frames`` must hold every frame of each candidate it holds any frame of (all
-    candidates in a whole-log pass, ``_Sums.worth_frames`` ones in a partitioned pass).
+    ``frames`` must hold every frame of each candidate it holds any frame of (the
+    exact refinement reads them all).
     """
     cfg = ctx.cfg
     n_cand, n_scales = keys.size, ctx.scales.size
@@ -896,14 +957,17 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
         refine = refine[np.argsort(width[refine] * z[refine], kind="stable")]
         budget = 2_000_000
         chunk: list[int] = []
-        for ci in refine.tolist():
+        widest = highest = 0  # running maxima of the chunk (its padded DP size)
+        last = int(refine[-1])
+        for ci, w_ci, z_ci in zip(refine.tolist(), width[refine].tolist(),
+                                  z[refine].astype(np.int64).tolist()):
             chunk.append(ci)
-            cost = len(chunk) * int(width[chunk].max()) * int(z[chunk].max()) * n_scales
-            if cost > budget * 8 or ci == refine[-1]:
+            widest, highest = max(widest, w_ci), max(highest, z_ci)
+            if len(chunk) * widest * highest * n_scales > budget * 8 or ci == last:
                 exact = _z_tail([tails[frame_start[c]:frame_start[c + 1]] for c in chunk],
                                 z[chunk].astype(np.int64))
                 p[chunk] = np.minimum(p[chunk], exact)
-                chunk = []
+                chunk, widest, highest = [], 0, 0
     p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
     minp = np.minimum(1.0, np.exp(sums.log_min))
     # a candidate whose frames are fewer than accept_support can never be accepted
@@ -1488,7 +1552,7 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     ctx, candidates, by_length = scan(log, cfg, parts)
     v = ctx.v
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
-                   "parts": len(parts)}
+                   "parts": len(parts), "pass_s": dict(ctx.pass_s)}
     if progress is not None:
         progress()
     scored: list[Relation] = []
@@ -1498,8 +1562,10 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         tested.weight = _lookup(set_keys, set_weight, _sorted_set_key(tested.codes, v), 1.0) \
             if tested.keys.size else np.ones(0)
         family = math.factorial(length) * int(set_keys.size)
-        cutoff, k_star, m = tarone_bh(tested.p / tested.weight, tested.minp / tested.weight,
-                                      family, cfg.alpha)
+        left_out = tested.other_minp
+        cutoff, k_star, m = tarone_bh(
+            np.concatenate((tested.p / tested.weight, np.full(left_out.size, np.inf))),
+            np.concatenate((tested.minp / tested.weight, left_out)), family, cfg.alpha)
         notes[f"family_{length}"] = {"sets": int(set_keys.size), "hypotheses": family,
                                      "tarone_k": k_star, "testable": m, "cutoff": cutoff}
         relations = _examine(ctx, tested, length, cutoff)
@@ -1554,77 +1620,52 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
     return ctx, candidates, by_length
 
 
-class _Tally:
-    """Counts per key summed over parts (memory: the distinct keys, plus a pending buffer).
-
-    Parts' counts wait in a buffer and are merged once the buffer outgrows the merged
-    keys, so the merges cost O(N log N) over the scan, not a full re-sort per part.
-    """
-
-    def __init__(self) -> None:
-        self._keys, self._counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
-        self._pending_size = 0
-
-    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Add one part's (unique keys, counts)."""
-        self._pending.append((keys, counts))
-        self._pending_size += keys.size
-        if self._pending_size > max(self._keys.size, 1 << 20):
-            self._merge()
-
-    def _merge(self) -> None:
-        if not self._pending:
-            return
-        merged = np.concatenate([self._keys, *(k for k, _ in self._pending)])
-        weights = np.concatenate([self._counts, *(c for _, c in self._pending)])
-        self._pending, self._pending_size = [], 0
-        order = np.argsort(merged)
-        merged, weights = merged[order], weights[order]
-        del order
-        if merged.size == 0:
-            return
-        starts = np.flatnonzero(np.concatenate(([True], merged[1:] != merged[:-1])))
-        self._keys, self._counts = merged[starts], np.add.reduceat(weights, starts)
-
-    @property
-    def keys(self) -> np.ndarray:
-        """Distinct keys seen (sorted)."""
-        self._merge()
-        return self._keys
-
-    @property
-    def counts(self) -> np.ndarray:
-        """Their counts."""
-        self._merge()
-        return self._counts
-
-    def at_least(self, minimum: int) -> np.ndarray:
-        """Keys counted ``minimum`` times or more (sorted)."""
-        return self.keys[self.counts >= minimum]
-
-
 FRAME_BLOCK = 1_000_000  # frames built at once in a partitioned scan (~100 MB)
 
 
-def _blocks(subset: np.ndarray, codes: np.ndarray, set_key: np.ndarray, v: int):
-    """Split candidate indices so each block has at most ~``FRAME_BLOCK`` frames here.
+def _blocks(cand_sets: np.ndarray, set_key: np.ndarray):
+    """Split the candidates (by index) so each block has at most ~``FRAME_BLOCK`` frames here.
 
-    A frame is an episode holding the candidate's code set; with a small vocabulary every
-    set is in many episodes, and one part's frames of all candidates would not fit.
+    ``cand_sets`` holds each candidate's code-set key, ``set_key`` this part's (episode,
+    set) rows. A frame is an episode holding the candidate's code set; with a small
+    vocabulary every set is in many episodes, and one part's frames of all candidates would
+    not fit.
     """
-    if subset.size == 0:
+    if cand_sets.size == 0:
         return
     srk = np.sort(set_key)
-    skey = _sorted_set_key(codes[subset], v)
-    width = np.searchsorted(srk, skey, side="right") - np.searchsorted(srk, skey)
-    ends = np.cumsum(width)
+    ends = np.cumsum(np.searchsorted(srk, cand_sets, side="right")
+                     - np.searchsorted(srk, cand_sets))
     start = 0
-    while start < subset.size:
+    while start < cand_sets.size:
         base = ends[start - 1] if start else 0
         stop = max(start + 1, int(np.searchsorted(ends, base + FRAME_BLOCK, side="right")))
-        yield subset[start:stop]
+        yield np.arange(start, stop)
         start = stop
+
+
+def _candidate_set_keys(keys: np.ndarray, length: int, v: int) -> np.ndarray:
+    """The sorted code-set key of each ordered candidate (decoded a slice at a time)."""
+    out = np.empty(keys.size, np.int64)
+    step = 1 << 20
+    for lo in range(0, keys.size, step):
+        out[lo:lo + step] = _sorted_set_key(_candidate_codes(keys[lo:lo + step], length, v), v)
+    return out
+
+
+def _inner_pairs(triples: np.ndarray, sets: np.ndarray, v: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Ordered pairs (a, b), (b, c) of candidate triples; the code pairs of their sets.
+
+    Rebuilding triples from only these pairs gives every candidate the same tightest
+    occurrence (its nearest a before b and c after b are among them) and every candidate
+    set the same episodes, at a fraction of the cost once most pairs are frequent.
+    """
+    a, b, c = (triples[:, i] for i in range(3)) if triples.size else (np.zeros(0, np.int64),) * 3
+    ordered = np.unique(np.concatenate((a * v + b, b * v + c)))
+    x, y, z = sets // (v * v), (sets // v) % v, sets % v
+    unordered = np.unique(np.concatenate((x * v + y, y * v + z, x * v + z)))
+    return ordered, unordered
 
 
 def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]]) -> _Scan:
@@ -1632,8 +1673,10 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
 
     Every statistic is a sum over episodes, so parts add up: pass 1 counts pairs (and fills
     the per-episode slot counts), pass 2 triples built on the pairs frequent over the whole
-    log, pass 3 sums each candidate's evidence, pass 4 keeps the frames of the candidates
-    the later steps read. Memory: one part's rows plus the distinct keys and those frames.
+    log, pass 3 writes each candidate's frames to disk by candidate bucket
+    (``_FrameSpill``), which are then tested a bucket at a time. Memory: one part's rows,
+    one bucket's frames, the counted keys above their floors, and the candidates that can
+    still be significant; key counts past ``key_tally.MEMORY_ROWS`` go to disk too.
     """
     ctx = _Episodes(log, cfg, pairs=False)
     lengths = (3, 2) if cfg.pairs else (3,)
@@ -1642,7 +1685,9 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         for first, last in parts:
             yield first, _Episodes(log.slice(first, last), cfg, whole=ctx)
 
-    pair_support, pair_sets = _Tally(), _Tally()
+    clock = _time.perf_counter
+    started = clock()
+    pair_support, pair_sets = KeyTally(span=ctx.v ** 2), KeyTally(span=ctx.v ** 2)
     for first, part in each_part():
         ctx.t2[first:first + part.n_ep] = part.t2
         ctx.t3[first:first + part.n_ep] = part.t3
@@ -1651,50 +1696,152 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         pair_sets.add(*_counts(_copresent_pairs(part)[1]))
     frequent = pair_support.at_least(cfg.candidate_support)
     co_frequent = pair_sets.at_least(cfg.accept_support)
-    triple_support, triple_sets = _Tally(), _Tally()
+    ctx.pass_s["pairs"], started = clock() - started, clock()
+    triple_support, triple_sets = KeyTally(span=ctx.v ** 3), KeyTally(span=ctx.v ** 3)
     for _, part in each_part():
-        rows = _triple_rows(part, *_neighbours(part, frequent))
-        triple_support.add(rows["uk"], rows["support"])
-        triple_sets.add(*_counts(_copresent_triples(part, co_frequent)[1]))
+        keys = _triple_support_keys(part, *_neighbours(part, frequent))
+        triple_support.add(keys, np.ones(keys.size, np.int64))
+        keys = _copresent_triples(part, co_frequent)[1]
+        triple_sets.add(keys, np.ones(keys.size, np.int64))
+        del keys
     candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
+    del co_frequent
     support = {2: pair_support, 3: triple_support}
     sets = {2: pair_sets, 3: triple_sets}
     keys = {n: support[n].at_least(cfg.accept_support) for n in lengths}
-    codes = {n: _candidate_codes(keys[n], n, ctx.v) for n in lengths}
-    set_keys = {n: sets[n].at_least(cfg.accept_support) for n in lengths}
-
-    def part_frames(part: _Episodes, first: int, subset: dict):
-        """(length, frames) of ``subset``'s candidates in one part, a block at a time."""
-        rows = {2: _pair_rows(part)}
-        if 3 in lengths:
-            rows[3] = _triple_rows(part, *_neighbours(part, frequent))
-        for n in lengths:
-            set_ep, set_key = (_copresent_pairs(part) if n == 2
-                               else _copresent_triples(part, co_frequent))
-            sel = _member(set_keys[n], set_key)
-            set_ep, set_key = set_ep[sel], set_key[sel]
-            for block in _blocks(subset[n], codes[n], set_key, ctx.v):
-                f = _frames(part, rows[n], n, keys[n][block], codes[n][block], set_ep,
-                            set_key, first)
-                f.cand = block[f.cand]
-                yield n, f
-
-    sums = {n: _Sums.zeros(keys[n].size, ctx.scales.size) for n in lengths}
-    every = {n: np.arange(keys[n].size) for n in lengths}
-    for first, part in each_part():
-        for n, f in part_frames(part, first, every):
-            sums[n].add(f, ctx.scales)
-    wanted = {n: np.flatnonzero(sums[n].worth_frames(cfg)) for n in lengths}
-    kept: dict[int, list[_Frames]] = {n: [] for n in lengths}
-    for first, part in each_part():
-        for n, f in part_frames(part, first, wanted):
-            kept[n].append(f)
-    by_length = {}
+    set_keys, set_counts, cand_sets, weights, spills = {}, {}, {}, {}, {}
     for n in lengths:
-        frames = _Frames.concat(kept[n], ctx.scales.size)
-        by_length[n] = (_tested(ctx, keys[n], codes[n], sums[n], frames), set_keys[n],
-                        sets[n].counts[sets[n].counts >= cfg.accept_support])
+        set_keys[n], set_counts[n] = sets[n].counted(cfg.accept_support)
+        cand_sets[n] = _candidate_set_keys(keys[n], n, ctx.v)
+        weights[n] = _lookup(set_keys[n], _cooccurrence_weights(
+            ctx, set_keys[n], set_counts[n], n), cand_sets[n], 1.0)
+    del sets, support, pair_sets, pair_support, triple_sets, triple_support
+    # later passes only rebuild what the candidates are made of: the pairs inside them
+    inner = _inner_pairs(_candidate_codes(keys[3], 3, ctx.v), set_keys[3], ctx.v) \
+        if 3 in lengths else None
+    ctx.pass_s["triples"], started = clock() - started, clock()
+    try:
+        for n in lengths:
+            spills[n] = _FrameSpill(ctx, keys[n], n, _lookup(set_keys[n], set_counts[n],
+                                                             cand_sets[n], 0))
+        for first, part in each_part():
+            rows = {2: _pair_rows(part)}
+            if 3 in lengths:
+                rows[3] = _triple_rows(part, *_neighbours(part, inner[0]))
+            for n in lengths:
+                set_ep, set_key = (_copresent_pairs(part) if n == 2
+                                   else _copresent_triples(part, inner[1]))
+                sel = _member(set_keys[n], set_key)
+                set_ep, set_key = set_ep[sel], set_key[sel]
+                for block in _blocks(cand_sets[n], set_key):
+                    cand, f_ep, f_m, k = _frame_rows(
+                        part, rows[n], n, keys[n][block],
+                        _candidate_codes(keys[n][block], n, ctx.v), set_ep, set_key)
+                    spills[n].add(block[cand], f_ep + first, f_m, k)
+        ctx.pass_s["frames"], started = clock() - started, clock()
+        by_length = {n: (spills[n].tested(keys[n], weights[n], cfg.alpha), set_keys[n],
+                         set_counts[n]) for n in lengths}
+        ctx.pass_s["tests"] = clock() - started
+        ctx.pass_s["frames_spilled"] = sum(spill.files.rows for spill in spills.values())
+    finally:
+        for spill in spills.values():
+            spill.close()
     return ctx, candidates, by_length
+
+
+class _FrameSpill:
+    """Every frame of a scan in parts, shuffled to disk by candidate, then tested by bucket.
+
+    A candidate's test needs all of its frames at once, and a part holds only some of
+    them; rather than keep per-candidate sums for every candidate in memory (tens of
+    millions of pairs on a fleet log), each part's frames go to the file of their
+    candidate's bucket: consecutive candidates holding about ``FRAME_BLOCK`` frames
+    together (a candidate's frames are its code set's episodes, known from the set counts).
+    A bucket is then tested alone, and only candidates that can still be significant keep
+    their frames; the others leave only their smallest achievable p-value (for Tarone).
+    """
+
+    def __init__(self, ctx: _Episodes, keys: np.ndarray, length: int, width: np.ndarray
+                 ) -> None:
+        """``keys``: the candidates of ``length`` codes; ``width``: each one's frames."""
+        self.ctx, self.length = ctx, length
+        ends = np.cumsum(width)
+        # bucket b holds candidates bounds[b] .. bounds[b + 1] - 1
+        cuts = np.searchsorted(ends, np.arange(FRAME_BLOCK, int(ends[-1]) if ends.size
+                                               else 0, FRAME_BLOCK), side="right")
+        self.bounds = np.unique(np.concatenate(([0], cuts, [keys.size])))
+        index = np.int32 if max(keys.size, ctx.n_ep) < 2 ** 31 else np.int64
+        self.files = BucketFiles(max(self.bounds.size - 1, 1), np.dtype(
+            [("cand", index), ("ep", index), ("m", np.float64), ("k", np.int32, (length,))]))
+
+    def add(self, cand: np.ndarray, ep: np.ndarray, m: np.ndarray, k: np.ndarray) -> None:
+        """Frames of one part: global candidate index, global episode row, gap, copies."""
+        bucket = np.searchsorted(self.bounds, cand, side="right") - 1
+        self.files.append(bucket, cand=cand, ep=ep, m=m, k=k)
+
+    def tested(self, keys: np.ndarray, weight: np.ndarray, alpha: float) -> _Tested:
+        """Test each bucket's candidates; keep those that may be significant."""
+        ctx, kept, other = self.ctx, [], []
+        for b in range(self.bounds.size - 1):
+            lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
+            rec = self.files.read(b)
+            self.files.drop(b)
+            rec = rec[np.argsort(rec["cand"], kind="stable")]  # parts in order: episodes too
+            ep = rec["ep"].astype(np.int64)
+            frames = _Frames(rec["cand"].astype(np.int64) - lo, ep, rec["m"],
+                             _null_probs(ctx, ep, rec["k"]))
+            del rec
+            sums = _Sums.zeros(hi - lo, ctx.scales.size)
+            sums.add(frames, ctx.scales)
+            t = _tested(ctx, keys[lo:hi], _candidate_codes(keys[lo:hi], self.length, ctx.v),
+                        sums, frames)
+            w = weight[lo:hi]
+            keep = (t.p <= alpha) | (t.p / w <= alpha)
+            kept.append(_subset(t, keep))
+            other.append(t.minp[~keep] / w[~keep])
+        out = _concat_tested(kept, self.length, ctx.scales.size)
+        out.other_minp = np.concatenate(other) if other else np.zeros(0)
+        return out
+
+    def close(self) -> None:
+        """Delete the spilled frames."""
+        self.files.close()
+
+
+def _subset(t: _Tested, keep: np.ndarray) -> _Tested:
+    """The candidates ``keep`` of ``t``, with their frames."""
+    idx = np.flatnonzero(keep)
+    lo, hi = t.frame_start[idx], t.frame_start[idx + 1]
+    g, off = _expand(hi - lo)
+    rows = lo[g] + off
+    return _Tested(keys=t.keys[idx], codes=t.codes[idx], p=t.p[idx], minp=t.minp[idx],
+                   scale=t.scale[idx], support=t.support[idx], expected=t.expected[idx],
+                   frame_start=np.concatenate(([0], np.cumsum(hi - lo))),
+                   frame_ep=t.frame_ep[rows], frame_m=t.frame_m[rows],
+                   frame_pe=t.frame_pe[rows])
+
+
+def _concat_tested(parts: list[_Tested], length: int, n_scales: int) -> _Tested:
+    """Candidates of consecutive buckets as one ``_Tested`` (key order kept)."""
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return _Tested(keys=z, codes=np.zeros((0, length), np.int64), p=np.zeros(0),
+                       minp=np.zeros(0), scale=z, support=np.zeros((0, n_scales)),
+                       expected=np.zeros((0, n_scales)), frame_start=np.zeros(1, np.int64),
+                       frame_ep=z, frame_m=np.zeros(0), frame_pe=np.zeros((0, n_scales)))
+    offsets = np.cumsum([0] + [t.frame_ep.size for t in parts[:-1]])
+    return _Tested(
+        keys=np.concatenate([t.keys for t in parts]),
+        codes=np.concatenate([t.codes for t in parts]),
+        p=np.concatenate([t.p for t in parts]), minp=np.concatenate([t.minp for t in parts]),
+        scale=np.concatenate([t.scale for t in parts]),
+        support=np.concatenate([t.support for t in parts]),
+        expected=np.concatenate([t.expected for t in parts]),
+        frame_start=np.concatenate([[0]] + [t.frame_start[1:] + o
+                                            for t, o in zip(parts, offsets)]),
+        frame_ep=np.concatenate([t.frame_ep for t in parts]),
+        frame_m=np.concatenate([t.frame_m for t in parts]),
+        frame_pe=np.concatenate([t.frame_pe for t in parts]))
 
 
 def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
