@@ -419,6 +419,7 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
     from thinkmem_ros.policy.training.train import (
         TrainedPolicy,
         fingerprint,
+        one_cycle,
         split_by_group,
         tune_thresholds,
         warm_start,
@@ -484,8 +485,7 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
 
     optimiser = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = max(1, -(-len(train_rows) // cfg.batch_size))
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimiser, max_lr=cfg.lr, total_steps=cfg.epochs * steps_per_epoch, pct_start=0.1)
+    scheduler = one_cycle(optimiser, cfg.lr, cfg.epochs * steps_per_epoch)
     history: list[dict] = [{"warm_start": report, "base_lr": cfg.base_lr, "lr": cfg.lr,
                             "distill": cfg.distill}]
     best = {"loss": float("inf"), "state": copy.deepcopy(model.state_dict()), "epoch": 0}

@@ -130,6 +130,23 @@ def _resolve_config(data: SituationSet, config: PolicyConfig | StreamingConfig |
     return config, ""
 
 
+ONE_CYCLE_MIN_STEPS = 20
+"""Below this, a one-cycle warm-up (10 % of the steps) would be shorter than one step."""
+
+
+def one_cycle(optimiser: torch.optim.Optimizer, lr: float, total_steps: int):
+    """One-cycle learning rate over ``total_steps``; a constant rate for very short runs.
+
+    ``OneCycleLR`` divides by its warm-up length, which is zero or negative below
+    ``ONE_CYCLE_MIN_STEPS`` (a round with a handful of new experiences): such a run keeps
+    the base rate throughout.
+    """
+    if total_steps < ONE_CYCLE_MIN_STEPS:
+        return torch.optim.lr_scheduler.LambdaLR(optimiser, lambda _: 1.0)
+    return torch.optim.lr_scheduler.OneCycleLR(optimiser, max_lr=lr, total_steps=total_steps,
+                                               pct_start=0.1)
+
+
 def _tensors(data: SituationSet, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
     return (torch.from_numpy(data.signals[rows]), torch.from_numpy(data.mask[rows]),
             torch.from_numpy(data.events[rows]), torch.from_numpy(data.labels[rows]))
@@ -276,8 +293,7 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps_per_epoch = max(1, -(-len(train_rows) // batch_size))
     epochs = max(epochs, -(-min_steps // steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimiser, max_lr=lr, total_steps=epochs * steps_per_epoch, pct_start=0.1)
+    scheduler = one_cycle(optimiser, lr, epochs * steps_per_epoch)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=_pos_weight(train_t[3]) if balance else None)
     best = {"loss": float("inf"), "state": copy.deepcopy(model.state_dict()), "epoch": 0}
     stale = 0
