@@ -164,3 +164,21 @@ def test_a_round_whose_retraining_regresses_ships_its_rules_with_the_running_pol
     p_old = old.predict(zeros, zeros, events).probabilities
     assert np.allclose(p_new[:, :len(running.manifest.labels)], p_old, atol=1e-5)
     assert p_new[:, v2.manifest.labels.index("consider:EC")].max() < 1e-6  # silent
+
+
+def test_a_round_over_a_larger_store_reads_a_bounded_sample_and_still_discovers(tmp_path,
+                                                                                setup):
+    from thinkmem_ros.link.experience import encode_experience
+
+    records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 40, 5, seed=1))]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in records])
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=setup["key"],
+        initial_bundle=setup["bundle"], retrain=RetrainConfig(epochs=2),
+        round_experiences=100))
+    report = service.run_round("test")
+    assert report.stored_experiences == 200
+    assert 0 < report.experiences <= 100 and report.experiences % 5 == 0  # whole episodes
+    assert report.episodes == 40  # discovery reads every episode's events, not the sample
+    assert "EA>EB>EC" in report.promoted

@@ -66,6 +66,7 @@ from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore,
 from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
+from thinkmem_ros.consolidator.round_read import DEFAULT_ROUND_EXPERIENCES, read_round
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.data import SituationSet
@@ -109,6 +110,8 @@ class ConsolidatorConfig:
     # serve episodic recall (RECALL_REQ) here, e.g. tcp://0.0.0.0:5757; None = not served
     recall_bind: str | None = None
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
+    # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
+    round_experiences: int = DEFAULT_ROUND_EXPERIENCES
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -132,6 +135,9 @@ class ConsolidatorConfig:
         if self.partitions < 1:
             raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
                              f"{self.partitions}")
+        if self.round_experiences < 0:
+            raise ValueError(f"ConsolidatorConfig.round_experiences must be >= 0 (0 = no "
+                             f"limit), got {self.round_experiences}")
         for name, kind in (("trigger", TriggerConfig), ("discovery", DiscoveryConfig),
                            ("knowledge", KnowledgeConfig), ("retrain", RetrainConfig),
                            ("gate", GateConfig), ("rehearsal", RehearsalConfig),
@@ -146,8 +152,9 @@ class RoundReport:
     """What one round did; logged as one line and returned to callers (tests, demo)."""
 
     reason: str
-    experiences: int = 0
+    experiences: int = 0  # what the round read (at most round_experiences)
     episodes: int = 0
+    stored_experiences: int = 0  # what the store held (every signal set)
     candidates: int = 0
     accepted: int = 0
     promoted: list[str] = field(default_factory=list)
@@ -400,10 +407,12 @@ class ConsolidatorService:
         cfg = self.config
         t = time.perf_counter()
         with ExperienceStore(cfg.db_path) as store:
-            experiences = [e for _, e in store.iter_experiences()
-                           if self.accept.reason(e) is None]  # a store from another line
+            read = read_round(store, cfg.round_experiences, cfg.seed,
+                              lambda e: self.accept.reason(e) is None)  # another line's
+            experiences = read.experiences
             log_, _ = event_log(store, cfg.partitions)
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
+        report.stored_experiences = read.stored
         report.timings["read_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
@@ -560,10 +569,12 @@ class ConsolidatorService:
     def _log(report: RoundReport) -> None:
         gate = "n/a" if report.gate is None else (
             "pass" if report.gate.passed else "REJECT: " + "; ".join(report.gate.reasons))
-        log.info("round (trigger %s): %d experiences in %d episodes; %d candidates, %d "
+        log.info("round (trigger %s): %d of %d stored experiences read, %d episodes; %d "
+                 "candidates, %d "
                  "accepted, promoted %s; material %s; gate %s (policy %s); artefacts %s; "
                  "%s%s in %.2f s",
-                 report.reason, report.experiences, report.episodes, report.candidates,
+                 report.reason, report.experiences, report.stored_experiences,
+                 report.episodes, report.candidates,
                  report.accepted, report.promoted or "none", report.material or "none", gate,
                  report.policy or "n/a",
                  {k: v["status"] for k, v in report.artefacts.items()} or "n/a",
@@ -629,6 +640,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flush-rows", type=int, default=DEFAULT_FLUSH_ROWS,
                         help="stored rows that move the store's tail into its Parquet lake "
                         "(<db>.lake/; 0 = keep everything in SQLite)")
+    parser.add_argument("--round-experiences", type=int, default=DEFAULT_ROUND_EXPERIENCES,
+                        help="experiences a round decodes at most: beyond that, a seeded "
+                        "sample of whole episodes (0 = every stored experience)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -651,7 +665,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
                             max_wait_s=args.canary_max_wait_s),
-        recall_bind=args.recall_bind, flush_rows=args.flush_rows)
+        recall_bind=args.recall_bind, flush_rows=args.flush_rows,
+        round_experiences=args.round_experiences)
 
 
 def run(args: argparse.Namespace) -> int:
