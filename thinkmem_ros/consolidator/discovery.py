@@ -1540,16 +1540,20 @@ def _reasons(support: int, p: float, cutoff: float, parts: np.ndarray, confidenc
 
 # ----------------------------------------------------------------------------- discover
 def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
-             progress=None) -> DiscoveryResult:
+             progress=None, engine=None) -> DiscoveryResult:
     """Find the relations of ``log`` (see the module docstring for the four steps).
 
     ``rng`` is accepted for a stable signature; the tests are analytic and deterministic.
+    ``engine`` runs the passes over a log's parts (``consolidator/engine.py``; default: in
+    this process).
     """
     del rng
     start = _time.perf_counter()
     parts = _parts(log, cfg.part_events)
-    scan = _scan_whole if len(parts) < 2 else _scan_parts
-    ctx, candidates, by_length = scan(log, cfg, parts)
+    if len(parts) < 2:
+        ctx, candidates, by_length = _scan_whole(log, cfg, parts)
+    else:
+        ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
     v = ctx.v
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
                    "parts": len(parts), "pass_s": dict(ctx.pass_s)}
@@ -1668,7 +1672,65 @@ def _inner_pairs(triples: np.ndarray, sets: np.ndarray, v: int
     return ordered, unordered
 
 
-def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]]) -> _Scan:
+@dataclass(frozen=True)
+class _WholeScale:
+    """What a part takes from the whole log so its per-episode sums match a whole pass."""
+
+    delta: float
+    complete: bool
+
+
+def _part(log: EventLog, cfg: DiscoveryConfig, whole: _WholeScale, first: int, last: int
+          ) -> _Episodes:
+    return _Episodes(log.slice(first, last), cfg, whole=whole)
+
+
+def _part_pairs(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
+                whole: _WholeScale) -> tuple[np.ndarray, ...]:
+    """Pass 1 on one part: slot counts, ordered-pair support, co-present pair counts."""
+    part = _part(log, cfg, whole, first, last)
+    rows = _pair_rows(part)
+    return (part.t2, part.t3, rows["uk"], rows["support"],
+            *_counts(_copresent_pairs(part)[1]))
+
+
+def _part_triples(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
+                  whole: _WholeScale, frequent: np.ndarray, co_frequent: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 2 on one part: triple keys once per episode, co-present triple keys."""
+    part = _part(log, cfg, whole, first, last)
+    support = _triple_support_keys(part, *_neighbours(part, frequent))
+    return support, _copresent_triples(part, co_frequent)[1]
+
+
+def _part_frames(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
+                 whole: _WholeScale, keys: dict, cand_sets: dict, set_keys: dict,
+                 inner: tuple | None) -> dict[int, tuple[np.ndarray, ...]]:
+    """Pass 3 on one part: every frame of every candidate (global candidate and episode)."""
+    part = _part(log, cfg, whole, first, last)
+    rows = {2: _pair_rows(part)}
+    if inner is not None:
+        rows[3] = _triple_rows(part, *_neighbours(part, inner[0]))
+    out = {}
+    for n in keys:
+        set_ep, set_key = (_copresent_pairs(part) if n == 2
+                           else _copresent_triples(part, inner[1]))
+        sel = _member(set_keys[n], set_key)
+        set_ep, set_key = set_ep[sel], set_key[sel]
+        got = []
+        for block in _blocks(cand_sets[n], set_key):
+            cand, f_ep, f_m, k = _frame_rows(part, rows[n], n, keys[n][block],
+                                             _candidate_codes(keys[n][block], n, part.v),
+                                             set_ep, set_key)
+            got.append((block[cand], f_ep + first, f_m, k))
+        out[n] = tuple(np.concatenate(col) for col in zip(*got)) if got else \
+            (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0),
+             np.zeros((0, n), np.int64))
+    return out
+
+
+def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]],
+                engine=None) -> _Scan:
     """The same candidates and tests as ``_scan_whole``, one part of the log at a time.
 
     Every statistic is a sum over episodes, so parts add up: pass 1 counts pairs (and fills
@@ -1677,33 +1739,32 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     (``_FrameSpill``), which are then tested a bucket at a time. Memory: one part's rows,
     one bucket's frames, the counted keys above their floors, and the candidates that can
     still be significant; key counts past ``key_tally.MEMORY_ROWS`` go to disk too.
+    ``engine`` (``consolidator/engine.py``) runs each pass's parts: in this process, or as
+    Ray tasks; the sums and the tests stay here, so both give the same result.
     """
+    from thinkmem_ros.consolidator.engine import EmbeddedEngine
+
+    engine = engine or EmbeddedEngine()
     ctx = _Episodes(log, cfg, pairs=False)
+    whole = _WholeScale(ctx.delta, ctx.complete)
     lengths = (3, 2) if cfg.pairs else (3,)
-
-    def each_part():
-        for first, last in parts:
-            yield first, _Episodes(log.slice(first, last), cfg, whole=ctx)
-
     clock = _time.perf_counter
     started = clock()
     pair_support, pair_sets = KeyTally(span=ctx.v ** 2), KeyTally(span=ctx.v ** 2)
-    for first, part in each_part():
-        ctx.t2[first:first + part.n_ep] = part.t2
-        ctx.t3[first:first + part.n_ep] = part.t3
-        rows = _pair_rows(part)
-        pair_support.add(rows["uk"], rows["support"])
-        pair_sets.add(*_counts(_copresent_pairs(part)[1]))
+    for (first, last), (t2, t3, *counted) in zip(parts, engine.map(
+            _part_pairs, log, parts, cfg, whole)):
+        ctx.t2[first:last], ctx.t3[first:last] = t2, t3
+        pair_support.add(counted[0], counted[1])
+        pair_sets.add(counted[2], counted[3])
     frequent = pair_support.at_least(cfg.candidate_support)
     co_frequent = pair_sets.at_least(cfg.accept_support)
     ctx.pass_s["pairs"], started = clock() - started, clock()
     triple_support, triple_sets = KeyTally(span=ctx.v ** 3), KeyTally(span=ctx.v ** 3)
-    for _, part in each_part():
-        keys = _triple_support_keys(part, *_neighbours(part, frequent))
-        triple_support.add(keys, np.ones(keys.size, np.int64))
-        keys = _copresent_triples(part, co_frequent)[1]
-        triple_sets.add(keys, np.ones(keys.size, np.int64))
-        del keys
+    for support_keys, set_keys_part in engine.map(_part_triples, log, parts, cfg, whole,
+                                                  frequent, co_frequent):
+        triple_support.add(support_keys, np.ones(support_keys.size, np.int64))
+        triple_sets.add(set_keys_part, np.ones(set_keys_part.size, np.int64))
+        del support_keys, set_keys_part
     candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
     del co_frequent
     support = {2: pair_support, 3: triple_support}
@@ -1724,20 +1785,11 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         for n in lengths:
             spills[n] = _FrameSpill(ctx, keys[n], n, _lookup(set_keys[n], set_counts[n],
                                                              cand_sets[n], 0))
-        for first, part in each_part():
-            rows = {2: _pair_rows(part)}
-            if 3 in lengths:
-                rows[3] = _triple_rows(part, *_neighbours(part, inner[0]))
-            for n in lengths:
-                set_ep, set_key = (_copresent_pairs(part) if n == 2
-                                   else _copresent_triples(part, inner[1]))
-                sel = _member(set_keys[n], set_key)
-                set_ep, set_key = set_ep[sel], set_key[sel]
-                for block in _blocks(cand_sets[n], set_key):
-                    cand, f_ep, f_m, k = _frame_rows(
-                        part, rows[n], n, keys[n][block],
-                        _candidate_codes(keys[n][block], n, ctx.v), set_ep, set_key)
-                    spills[n].add(block[cand], f_ep + first, f_m, k)
+        for frames in engine.map(_part_frames, log, parts, cfg, whole, keys, cand_sets,
+                                 set_keys, inner):
+            for n, (cand, f_ep, f_m, k) in frames.items():
+                spills[n].add(cand, f_ep, f_m, k)
+            del frames
         ctx.pass_s["frames"], started = clock() - started, clock()
         by_length = {n: (spills[n].tested(keys[n], weights[n], cfg.alpha), set_keys[n],
                          set_counts[n]) for n in lengths}

@@ -60,6 +60,7 @@ import numpy as np
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
@@ -112,6 +113,10 @@ class ConsolidatorConfig:
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
     round_experiences: int = DEFAULT_ROUND_EXPERIENCES
+    # where discovery's passes over the log's parts run: "embedded" (this process) or "ray"
+    # (tasks on the Ray cluster at engine_address; None = a local one)
+    engine: str = "embedded"
+    engine_address: str | None = None
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -135,6 +140,11 @@ class ConsolidatorConfig:
         if self.partitions < 1:
             raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
                              f"{self.partitions}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"ConsolidatorConfig.engine must be one of {', '.join(ENGINES)}, "
+                             f"got {self.engine!r}")
+        if self.engine_address is not None and self.engine != "ray":
+            raise ValueError("ConsolidatorConfig.engine_address only applies to engine 'ray'")
         if self.round_experiences < 0:
             raise ValueError(f"ConsolidatorConfig.round_experiences must be >= 0 (0 = no "
                              f"limit), got {self.round_experiences}")
@@ -221,6 +231,7 @@ class ConsolidatorService:
         self.stop_event = threading.Event()
         self.trigger = ConsolidationTrigger(config.trigger)
         self._trigger_lock = threading.Lock()
+        self._engine = None  # discovery's engine, made on the first round
         self._seen_events: set[str] = set()
         self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key,
                                                  endorsements=config.endorsements),
@@ -291,9 +302,18 @@ class ConsolidatorService:
         """Ask the loop and any running round to stop; the receiver closes its store."""
         self.stop_event.set()
 
+    def _discovery_engine(self):
+        """The engine discovery's passes run on, started on first use (Ray takes seconds)."""
+        if self._engine is None:
+            self._engine = make_engine(self.config.engine, self.config.engine_address)
+        return self._engine
+
     def close(self) -> None:
-        """Stop and release the receiver and the recall server (idempotent)."""
+        """Stop and release the receiver, the recall server and the engine (idempotent)."""
         self.stop()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         if self.receiver is not None:
             self.receiver.stop()
             self.receiver = None
@@ -421,7 +441,7 @@ class ConsolidatorService:
             round_index = max((u.updated_round for u in units.values()), default=0) + 1
             if log_.n_codes and len(log_.episode_ids) >= 2:
                 rng = np.random.default_rng([cfg.seed, round_index])
-                result = discover(log_, cfg.discovery, rng)
+                result = discover(log_, cfg.discovery, rng, engine=self._discovery_engine())
                 report.candidates = sum(len(c) for c in result.candidates.values())
                 report.accepted = len(result.accepted)
                 consolidate(units, result, round_index, cfg.knowledge)
@@ -643,6 +663,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-experiences", type=int, default=DEFAULT_ROUND_EXPERIENCES,
                         help="experiences a round decodes at most: beyond that, a seeded "
                         "sample of whole episodes (0 = every stored experience)")
+    parser.add_argument("--engine", choices=ENGINES, default="embedded",
+                        help="where discovery's passes over the log's parts run: this "
+                        "process, or Ray tasks (ray: pip install ray==2.60.0)")
+    parser.add_argument("--address", default=None,
+                        help="with --engine ray: the Ray cluster to join (e.g. "
+                        "ray://head:10001 or host:6379; default: start a local one)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -666,7 +692,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             reward_margin=args.canary_reward_margin,
                             max_wait_s=args.canary_max_wait_s),
         recall_bind=args.recall_bind, flush_rows=args.flush_rows,
-        round_experiences=args.round_experiences)
+        round_experiences=args.round_experiences, engine=args.engine,
+        engine_address=args.address)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,88 @@
+"""Discovery's passes run in this process or as Ray tasks on a real local Ray cluster."""
+
+import numpy as np
+import pytest
+from test_discovery_parts import _assert_same, _world_log
+
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
+from thinkmem_ros.consolidator.engine import EmbeddedEngine, EngineError, RayEngine, make_engine
+
+
+@pytest.fixture(scope="module")
+def ray_engine():
+    engine = RayEngine(num_cpus=2)  # a real local Ray instance: raylet, object store, workers
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("name", ["shared", "heartbeat"])
+def test_ray_and_embedded_engines_accept_the_same_patterns(ray_engine, name):
+    log = _world_log(name)
+    cfg = DiscoveryConfig(part_events=600)
+    embedded = discover(log, cfg, np.random.default_rng(0), engine=EmbeddedEngine())
+    distributed = discover(log, cfg, np.random.default_rng(0), engine=ray_engine)
+    assert embedded.notes["parts"] > 4 and embedded.accepted
+    _assert_same(distributed, embedded)
+    assert distributed.accepted_patterns() == embedded.accepted_patterns()
+
+
+def test_ray_tasks_ran_in_other_processes(ray_engine):
+    import os
+
+    def where(log, first, last):
+        return os.getpid(), first, last
+
+    parts = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    got = list(ray_engine.map(where, None, parts))
+    assert [g[1:] for g in got] == parts  # in part order, whatever finished first
+    assert all(pid != os.getpid() for pid, _, _ in got)
+
+
+def test_engine_names_and_bad_addresses_are_one_line_errors():
+    assert make_engine("embedded").name == "embedded"
+    with pytest.raises(EngineError, match="unknown engine"):
+        make_engine("spark")
+    with pytest.raises(EngineError, match="only applies"):
+        make_engine("embedded", address="ray://x:1")
+
+
+def test_a_round_on_the_ray_engine_promotes_what_the_embedded_one_does(ray_engine, tmp_path):
+    from dataclasses import replace
+
+    import consolidator_world as world
+
+    from thinkmem_ros.consolidator.retrain import RetrainConfig
+    from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
+    from thinkmem_ros.consolidator.store import ExperienceStore
+    from thinkmem_ros.link.experience import encode_experience
+    from thinkmem_ros.link.security import write_signing_keypair
+
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    bundle = world.running_bundle(tmp_path / "running")
+    records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 40, 5, seed=1))]
+    promoted = {}
+    for engine in ("embedded", "ray"):
+        db = tmp_path / f"{engine}.db"
+        with ExperienceStore(db) as store:
+            store.insert_many([(e, encode_experience(e)) for e in records])
+        config = ConsolidatorConfig(
+            db_path=db, publish_dir=tmp_path / f"pub-{engine}", signing_key=key,
+            initial_bundle=bundle, retrain=RetrainConfig(epochs=2), engine=engine,
+            discovery=DiscoveryConfig(part_events=100))  # several parts: the engine runs
+        service = ConsolidatorService(config)
+        try:
+            report = service.run_round("test")
+        finally:
+            service.close()
+        promoted[engine] = sorted(report.promoted)
+    assert "EA>EB>EC" in promoted["embedded"]
+    assert promoted["ray"] == promoted["embedded"]
+
+
+def test_the_consolidator_refuses_an_unknown_engine(tmp_path):
+    from thinkmem_ros.consolidator.service import ConsolidatorConfig
+
+    with pytest.raises(ValueError, match="engine must be one of"):
+        ConsolidatorConfig(signing_key=tmp_path / "k", engine="spark")
+    with pytest.raises(ValueError, match="only applies"):
+        ConsolidatorConfig(signing_key=tmp_path / "k", engine_address="ray://x:1")
