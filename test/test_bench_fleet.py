@@ -35,3 +35,15 @@ def test_one_size_runs_in_its_own_process_and_finds_the_rules(tmp_path):
     plot(report, tmp_path / "fleet.png")
     assert (tmp_path / "fleet.png").stat().st_size > 10_000
     assert "fleet" in BENCHMARKS and load("fleet").run is not None
+
+
+def test_the_ray_run_is_compared_with_the_embedded_one_of_the_same_size():
+    from thinkmem_ros.bench.fleet import _ray_results
+
+    embedded = discovery_at(60_000, n_codes=2000, seed=2, timeout_s=300)
+    ray = discovery_at(60_000, n_codes=2000, seed=2, timeout_s=300, engine="ray")
+    assert "error" not in ray, ray
+    assert ray["parts"] > 1 and ray["engine"] == "ray" and ray["patterns"]
+    out = _ray_results(ray, [embedded])
+    assert out["same_patterns"] is True and out["discovery_s_1e7"] is None
+    assert out["discovery_s_1e6"] == ray["seconds"] and out["error"] is None

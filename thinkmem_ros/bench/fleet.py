@@ -40,6 +40,7 @@ N_RULES = 10
 BACKGROUND = 20.0
 SIZES = (100_000, 300_000, 1_000_000, 3_000_000, 10_000_000)
 QUICK_SIZES = (100_000, 300_000, 1_000_000)
+RAY_SIZE, QUICK_RAY_SIZE = 10_000_000, 1_000_000  # the Ray engine's run, against embedded's
 SMALL_VOCABULARY = 48
 SMALL_VOCABULARY_EVENTS = 300_000  # 48 codes cost ~1 ms per event: 10^6 takes ~20 min
 
@@ -109,27 +110,33 @@ def _peak_rss_gb() -> float:
 
 
 MEMORY_CAP_GB = 14.0  # address space per size: a size that needs more fails, reported
-SIZE_TIMEOUT_S = {10_000_000: 900.0}  # the rest: 3600 s
+SIZE_TIMEOUT_S = {10_000_000: 5400.0}  # the rest: 3600 s
 
 
-def _discovery_child(n_events: int, n_codes: int, seed: int, out) -> None:
+def _discovery_child(n_events: int, n_codes: int, seed: int, engine_name: str, out) -> None:
     """One size in a fresh process: build the stream, then time discovery alone."""
     import resource
 
     from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
+    from thinkmem_ros.consolidator.engine import make_engine
     from thinkmem_ros.world.event_worlds import score_triples
 
-    cap = int(MEMORY_CAP_GB * 2**30)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    if engine_name == "embedded":  # Ray's own processes would inherit the cap
+        cap = int(MEMORY_CAP_GB * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    engine = None
     try:
         start = time.perf_counter()
         log, w, robot_of = fleet_log(n_events, n_codes, seed)
         build_s = time.perf_counter() - start
         log_gb = sum(a.nbytes for a in (log.episode, log.time, log.code)) / 2**30
+        start = time.perf_counter()
+        engine = make_engine(engine_name, num_cpus=os.cpu_count())
+        engine_start_s = time.perf_counter() - start
         reset = _reset_peak()
         cfg = DiscoveryConfig()
         start = time.perf_counter()
-        result = discover(log, cfg, np.random.default_rng(seed))
+        result = discover(log, cfg, np.random.default_rng(seed), engine=engine)
         seconds = time.perf_counter() - start
         score = score_triples(result.accepted_patterns(3), w)
         out.put({"n_events": int(log.code.size), "n_episodes": len(log.episode_ids),
@@ -138,19 +145,29 @@ def _discovery_child(n_events: int, n_codes: int, seed: int, out) -> None:
                  "peak_rss_gb": round(_peak_rss_gb(), 3), "peak_reset": reset,
                  "log_gb": round(log_gb, 3), "build_s": round(build_s, 2),
                  "parts": result.notes.get("parts", 1), "rule_recall": score["recall"],
-                 "false_relations": score["fp"], "accepted": len(result.accepted)})
+                 "false_relations": score["fp"], "accepted": len(result.accepted),
+                 "engine": engine_name, "engine_start_s": round(engine_start_s, 2),
+                 "pass_s": {k: round(v, 1) for k, v in result.notes.get("pass_s", {}).items()},
+                 "patterns": sorted(">".join(r.pattern) for r in result.accepted)})
     except Exception as exc:  # noqa: BLE001 - reported as the size's outcome
-        out.put({"n_events": n_events, "n_codes": n_codes,
+        out.put({"n_events": n_events, "n_codes": n_codes, "engine": engine_name,
                  "error": f"{type(exc).__name__}: {exc}"[:300],
                  "peak_rss_gb": round(_peak_rss_gb(), 3)})
+    finally:
+        if engine is not None:
+            engine.close()
 
 
 def discovery_at(n_events: int, n_codes: int = N_CODES, seed: int = 0,
-                 timeout_s: float = 3600.0) -> dict:
-    """Run one size in a spawned process; its row (``error`` when it failed or timed out)."""
+                 timeout_s: float = 3600.0, engine: str = "embedded") -> dict:
+    """Run one size in a spawned process; its row (``error`` when it failed or timed out).
+
+    ``engine="ray"`` runs discovery's passes as tasks on a local Ray instance the child
+    starts with every core (its peak RSS is the driver's; the workers are other processes).
+    """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_discovery_child, args=(n_events, n_codes, seed, out))
+    proc = ctx.Process(target=_discovery_child, args=(n_events, n_codes, seed, engine, out))
     proc.start()
     try:
         row = out.get(timeout=timeout_s)
@@ -163,6 +180,27 @@ def discovery_at(n_events: int, n_codes: int = N_CODES, seed: int = 0,
     if proc.exitcode not in (0, None) and "error" not in row:
         row["error"] = f"exit code {proc.exitcode}"
     return row
+
+
+def _ray_results(ray_row: dict, rows: list[dict]) -> dict:
+    """The Ray engine's run against the embedded run of the same size."""
+    same = next((r for r in rows if r["n_events"] == ray_row["n_events"]), None)
+    ok = "seconds" in ray_row
+    both = ok and same is not None and "patterns" in same
+    embedded_s = same.get("seconds") if same is not None else None
+    return {
+        "n_events": ray_row["n_events"],
+        f"discovery_s_{'1e7' if ray_row['n_events'] >= 9_000_000 else '1e6'}":
+            ray_row.get("seconds"),
+        "discovery_s_1e7": ray_row.get("seconds") if ray_row["n_events"] >= 9_000_000 else None,
+        "embedded_s_same_size": embedded_s,
+        "speedup": round(embedded_s / ray_row["seconds"], 2) if ok and embedded_s else None,
+        "same_patterns": (ray_row["patterns"] == same["patterns"]) if both else None,
+        "driver_peak_rss_gb": ray_row.get("peak_rss_gb"),
+        "engine_start_s": ray_row.get("engine_start_s"),
+        "cluster": f"local Ray instance, {os.cpu_count()} CPUs, started by the run",
+        "error": ray_row.get("error"),
+    }
 
 
 def _failed(row: dict | None) -> str | None:
@@ -188,10 +226,14 @@ def run(quick: bool, seeds: int) -> dict:
     sizes = QUICK_SIZES if quick else SIZES
     rows: list[dict] = []
     with bench_progress() as progress:
-        task = progress.add_task("fleet", total=len(sizes) + 5)
+        task = progress.add_task("fleet", total=len(sizes) + 6)
         for n in sizes:
             rows.append(discovery_at(n, timeout_s=SIZE_TIMEOUT_S.get(n, 3600.0)))
             progress.advance(task)
+        ray_n = QUICK_RAY_SIZE if quick else RAY_SIZE
+        ray_row = discovery_at(ray_n, timeout_s=SIZE_TIMEOUT_S.get(ray_n, 3600.0),
+                               engine="ray")
+        progress.advance(task)
         small = discovery_at(SMALL_VOCABULARY_EVENTS, SMALL_VOCABULARY)
         progress.advance(task)
         records = 8000 if quick else 20000
@@ -213,8 +255,7 @@ def run(quick: bool, seeds: int) -> dict:
                      "peak_rss_gb": None if top is None else top["peak_rss_gb"],
                      "time_exponent": _linear_exponent(rows),
                      "failed_1e7": _failed(big)},
-        "ray": {"discovery_s_1e7": None, "same_patterns": None,
-                "status": "not implemented: no distributed engine yet"},
+        "ray": _ray_results(ray_row, rows),
         "permutations": 0,
         "rule_recall_1e7": None if top is None else top["rule_recall"],
         "false_relations_1e7": None if top is None else top["false_relations"],
@@ -228,7 +269,7 @@ def run(quick: bool, seeds: int) -> dict:
     }
     return {
         "results": results,
-        "curves": {"discovery": rows},
+        "curves": {"discovery": rows, "ray": [ray_row]},
         "ingest": {"one_receiver": one, "two_receivers": two, "receiver_kill": kill,
                    "bytes": wire},
         "settings": {"sizes": list(sizes), "robots": ROBOTS, "n_codes": N_CODES,
@@ -258,6 +299,10 @@ def plot(report: dict, path) -> None:
         ref = np.array([n[0], n[-1]], float)
         left.loglog(ref, rows[0]["seconds"] * ref / n[0], ":", color="grey",
                     label="linear from the smallest")
+    for r in report["curves"].get("ray", []):
+        if "seconds" in r:
+            left.loglog([r["n_events"]], [r["seconds"]], "D", color="tab:purple",
+                        label=f"Ray engine ({os.cpu_count()} CPUs, local)")
     for r in report["curves"]["discovery"]:
         if "error" in r and r.get("peak_rss_gb"):  # a size that failed: where it stopped
             right.plot([r["n_events"]], [r["peak_rss_gb"]], "rx", markersize=10,
