@@ -86,3 +86,24 @@ def test_the_consolidator_refuses_an_unknown_engine(tmp_path):
         ConsolidatorConfig(signing_key=tmp_path / "k", engine="spark")
     with pytest.raises(ValueError, match="only applies"):
         ConsolidatorConfig(signing_key=tmp_path / "k", engine_address="ray://x:1")
+
+
+def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from thinkmem_ros.link.security import write_signing_keypair
+
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    with pytest.raises(EngineError, match="no Ray cluster answers"):
+        RayEngine(address="127.0.0.1:1")
+    with pytest.raises(EngineError, match="host:port"):
+        RayEngine(address="nowhere")
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkmem_ros.consolidator.service", "--once", "--db",
+         str(tmp_path / "c.db"), "--signing-key", str(key), "--engine", "ray",
+         "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "thinkmem consolidator: no Ray cluster answers at 127.0.0.1:1: [Errno 111] "
+        "Connection refused"]

@@ -49,14 +49,17 @@ class RayEngine:
             raise EngineError("the ray engine needs Ray: pip install 'ray==2.60.0'") from None
         self._ray = ray
         self._started = False
+        if address and address != "auto":
+            _check_reachable(address)
         if not ray.is_initialized():
             try:
                 ray.init(address=address, num_cpus=None if address else num_cpus,
                          include_dashboard=False, log_to_driver=False,
                          configure_logging=False)
             except Exception as exc:  # noqa: BLE001 - ConnectionError and Ray's own errors
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise EngineError(f"cannot start or reach a Ray cluster at "
-                                  f"{address or 'a new local instance'}: {exc}") from None
+                                  f"{address or 'a new local instance'}: {first}") from None
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.in_flight = in_flight or max(2, cpus)
@@ -89,6 +92,21 @@ class RayEngine:
         if self._started and self._ray.is_initialized():
             self._ray.shutdown()
         self._started = False
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on an address nothing listens at (Ray itself retries for minutes)."""
+    import socket
+
+    host_port = address.split("://", 1)[-1]
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        raise EngineError(f"Ray address must look like host:port or ray://host:port, got "
+                          f"{address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise EngineError(f"no Ray cluster answers at {address}: {exc}") from None
 
 
 def make_engine(name: str, address: str | None = None, num_cpus: int | None = None):

@@ -705,8 +705,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--canary-* needs the serving consolidator (its live figures "
                              "decide), not --once")
         service = ConsolidatorService(config)
+        if config.engine != "embedded":  # a cluster that cannot be reached fails here
+            service._discovery_engine()
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"thinkmem consolidator: {exc}", file=sys.stderr)
+        print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     if args.once:
         service.run_round("once")
