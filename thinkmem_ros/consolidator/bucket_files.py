@@ -9,11 +9,36 @@ in memory bounded by one part and one bucket.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+_OWNED = re.compile(r"thinkmem-spill-(\d+)-")
+
+
+def sweep_orphans(parent: Path) -> int:
+    """Delete spill folders whose process is gone (killed mid-scan: gigabytes at 10^7).
+
+    A folder's name carries its process id; a live process with that id keeps it, even
+    if the id was reused, so nothing in use is ever removed. Returns folders removed.
+    """
+    removed = 0
+    for path in parent.glob("thinkmem-spill-*"):
+        match = _OWNED.match(path.name)
+        if match is None or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+        except OSError:  # alive, owned by another user: not ours to judge
+            continue
+    return removed
 
 
 class BucketFiles:
@@ -23,8 +48,10 @@ class BucketFiles:
         if buckets < 1:
             raise ValueError(f"buckets must be >= 1, got {buckets}")
         self.buckets, self.dtype = buckets, np.dtype(dtype)
-        self._root: Path | None = Path(tempfile.mkdtemp(prefix="thinkmem-spill-",
-                                                        dir=directory))
+        parent = Path(directory or tempfile.gettempdir())
+        sweep_orphans(parent)
+        self._root: Path | None = Path(tempfile.mkdtemp(
+            prefix=f"thinkmem-spill-{os.getpid()}-", dir=parent))
         self.rows = 0
 
     def _path(self, bucket: int) -> Path:
