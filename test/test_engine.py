@@ -107,3 +107,27 @@ def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "thinkmem consolidator: no Ray cluster answers at 127.0.0.1:1: [Errno 111] "
         "Connection refused"]
+
+
+def test_the_engines_build_the_same_material(ray_engine):
+    from dataclasses import replace
+
+    import consolidator_world as world
+
+    from thinkmem_ros.consolidator.direct import direct_material, direct_material_on
+
+    records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 30, 5, seed=2))]
+    records += [replace(e, seq=1000 + i, robot_id="r2")
+                for i, e in enumerate(world.experiences("r2", 20, 5, seed=3))]
+    records.insert(7, replace(records[0], required=None, seq=5000))  # one skipped
+    options = dict(label_names=(*world.THINKING, "consider:EC"),
+                   signal_names=tuple(f"s{i}" for i in range(7)), window=world.K,
+                   event_vocabulary=("EA", "EB", "EC", "EX"), max_events=6)
+    whole = direct_material(records, **options)
+    for engine in (EmbeddedEngine(), ray_engine):
+        got = direct_material_on(engine, records, chunk=37, **options)  # chunks cut episodes
+        for name in ("signals", "labels", "mask", "events", "groups"):
+            assert np.array_equal(getattr(got.data, name), getattr(whole.data, name)), name
+        assert got.episodes == whole.episodes and got.first_stamps == whole.first_stamps
+        assert got.skipped == whole.skipped and got.skipped["no_required"] >= 1
+    assert len(whole.data) == 250 and len(set(whole.data.groups.tolist())) == 50

@@ -141,6 +141,55 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
                           skipped=skipped)
 
 
+MATERIAL_CHUNK = 20_000  # experiences per task when an engine builds the material
+
+
+def _material_part(experiences: Sequence[Experience], first: int, last: int,
+                   options: dict) -> DirectMaterial:
+    return direct_material(experiences[first:last], **options)
+
+
+def direct_material_on(engine, experiences: Sequence[Experience], chunk: int = MATERIAL_CHUNK,
+                       **options) -> DirectMaterial:
+    """``direct_material`` built ``chunk`` experiences at a time on ``engine``.
+
+    Ray tasks or this process; merged into exactly what one call over all of them gives.
+    """
+    experiences = list(experiences)
+    parts = [(i, min(i + chunk, len(experiences))) for i in range(0, len(experiences), chunk)]
+    if engine is None or len(parts) < 2:
+        return direct_material(experiences, **options)
+    return merge_direct(list(engine.map(_material_part, experiences, parts, options)))
+
+
+def merge_direct(parts: Sequence[DirectMaterial]) -> DirectMaterial:
+    """Consecutive chunks' material as one.
+
+    Rows in order, episodes numbered by first appearance over all chunks, each episode's
+    earliest stamp, skipped counts summed.
+    """
+    groups_of: dict[tuple[str, str], int] = {}
+    first: list[float] = []
+    remapped = []
+    skipped: dict[str, int] = {}
+    for part in parts:
+        local = np.empty(len(part.episodes), np.int64)
+        for g, key in enumerate(part.episodes):
+            group = groups_of.setdefault(key, len(groups_of))
+            if group == len(first):
+                first.append(part.first_stamps[g])
+            first[group] = min(first[group], part.first_stamps[g])
+            local[g] = group
+        remapped.append(local[part.data.groups] if len(part.data) else
+                        np.zeros(0, np.int64))
+        for k, v in part.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+    data = SituationSet.concat([p.data for p in parts])
+    data.groups = np.concatenate(remapped).astype(np.int64)
+    return DirectMaterial(data=data, episodes=list(groups_of), first_stamps=first,
+                          skipped=skipped)
+
+
 def split_heldout(material: DirectMaterial, fraction: float
                   ) -> tuple[SituationSet, SituationSet]:
     """(train, held-out) rows of direct material by episode ordinal (``heldout_mask``)."""

@@ -36,7 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.consolidator.direct import direct_material, required_labels, split_heldout
+from thinkmem_ros.consolidator.direct import (
+    direct_material_on,
+    required_labels,
+    split_heldout,
+)
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.consolidator.material import knowledge_material, with_labels
 from thinkmem_ros.core.data import SituationSet
@@ -254,7 +258,7 @@ def split_rehearsal(data: SituationSet, fraction: float, rng: np.random.Generato
 
 def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
              current: Bundle, cfg: RetrainConfig,
-             rehearsal: SituationSet | None = None) -> Material:
+             rehearsal: SituationSet | None = None, engine=None) -> Material:
     """Build D (train + held-out) U D_dir (train + held-out) U D_disc grown from ``current``.
 
     ``rehearsal`` is D, the training set behind ``current`` (``rehearsal.load_rehearsal``):
@@ -263,6 +267,9 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     a round without direct or discovered material still builds no candidate. A seeded
     ``cfg.rehearsal_heldout_fraction`` of its rows is held out for the gate's regression
     check (``Material.heldout_rehearsal``) and never trained on in this round.
+
+    ``engine`` (``consolidator/engine.py``) builds the direct rows in chunks, as Ray tasks
+    for the Ray engine; the merged rows are exactly those of one pass.
     """
     m = current.manifest
     units = [u for u in units if u.active]
@@ -270,9 +277,9 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     seen_events = (e for exp in experiences if exp.required is not None for e in exp.events)
     vocabulary = grow(m.event_vocabulary,
                       [*(c for u in units for c in u.pattern), *sorted(set(seen_events))])
-    direct = direct_material(experiences, label_names=labels, signal_names=m.signals,
-                             window=m.window, event_vocabulary=vocabulary,
-                             max_events=m.max_events)
+    direct = direct_material_on(engine, experiences, label_names=labels,
+                                signal_names=m.signals, window=m.window,
+                                event_vocabulary=vocabulary, max_events=m.max_events)
     train_dir, heldout = split_heldout(direct, cfg.heldout_fraction)
     train_dir, heldout = apply_rules(train_dir, units), apply_rules(heldout, units)
     rng = np.random.default_rng([cfg.seed, 1])

@@ -455,7 +455,9 @@ class ConsolidatorService:
         previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         try:
             material = assemble(experiences, promoted, current, cfg.retrain,
-                                rehearsal=previous.data)
+                                rehearsal=previous.data,
+                                engine=None if cfg.engine == "embedded"
+                                else self._discovery_engine())
         except NothingToTrain as exc:
             report.outcome = f"no retraining: {exc}"
             return
