@@ -68,6 +68,7 @@ def test_a_round_on_the_ray_engine_promotes_what_the_embedded_one_does(ray_engin
         config = ConsolidatorConfig(
             db_path=db, publish_dir=tmp_path / f"pub-{engine}", signing_key=key,
             initial_bundle=bundle, retrain=RetrainConfig(epochs=2), engine=engine,
+            train_workers=2,
             discovery=DiscoveryConfig(part_events=100))  # several parts: the engine runs
         service = ConsolidatorService(config)
         try:
@@ -75,6 +76,7 @@ def test_a_round_on_the_ray_engine_promotes_what_the_embedded_one_does(ray_engin
         finally:
             service.close()
         promoted[engine] = sorted(report.promoted)
+        assert report.engine.startswith(engine) and report.policy, report.to_dict()
     assert "EA>EB>EC" in promoted["embedded"]
     assert promoted["ray"] == promoted["embedded"]
 

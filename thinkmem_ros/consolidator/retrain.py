@@ -320,19 +320,29 @@ def retrain(material: Material, current: Bundle, cfg: RetrainConfig):
     """
     import torch
 
+    torch.set_num_threads(cfg.threads)
+    config = grown_config(material, current)
+    teacher = running_probabilities(current, material.train) if cfg.distill > 0 else None
+    return finish_retrained(anchored_finetune(material.train, config, current, cfg, teacher),
+                            material, current, cfg)
+
+
+def grown_config(material: Material, current: Bundle):
+    """The running policy's architecture, sized for the material's labels and codes."""
     from thinkmem_ros.policy.config import PolicyConfig
 
-    torch.set_num_threads(cfg.threads)
     m = current.manifest
     sizes = {"window": m.window, "n_signals": len(m.signals),
              "n_labels": len(material.label_names), "max_events": m.max_events,
              "n_event_vocab": len(material.event_vocabulary)}
     if m.model_config:
-        config = PolicyConfig.from_dict({**m.model_config, **sizes})
-    else:
-        config = PolicyConfig.from_preset(m.preset or "default", **sizes)
-    teacher = running_probabilities(current, material.train) if cfg.distill > 0 else None
-    trained = anchored_finetune(material.train, config, current, cfg, teacher)
+        return PolicyConfig.from_dict({**m.model_config, **sizes})
+    return PolicyConfig.from_preset(m.preset or "default", **sizes)
+
+
+def finish_retrained(trained, material: Material, current: Bundle, cfg: RetrainConfig):
+    """Thresholds merged with the running ones (known labels keep theirs), preset kept."""
+    m = current.manifest
     trained.thresholds = merged_thresholds(trained.thresholds, material.train, m.thresholds,
                                           was_tuned=bool(trained.val_metrics),
                                           keep_known=cfg.distill > 0)
@@ -417,20 +427,37 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
     Labels new to this round keep the plain pos-weighted BCE on their labels. Validation
     split, early stopping on the validation loss and tau tuning work as in ``train_policy``.
     """
-    import copy
+    setup = finetune_setup(data, config, current, cfg, teacher)
+    state, history, best = finetune_loop(setup, cfg)
+    return finetune_result(setup, cfg, state, history, best)
 
+
+@dataclass
+class FinetuneSetup:
+    """Everything the fine-tuning loop reads: built once, picklable, sent to each worker."""
+
+    data: SituationSet
+    config: object  # PolicyConfig
+    model: object  # ThinkingPolicy, warm-started and grown
+    scales: list  # per parameter: the update's scale (base_lr / lr, 1 on grown rows)
+    train_rows: np.ndarray
+    val_rows: np.ndarray
+    known: list[int]
+    fresh: list[int]
+    soft: object  # torch tensor (N, L_known) or None
+    trusted: object
+    pos_weight: object
+    rng_state: dict  # the epoch permutations' generator, after the validation split
+    report: dict
+
+
+def finetune_setup(data: SituationSet, config, current: Bundle, cfg: RetrainConfig,
+                   teacher: np.ndarray | None) -> FinetuneSetup:
+    """Split, warm start, grown rows, update scales and distillation targets."""
     import torch
-    import torch.nn.functional as F
 
     from thinkmem_ros.policy.training.model import ThinkingPolicy
-    from thinkmem_ros.policy.training.train import (
-        TrainedPolicy,
-        fingerprint,
-        one_cycle,
-        split_by_group,
-        tune_thresholds,
-        warm_start,
-    )
+    from thinkmem_ros.policy.training.train import split_by_group, warm_start
 
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -449,16 +476,15 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
     grown_rows["head.bias"] = grown_rows["head.weight"]
     _init_grown(model, fresh, grown_rows["event_embed.weight"], data.labels[train_rows],
                 np.random.default_rng([cfg.seed, 6]))
-    params = [p for p in model.parameters() if p.requires_grad]
-    names = {id(p): n for n, p in model.named_parameters()}
     scales = []
-    for p in params:
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         scale = torch.full_like(p, cfg.base_lr / cfg.lr)
-        rows = grown_rows.get(names[id(p)], [])
+        rows = grown_rows.get(name, [])
         if rows:
             scale[rows] = 1.0
         scales.append(scale)
-    labels = torch.from_numpy(data.labels)  # (N, L)
     soft = trusted = None
     if teacher is not None and known:
         cols = [list(m.labels).index(data.label_names[j]) for j in known]
@@ -470,31 +496,67 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
         trusted = torch.from_numpy(np.ones_like(right) if cfg.distill_margin is None
                                    else right & (np.abs(t - tau) >= cfg.distill_margin))
         soft = torch.from_numpy(t)
-    tensors = (torch.from_numpy(data.signals), torch.from_numpy(data.mask),
-               torch.from_numpy(data.events))
-    hard_train = labels[train_rows]
+    hard_train = torch.from_numpy(data.labels)[train_rows]
     positives = hard_train.sum(0)
     pos_weight = torch.sqrt((len(train_rows) - positives) / positives.clamp_min(1.0)
                             ).clamp(1.0, 10.0)  # (L,) as train_policy balances
+    return FinetuneSetup(data=data, config=config, model=model, scales=scales,
+                         train_rows=train_rows, val_rows=val_rows, known=known, fresh=fresh,
+                         soft=soft, trusted=trusted, pos_weight=pos_weight,
+                         rng_state=rng.bit_generator.state, report=report)
 
-    def loss_of(rows: np.ndarray) -> torch.Tensor:
+
+def finetune_loop(setup: FinetuneSetup, cfg: RetrainConfig, rank: int = 0, world: int = 1,
+                  wrap=None) -> tuple[dict, list[dict], dict]:
+    """The epochs: anchored steps, validation, early stopping. Returns the best state.
+
+    Data-parallel when ``world`` > 1 (``retrain_ray``): every worker walks the same
+    permutation and takes its share of each batch (``rows[rank::world]``), ``wrap``
+    (torch DDP) averages the gradients, and each worker's loss is scaled so that the
+    average is the whole batch's mean: the step every worker applies is the one a single
+    process would take (up to summation order). Validation runs whole on every worker,
+    so early stopping agrees everywhere.
+    """
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from thinkmem_ros.policy.training.model import LogitsOnly
+    from thinkmem_ros.policy.training.train import one_cycle
+
+    data, model = setup.data, setup.model
+    known, fresh, soft, trusted = setup.known, setup.fresh, setup.soft, setup.trusted
+    rng = np.random.default_rng()
+    rng.bit_generator.state = setup.rng_state
+    params = [p for p in model.parameters() if p.requires_grad]
+    labels = torch.from_numpy(data.labels)  # (N, L)
+    tensors = (torch.from_numpy(data.signals), torch.from_numpy(data.mask),
+               torch.from_numpy(data.events))
+    forward = wrap(LogitsOnly(model)) if wrap is not None else LogitsOnly(model)
+
+    def loss_sum(rows: np.ndarray, net) -> torch.Tensor:
+        """Sum over the rows' cells of the anchored loss (divide by rows x L for the mean)."""
         idx = torch.from_numpy(rows)
-        logits, _ = model.logits(*(t[idx] for t in tensors))  # (b, L)
-        cells = F.binary_cross_entropy_with_logits(logits, labels[idx], pos_weight=pos_weight,
+        logits = net(*(t[idx] for t in tensors))  # (b, L)
+        cells = F.binary_cross_entropy_with_logits(logits, labels[idx],
+                                                   pos_weight=setup.pos_weight,
                                                    reduction="none")  # (b, L)
         if soft is None:
-            return cells.mean()
+            return cells.sum()
         distilled = F.binary_cross_entropy_with_logits(
             logits[:, known], soft[idx], reduction="none")  # (b, L_known)
         distilled = torch.where(trusted[idx], distilled, cells[:, known])
         mixed = (1.0 - cfg.distill) * cells[:, known] + cfg.distill * distilled
-        return (cfg.anchor_weight * mixed.sum() + cells[:, fresh].sum()) / cells.numel()
+        return cfg.anchor_weight * mixed.sum() + cells[:, fresh].sum()
 
+    n_labels = labels.shape[1]
+    train_rows, val_rows = setup.train_rows, setup.val_rows
     optimiser = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     steps_per_epoch = max(1, -(-len(train_rows) // cfg.batch_size))
     scheduler = one_cycle(optimiser, cfg.lr, cfg.epochs * steps_per_epoch)
-    history: list[dict] = [{"warm_start": report, "base_lr": cfg.base_lr, "lr": cfg.lr,
-                            "distill": cfg.distill}]
+    history: list[dict] = [{"warm_start": setup.report, "base_lr": cfg.base_lr,
+                            "lr": cfg.lr, "distill": cfg.distill}]
     best = {"loss": float("inf"), "state": copy.deepcopy(model.state_dict()), "epoch": 0}
     stale = 0
     for epoch in range(1, cfg.epochs + 1):
@@ -503,7 +565,10 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
         total = 0.0
         for start in range(0, len(order), cfg.batch_size):
             rows = order[start:start + cfg.batch_size]
-            loss = loss_of(rows)
+            shared = len(rows) >= world  # too few rows to split: every worker takes all
+            mine = rows[rank::world] if shared else rows
+            loss = loss_sum(mine, forward) * ((world if shared else 1)
+                                              / (len(rows) * n_labels))
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -511,15 +576,16 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
             optimiser.step()
             scheduler.step()
             with torch.no_grad():
-                for p, old, scale in zip(params, before, scales, strict=True):
+                for p, old, scale in zip(params, before, setup.scales, strict=True):
                     p.copy_(old + (p - old) * scale)
-            total += loss.item() * len(rows)
+            total += float(loss) / (world if shared else 1) * len(rows)
         row = {"epoch": epoch, "train_loss": total / max(len(train_rows), 1)}
         if len(val_rows):
             model.eval()
             with torch.no_grad():
-                val_loss = sum(float(loss_of(val_rows[i:i + 1024])) * len(val_rows[i:i + 1024])
-                               for i in range(0, len(val_rows), 1024)) / len(val_rows)
+                val_loss = sum(float(loss_sum(val_rows[i:i + 1024], LogitsOnly(model)))
+                               for i in range(0, len(val_rows), 1024)) / (
+                    len(val_rows) * n_labels)
             row["val_loss"] = val_loss
             if val_loss < best["loss"] - 1e-6:
                 best = {"loss": val_loss, "state": copy.deepcopy(model.state_dict()),
@@ -530,12 +596,29 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
         history.append(row)
         if len(val_rows) and stale >= cfg.patience:
             break
-    if len(val_rows):
-        model.load_state_dict(best["state"])
+    state = best["state"] if len(val_rows) else copy.deepcopy(model.state_dict())
+    return state, history, {"loss": best["loss"], "epoch": best["epoch"]}
+
+
+def finetune_result(setup: FinetuneSetup, cfg: RetrainConfig, state: dict,
+                    history: list[dict], best: dict):
+    """The trained policy from the loop's best state: thresholds tuned on validation."""
+    import torch
+
+    from thinkmem_ros.policy.training.train import (
+        TrainedPolicy,
+        fingerprint,
+        tune_thresholds,
+    )
+
+    data, model, val_rows = setup.data, setup.model, setup.val_rows
+    model.load_state_dict(state)
     model.eval()
     thresholds = {name: 0.5 for name in data.label_names}
     val_metrics: dict = {}
     if len(val_rows):
+        tensors = (torch.from_numpy(data.signals), torch.from_numpy(data.mask),
+                   torch.from_numpy(data.events))
         with torch.no_grad():
             logits, _ = model.logits(*(t[torch.from_numpy(val_rows)] for t in tensors))
         probs = torch.sigmoid(logits).numpy()
@@ -543,7 +626,7 @@ def anchored_finetune(data: SituationSet, config, current: Bundle, cfg: RetrainC
         val_metrics = {"loss": best["loss"], "best_epoch": best["epoch"],
                        "rows": int(len(val_rows))}
     return TrainedPolicy(
-        model=model, config=config,
+        model=model, config=setup.config,
         normalisation={"mean": model.signal_mean.tolist(), "std": model.signal_std.tolist()},
         label_names=tuple(data.label_names), signal_names=tuple(data.signal_names),
         event_vocabulary=tuple(data.event_vocabulary), thresholds=thresholds,

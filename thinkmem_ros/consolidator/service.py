@@ -113,10 +113,12 @@ class ConsolidatorConfig:
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
     round_experiences: int = DEFAULT_ROUND_EXPERIENCES
-    # where discovery's passes over the log's parts run: "embedded" (this process) or "ray"
-    # (tasks on the Ray cluster at engine_address; None = a local one)
+    # where discovery's passes over the log's parts, material building and retraining run:
+    # "embedded" (this process) or "ray" (tasks and Ray Train workers on the Ray cluster at
+    # engine_address; None = a local one)
     engine: str = "embedded"
     engine_address: str | None = None
+    train_workers: int = 2  # with engine "ray": Ray Train workers (torch DDP) that retrain
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
@@ -145,6 +147,9 @@ class ConsolidatorConfig:
                              f"got {self.engine!r}")
         if self.engine_address is not None and self.engine != "ray":
             raise ValueError("ConsolidatorConfig.engine_address only applies to engine 'ray'")
+        if self.train_workers < 1:
+            raise ValueError(f"ConsolidatorConfig.train_workers must be >= 1, got "
+                             f"{self.train_workers}")
         if self.round_experiences < 0:
             raise ValueError(f"ConsolidatorConfig.round_experiences must be >= 0 (0 = no "
                              f"limit), got {self.round_experiences}")
@@ -165,6 +170,7 @@ class RoundReport:
     experiences: int = 0  # what the round read (at most round_experiences)
     episodes: int = 0
     stored_experiences: int = 0  # what the store held (every signal set)
+    engine: str = ""  # where retraining ran: "embedded", or "ray (N Ray Train workers)"
     candidates: int = 0
     accepted: int = 0
     promoted: list[str] = field(default_factory=list)
@@ -465,7 +471,15 @@ class ConsolidatorService:
         report.timings["material_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
-        trained = retrain(material, current, cfg.retrain)
+        if cfg.engine == "ray":
+            from thinkmem_ros.consolidator.retrain_ray import retrain_on_ray
+
+            self._discovery_engine()  # joins the engine's cluster
+            trained = retrain_on_ray(material, current, cfg.retrain, workers=cfg.train_workers)
+            report.engine = f"ray ({cfg.train_workers} Ray Train workers)"
+        else:
+            trained = retrain(material, current, cfg.retrain)
+            report.engine = "embedded"
         report.timings["retrain_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
@@ -671,6 +685,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None,
                         help="with --engine ray: the Ray cluster to join (e.g. "
                         "ray://head:10001 or host:6379; default: start a local one)")
+    parser.add_argument("--train-workers", type=int, default=2,
+                        help="with --engine ray: Ray Train workers that retrain the policy "
+                        "(torch DDP)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -695,7 +712,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             max_wait_s=args.canary_max_wait_s),
         recall_bind=args.recall_bind, flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
-        engine_address=args.address)
+        engine_address=args.address, train_workers=args.train_workers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -112,3 +112,20 @@ class ThinkingPolicy(nn.Module):
             weights = keep.unsqueeze(-1)  # (B, T, 1)
             embedding = (hidden * weights).sum(1) / weights.sum(1)  # (B, d)
         return self.head(embedding), embedding  # (B, L), (B, d)
+
+
+class LogitsOnly(nn.Module):
+    """``policy.logits`` as a module's forward (scores only).
+
+    Torch DDP synchronises gradients through the forward of the module it wraps; training
+    calls ``logits``, not ``forward``, so a data-parallel loop wraps this instead.
+    """
+
+    def __init__(self, policy: ThinkingPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, signals: torch.Tensor, mask: torch.Tensor,
+                events: torch.Tensor) -> torch.Tensor:
+        """Pre-sigmoid scores (B, L)."""
+        return self.policy.logits(signals, mask, events)[0]
