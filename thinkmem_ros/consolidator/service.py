@@ -136,23 +136,16 @@ class ConsolidatorConfig:
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
-        if self.flush_rows < 0:
-            raise ValueError(f"ConsolidatorConfig.flush_rows must be >= 0, got "
-                             f"{self.flush_rows}")
-        if self.partitions < 1:
-            raise ValueError(f"ConsolidatorConfig.partitions must be >= 1, got "
-                             f"{self.partitions}")
+        for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
+                          ("round_experiences", 0)):  # flush_rows, round_experiences: 0 = off
+            if getattr(self, name) < low:
+                raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
+                                 f"{getattr(self, name)}")
         if self.engine not in ENGINES:
             raise ValueError(f"ConsolidatorConfig.engine must be one of {', '.join(ENGINES)}, "
                              f"got {self.engine!r}")
         if self.engine_address is not None and self.engine != "ray":
             raise ValueError("ConsolidatorConfig.engine_address only applies to engine 'ray'")
-        if self.train_workers < 1:
-            raise ValueError(f"ConsolidatorConfig.train_workers must be >= 1, got "
-                             f"{self.train_workers}")
-        if self.round_experiences < 0:
-            raise ValueError(f"ConsolidatorConfig.round_experiences must be >= 0 (0 = no "
-                             f"limit), got {self.round_experiences}")
         for name, kind in (("trigger", TriggerConfig), ("discovery", DiscoveryConfig),
                            ("knowledge", KnowledgeConfig), ("retrain", RetrainConfig),
                            ("gate", GateConfig), ("rehearsal", RehearsalConfig),
