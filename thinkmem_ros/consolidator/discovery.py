@@ -1008,15 +1008,19 @@ def _cooccurrence_weights(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarr
         return np.ones(0)
     v = ctx.v
     lengths, per_length = np.unique(ctx.n, return_counts=True)
-    expected = np.zeros(set_keys.size)
-    codes = [(set_keys // v ** (length - 1 - c)) % v for c in range(length)]
-    for n_e, count in zip(lengths.tolist(), per_length.tolist()):
-        prod = np.ones(set_keys.size)
-        for x in codes:
-            prod *= 1.0 - (1.0 - ctx.freq[x]) ** n_e
-        expected += count * prod
-    z = (frames - expected) / np.sqrt(np.maximum(expected, 1.0))
-    weight = np.exp(COOCCURRENCE_TILT * np.clip(z, -3.0, 3.0))
+    weight = np.empty(set_keys.size)
+    step = 1 << 20  # a slice of sets at a time: a fleet log has ~10^7 of them
+    for lo in range(0, set_keys.size, step):
+        keys = set_keys[lo:lo + step]
+        expected = np.zeros(keys.size)
+        codes = [(keys // v ** (length - 1 - c)) % v for c in range(length)]
+        for n_e, count in zip(lengths.tolist(), per_length.tolist()):
+            prod = np.ones(keys.size)
+            for x in codes:
+                prod *= 1.0 - (1.0 - ctx.freq[x]) ** n_e
+            expected += count * prod
+        z = (frames[lo:lo + step] - expected) / np.sqrt(np.maximum(expected, 1.0))
+        weight[lo:lo + step] = np.exp(COOCCURRENCE_TILT * np.clip(z, -3.0, 3.0))
     return weight / weight.mean()
 
 
