@@ -1631,24 +1631,36 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
 FRAME_BLOCK = 1_000_000  # frames built at once in a partitioned scan (~100 MB)
 
 
-def _blocks(cand_sets: np.ndarray, set_key: np.ndarray):
-    """Split the candidates (by index) so each block has at most ~``FRAME_BLOCK`` frames here.
+def _set_index(cand_sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates grouped by code set: (sorted set keys, candidate index of each)."""
+    by_set = np.argsort(cand_sets, kind="stable")
+    return cand_sets[by_set], by_set
 
-    ``cand_sets`` holds each candidate's code-set key, ``set_key`` this part's (episode,
-    set) rows. A frame is an episode holding the candidate's code set; with a small
-    vocabulary every set is in many episodes, and one part's frames of all candidates would
-    not fit.
+
+def _blocks(set_index: tuple[np.ndarray, np.ndarray], set_key: np.ndarray):
+    """The candidates with frames in this part, in blocks of at most ~``FRAME_BLOCK`` frames.
+
+    ``set_index`` is ``_set_index`` of every candidate; ``set_key`` this part's (episode,
+    set) rows. A frame is an episode holding the candidate's code set, so the candidates
+    here are found from the part's sets (not by visiting every candidate: tens of millions
+    on a fleet log); with a small vocabulary every set is in many episodes, and one part's
+    frames of all candidates would not fit at once. Yields ascending candidate indices.
     """
-    if cand_sets.size == 0:
+    sorted_sets, by_set = set_index
+    if sorted_sets.size == 0 or set_key.size == 0:
         return
-    srk = np.sort(set_key)
-    ends = np.cumsum(np.searchsorted(srk, cand_sets, side="right")
-                     - np.searchsorted(srk, cand_sets))
+    uniq, per_set = _counts(set_key)
+    lo = np.searchsorted(sorted_sets, uniq, side="left")
+    hi = np.searchsorted(sorted_sets, uniq, side="right")
+    g, off = _expand(hi - lo)
+    cand = by_set[lo[g] + off]
+    order = np.argsort(cand, kind="stable")
+    cand, ends = cand[order], np.cumsum(per_set[g][order])
     start = 0
-    while start < cand_sets.size:
+    while start < cand.size:
         base = ends[start - 1] if start else 0
         stop = max(start + 1, int(np.searchsorted(ends, base + FRAME_BLOCK, side="right")))
-        yield np.arange(start, stop)
+        yield cand[start:stop]
         start = stop
 
 
@@ -1708,7 +1720,7 @@ def _part_triples(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
 
 
 def _part_frames(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
-                 whole: _WholeScale, keys: dict, cand_sets: dict, set_keys: dict,
+                 whole: _WholeScale, keys: dict, set_index: dict, set_keys: dict,
                  inner: tuple | None) -> dict[int, tuple[np.ndarray, ...]]:
     """Pass 3 on one part: every frame of every candidate (global candidate and episode)."""
     part = _part(log, cfg, whole, first, last)
@@ -1722,7 +1734,7 @@ def _part_frames(log: EventLog, first: int, last: int, cfg: DiscoveryConfig,
         sel = _member(set_keys[n], set_key)
         set_ep, set_key = set_ep[sel], set_key[sel]
         got = []
-        for block in _blocks(cand_sets[n], set_key):
+        for block in _blocks(set_index[n], set_key):
             cand, f_ep, f_m, k = _frame_rows(part, rows[n], n, keys[n][block],
                                              _candidate_codes(keys[n][block], n, part.v),
                                              set_ep, set_key)
@@ -1789,7 +1801,9 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         for n in lengths:
             spills[n] = _FrameSpill(ctx, keys[n], n, _lookup(set_keys[n], set_counts[n],
                                                              cand_sets[n], 0))
-        for frames in engine.map(_part_frames, log, parts, cfg, whole, keys, cand_sets,
+        set_index = {n: _set_index(cand_sets[n]) for n in lengths}
+        del cand_sets
+        for frames in engine.map(_part_frames, log, parts, cfg, whole, keys, set_index,
                                  set_keys, inner):
             for n, (cand, f_ep, f_m, k) in frames.items():
                 spills[n].add(cand, f_ep, f_m, k)
