@@ -66,10 +66,13 @@ def wait_until(predicate, timeout_s: float) -> bool:
     return False
 
 
-def shipper_config(tmp_path, robot, endpoints):
+def shipper_config(tmp_path, robot, endpoints, ack_timeout_s=2.0):
+    """The shipper's default ack timeout: 0.5 s let a receiver starved of CPU (a 2-core
+    machine running Ray beside the suite) look dead to its own robots."""
     return ShipperConfig(endpoint=endpoints, robot_id=robot,
                          spool_path=tmp_path / f"{robot}.spool", batch_size=100,
-                         ack_timeout_s=0.5, backoff_initial_s=0.05, backoff_max_s=0.3)
+                         ack_timeout_s=ack_timeout_s, backoff_initial_s=0.05,
+                         backoff_max_s=0.3)
 
 
 def test_sigkill_one_of_two_receivers_loses_and_doubles_nothing(tmp_path):
