@@ -698,10 +698,16 @@ def _episode_key_order(ep: np.ndarray, key: np.ndarray, span: int) -> np.ndarray
     """
     if ep.size == 0:
         return np.zeros(0, np.int64)
+    combined = _combined_key(ep, key, span)
+    return np.argsort(combined) if combined is not None else np.lexsort((key, ep))
+
+
+def _combined_key(ep: np.ndarray, key: np.ndarray, span: int) -> np.ndarray | None:
+    """(episode - first episode) * span + key, or None where it would not fit in 63 bits."""
     base = int(ep[0])
     if (int(ep[-1]) - base + 1) * span < 2 ** 62:
-        return np.argsort((ep - base) * span + key)
-    return np.lexsort((key, ep))
+        return (ep - base) * span + key
+    return None
 
 
 def _triple_rows(ctx: _Episodes, left: dict, right: dict) -> dict:
@@ -724,10 +730,10 @@ def _triple_support_keys(ctx: _Episodes, left: dict, right: dict) -> np.ndarray:
     if ep.size == 0:
         return key
     span = ctx.v ** 3
-    base = int(ep[0])
-    if (int(ep[-1]) - base + 1) * span < 2 ** 62:
-        combined = np.sort((ep - base) * span + key)
+    combined = _combined_key(ep, key, span)
+    if combined is not None:
         del ep, key
+        combined.sort()  # a plain sort: no order array needed, only distinct values
         distinct = np.concatenate(([True], combined[1:] != combined[:-1]))
         return combined[distinct] % span
     order = np.lexsort((key, ep))
