@@ -13,9 +13,12 @@ input a window bundle takes. The model is ``training/streaming_model.py``; with 
 period (``StreamingConfig.restart``) the runtime (``policy/runtime.py``) runs two staggered
 states through this same update.
 
-Two engines run it, chosen by measurement (``thinkmem bench latency``; on the 2-core
-development machine under load, p50 per frame ~14 us compiled against ~160 us through ONNX
-Runtime with I/O binding):
+Two engines run it, chosen by measurement (``thinkmem bench latency``: on the 2-core
+development machine, p50 per frame ~10 us compiled against ~300 us through ONNX Runtime
+with I/O binding). At H=64 most of the compiled frame is reading the GRU's ~110 KB of
+float32 weights, more than the core's L1 holds (~25 GB/s from L2 here: ~4 us), so the
+weights are packed for contiguous column sweeps and the call takes seven arrays and no
+scalars (each argument costs ~0.2 us to unbox).
 
 * ``numba``: the update spelled out in one ``@njit`` function whose weights are read from
   the very ONNX file (its initialisers, parsed here without the ``onnx`` package). Each
@@ -59,6 +62,8 @@ PARAMS = ("signal_mean", "signal_std", "gru.weight_ih_l0", "gru.bias_ih_l0",
           "gru.weight_hh_l0", "gru.bias_hh_l0", "event_embed.weight", "event_pos",
           "mix.weight", "mix.bias", "head.weight", "head.bias")
 """ONNX initialiser names the compiled kernel reads, in the order they are packed."""
+TRANSPOSED = frozenset({"gru.weight_ih_l0", "gru.weight_hh_l0", "mix.weight"})
+"""Matrices packed transposed: the kernel adds their columns, each contiguous."""
 
 
 class StreamingError(RuntimeError):
@@ -235,7 +240,10 @@ def onnx_initialisers(model: bytes) -> dict[str, np.ndarray]:
 
 
 def pack_params(config: StreamingConfig, weights: dict[str, np.ndarray]) -> np.ndarray:
-    """The kernel's flat float32 parameter vector, checking every expected shape."""
+    """The kernel's flat float32 parameter vector, checking every expected shape.
+
+    (EMA alpha, std floor, then ``PARAMS`` in order, ``TRANSPOSED`` ones transposed.)
+    """
     c = config
     f, h, lab, m, v = c.n_signals, c.hidden, c.n_labels, c.max_events, c.n_event_vocab + 1
     shapes = {"signal_mean": (f,), "signal_std": (f,), "gru.weight_ih_l0": (3 * h, c.n_inputs),
@@ -243,7 +251,7 @@ def pack_params(config: StreamingConfig, weights: dict[str, np.ndarray]) -> np.n
               "gru.bias_hh_l0": (3 * h,), "event_embed.weight": (v, h), "event_pos": (m, h),
               "mix.weight": (h, h), "mix.bias": (h,), "head.weight": (lab, h),
               "head.bias": (lab,)}
-    parts = []
+    parts = [np.asarray([c.ema_alpha, SHAPE_EPS], np.float32)]
     for name in PARAMS:
         if name not in weights:
             raise StreamingError(f"the ONNX graph has no initialiser {name!r}")
@@ -251,7 +259,7 @@ def pack_params(config: StreamingConfig, weights: dict[str, np.ndarray]) -> np.n
         if array.shape != shapes[name]:
             raise StreamingError(f"initialiser {name!r} has shape {array.shape}, the "
                                  f"manifest implies {shapes[name]}")
-        parts.append(array.ravel())
+        parts.append((array.T if name in TRANSPOSED else array).ravel())
     return np.ascontiguousarray(np.concatenate(parts), np.float32)
 
 
@@ -281,21 +289,38 @@ TB4 = np.float32(1.18534705686654e-04)
 TB6 = np.float32(1.19825839466702e-06)
 
 
-def _step_source(params, state, x, m, ev, out, taps, f, h, lab, nm, nv, alpha, eps):
+def _rational_tanh(y):
+    """tanh(y) for |y| <= TANH_CLAMP as the 13/6 rational function (vectorises, unlike exp)."""
+    y2 = y * y
+    num = ((((((TA13 * y2 + TA11) * y2 + TA9) * y2 + TA7) * y2 + TA5) * y2 + TA3)
+           * y2 + TA1) * y
+    return num / (((TB6 * y2 + TB4) * y2 + TB2) * y2 + TB0)
+
+
+def _step_source(params, state, x, m, ev, out, meta):
     """One frame, in place: the state and out (probs | embedding | scratch) are updated.
 
-    State layout: h | mu | var | seen | ring | ring_mask (``STATE_INPUTS``). Returns 0,
-    or an ``_STEP_ERRORS`` code (1 non-finite signal, 2 mask outside [0, 1], 3 bad event
-    id, 4 wrong input shape, 5 short buffers); on a non-zero return the state is untouched.
+    ``params`` is ``pack_params``' vector (alpha, eps, then the weights, the GRU and mix
+    matrices transposed); ``meta`` holds (F, H, L, M, V, number of taps, taps...). Seven
+    array arguments and no scalars: each argument costs the call ~0.2 us to unbox, about
+    what the whole input stage costs. State layout: h | mu | var | seen | ring | ring_mask
+    (``STATE_INPUTS``). Returns 0, or an ``_STEP_ERRORS`` code (1 non-finite signal, 2 mask
+    outside [0, 1], 3 bad event id, 4 wrong input shape, 5 short buffers); on a non-zero
+    return the state is untouched.
     """
-    nt = taps.shape[0]
-    r = taps[nt - 1]
+    if meta.shape[0] < 7:
+        return 5
+    f, h, lab, nm, nv, nt = meta[0], meta[1], meta[2], meta[3], meta[4], meta[5]
+    if nt < 1 or meta.shape[0] < 6 + nt:
+        return 5
+    nr = meta[5 + nt]  # ring rows = the longest tap
     nin = (3 + 2 * nt) * f
+    g3 = 3 * h
     if x.shape[0] != f or m.shape[0] != f or ev.shape[0] != nm:
         return 4
-    if out.shape[0] < lab + 7 * h + nin or state.shape[0] < h + 3 * f + 2 * r * f \
-            or params.shape[0] < 2 * f + 3 * h * nin + 3 * h * h + 7 * h + (nv + nm) * h \
-            + h * h + lab * h + lab:
+    if out.shape[0] < lab + 7 * h + nin or state.shape[0] < h + 3 * f + 2 * nr * f \
+            or params.shape[0] < 2 + 2 * f + g3 * (nin + h + 2) + (nv + nm + h + 1) * h \
+            + lab * (h + 1):
         return 5
     for i in range(f):
         if not math.isfinite(x[i]):
@@ -305,41 +330,37 @@ def _step_source(params, state, x, m, ev, out, taps, f, h, lab, nm, nv, alpha, e
     for j in range(nm):
         if ev[j] < 0 or ev[j] >= nv:
             return 3
-    # offsets into params (PARAMS order)
-    o_mean = 0
-    o_std = o_mean + f
-    o_wih = o_std + f
-    o_bih = o_wih + 3 * h * nin
-    o_whh = o_bih + 3 * h
-    o_bhh = o_whh + 3 * h * h
-    o_emb = o_bhh + 3 * h
-    o_pos = o_emb + nv * h
-    o_mixw = o_pos + nm * h
-    o_mixb = o_mixw + h * h
-    o_hw = o_mixb + h
-    o_hb = o_hw + lab * h
-    s_mu = h
-    s_var = h + f
-    s_seen = h + 2 * f
-    mean = params[o_mean:o_std]
-    std = params[o_std:o_wih]
-    w_ih = params[o_wih:o_bih].reshape((3 * h, nin))
-    b_ih = params[o_bih:o_whh]
-    w_hh = params[o_whh:o_bhh].reshape((3 * h, h))
-    b_hh = params[o_bhh:o_emb]
-    embed = params[o_emb:o_pos].reshape((nv, h))
-    pos = params[o_pos:o_mixw].reshape((nm, h))
-    w_mix = params[o_mixw:o_mixb].reshape((h, h))
-    b_mix = params[o_mixb:o_hw]
-    w_head = params[o_hw:o_hb].reshape((lab, h))
-    b_head = params[o_hb:o_hb + lab]
+    alpha, eps = params[0], params[1]
+    # views into params (PARAMS order after alpha and eps; ``TRANSPOSED`` ones as (in, out))
+    # and into state and out, made once: index arithmetic on raw offsets would hide from
+    # the compiler that the inner loops are contiguous (it then gathers and scatters)
+    o_wih = 2 + 2 * f
+    o_whh = o_wih + nin * g3 + g3
+    o_emb = o_whh + h * g3 + g3
+    o_mix = o_emb + (nv + nm) * h
+    o_head = o_mix + h * h + h
+    mean = params[2:2 + f]
+    std = params[2 + f:o_wih]
+    w_ih = params[o_wih:o_wih + nin * g3].reshape((nin, g3))
+    b_ih = params[o_wih + nin * g3:o_whh]
+    w_hh = params[o_whh:o_whh + h * g3].reshape((h, g3))
+    b_hh = params[o_whh + h * g3:o_emb]
+    embed = params[o_emb:o_emb + nv * h].reshape((nv, h))
+    pos = params[o_emb + nv * h:o_mix].reshape((nm, h))
+    w_mix = params[o_mix:o_mix + h * h].reshape((h, h))
+    b_mix = params[o_mix + h * h:o_head]
+    w_head = params[o_head:o_head + lab * h].reshape((lab, h))
+    b_head = params[o_head + lab * h:o_head + lab * h + lab]
     hs = state[:h]
-    mus = state[s_mu:s_var]
-    vrs = state[s_var:s_seen]
-    sns = state[s_seen:s_seen + f]
-    ring = state[h + 3 * f:h + 3 * f + r * f].reshape((r, f))  # oldest row first
-    rmask = state[h + 3 * f + r * f:h + 3 * f + 2 * r * f].reshape((r, f))
+    mus = state[h:h + f]
+    vrs = state[h + f:h + 2 * f]
+    sns = state[h + 2 * f:h + 3 * f]
+    ring = state[h + 3 * f:h + 3 * f + nr * f].reshape((nr, f))  # oldest row first
+    rmask = state[h + 3 * f + nr * f:h + 3 * f + 2 * nr * f].reshape((nr, f))
+    emb = out[lab:lab + h]
     u = out[lab + h:lab + h + nin]  # scratch after probs | embedding
+    gate = out[lab + h + nin:lab + h + nin + g3]
+    hid = out[lab + h + nin + g3:lab + h + nin + 2 * g3]
     for i in range(f):
         xn = (x[i] - mean[i]) / std[i] * m[i]
         o = np.float32(1.0) if m[i] > 0.0 else np.float32(0.0)
@@ -360,28 +381,31 @@ def _step_source(params, state, x, m, ev, out, taps, f, h, lab, nm, nv, alpha, e
         u[f + i] = m[i]
         u[2 * f + i] = (xn - mu_new) / math.sqrt(var_new + eps * eps) * o
         for j in range(nt):
-            back = r - taps[j]
+            back = nr - meta[6 + j]
             u[(3 + 2 * j) * f + i] = (xn - ring[back, i]) * o * rmask[back, i]
             u[(4 + 2 * j) * f + i] = rmask[back, i]
-    for row in range(r - 1):  # the ring moves by one frame: drop the oldest, add this one
-        for i in range(f):
-            ring[row, i] = ring[row + 1, i]
-            rmask[row, i] = rmask[row + 1, i]
+    # the ring moves by one frame (drop the oldest, add this one): one flat copy forward
+    shift = state[h + 3 * f:h + 3 * f + 2 * nr * f]  # ring | ring_mask, adjacent
+    for k in range(2 * nr * f - f):
+        shift[k] = shift[k + f]
     for i in range(f):
-        ring[r - 1, i] = u[i]
-        rmask[r - 1, i] = np.float32(1.0) if m[i] > 0.0 else np.float32(0.0)
-    gate = out[lab + h + nin:lab + 4 * h + nin]
-    hid = out[lab + 4 * h + nin:lab + 7 * h + nin]
-    for r in range(3 * h):
-        acc = b_ih[r]
-        for k in range(nin):
-            acc += w_ih[r, k] * u[k]
-        gate[r] = acc
-        acc2 = b_hh[r]
-        for k in range(h):
-            acc2 += w_hh[r, k] * hs[k]
-        hid[r] = acc2
-    emb = out[lab:lab + h]
+        ring[nr - 1, i] = u[i]
+        rmask[nr - 1, i] = np.float32(1.0) if m[i] > 0.0 else np.float32(0.0)
+    # W_ih u and W_hh h as sums of weight columns (contiguous, so they vectorise without a
+    # horizontal sum per row); zero inputs (masked signals, a fresh state) are skipped.
+    for j in range(g3):
+        gate[j] = b_ih[j]
+        hid[j] = b_hh[j]
+    for k in range(nin):
+        uk = u[k]
+        if uk != 0.0:
+            for j in range(g3):
+                gate[j] += w_ih[k, j] * uk
+    for k in range(h):
+        hk = hs[k]
+        if hk != 0.0:
+            for j in range(g3):
+                hid[j] += w_hh[k, j] * hk
     count = np.float32(0.0)
     for k in range(h):
         emb[k] = 0.0
@@ -394,37 +418,26 @@ def _step_source(params, state, x, m, ev, out, taps, f, h, lab, nm, nv, alpha, e
     inv = np.float32(1.0) / max(count, np.float32(1.0))
     for k in range(2 * h):  # reset and update gates: sigmoid(y) = (1 + tanh(y / 2)) / 2
         y = min(max(np.float32(0.5) * (gate[k] + hid[k]), -TANH_CLAMP), TANH_CLAMP)
-        y2 = y * y
-        num = ((((((TA13 * y2 + TA11) * y2 + TA9) * y2 + TA7) * y2 + TA5) * y2 + TA3)
-               * y2 + TA1) * y
-        den = ((TB6 * y2 + TB4) * y2 + TB2) * y2 + TB0
-        gate[k] = np.float32(0.5) * (num / den) + np.float32(0.5)
+        gate[k] = np.float32(0.5) * _tanh(y) + np.float32(0.5)
     for k in range(h):
         y = min(max(gate[2 * h + k] + gate[k] * hid[2 * h + k], -TANH_CLAMP), TANH_CLAMP)
-        y2 = y * y
-        num = ((((((TA13 * y2 + TA11) * y2 + TA9) * y2 + TA7) * y2 + TA5) * y2 + TA3)
-               * y2 + TA1) * y
-        den = ((TB6 * y2 + TB4) * y2 + TB2) * y2 + TB0
         zg = gate[h + k]
-        hk = (np.float32(1.0) - zg) * (num / den) + zg * hs[k]
+        hk = (np.float32(1.0) - zg) * _tanh(y) + zg * hs[k]
         hs[k] = hk
         emb[k] = hk + emb[k] * inv
-    mix = gate  # scratch: the first h entries are free again
-    for r in range(h):
-        acc = b_mix[r]
-        for k in range(h):
-            acc += w_mix[r, k] * emb[k]
-        mix[r] = acc if acc > 0.0 else 0.0
+    mix = hid  # scratch: the hidden-side products are spent
+    for j in range(h):
+        mix[j] = b_mix[j]
+    for k in range(h):
+        ek = emb[k]
+        for j in range(h):
+            mix[j] += w_mix[k, j] * ek
     for r in range(lab):
         acc = b_head[r]
         for k in range(h):
-            acc += w_head[r, k] * mix[k]
+            acc += w_head[r, k] * max(mix[k], np.float32(0.0))
         y = min(max(np.float32(0.5) * acc, -TANH_CLAMP), TANH_CLAMP)
-        y2 = y * y
-        num = ((((((TA13 * y2 + TA11) * y2 + TA9) * y2 + TA7) * y2 + TA5) * y2 + TA3)
-               * y2 + TA1) * y
-        den = ((TB6 * y2 + TB4) * y2 + TB2) * y2 + TB0
-        out[r] = np.float32(0.5) * (num / den) + np.float32(0.5)
+        out[r] = np.float32(0.5) * _tanh(y) + np.float32(0.5)
     return 0
 
 
@@ -435,15 +448,16 @@ own finiteness check of each frame is not optimised away."""
 
 _KERNEL = None
 _KERNEL_ERROR = ""
+_tanh = None  # _rational_tanh compiled, set before the kernel that calls it compiles
 _PAIR = None
 
 
-def _pair_source(params, s1, s2, x, m, ev, o1, o2, taps, f, h, lab, nm, nv, alpha, eps):
+def _pair_source(params, s1, s2, x, m, ev, o1, o2, meta):
     """The same frame through two states (the restart schedule) in one compiled call."""
-    code = _KERNEL(params, s1, x, m, ev, o1, taps, f, h, lab, nm, nv, alpha, eps)
+    code = _KERNEL(params, s1, x, m, ev, o1, meta)
     if code:
         return code
-    return _KERNEL(params, s2, x, m, ev, o2, taps, f, h, lab, nm, nv, alpha, eps)
+    return _KERNEL(params, s2, x, m, ev, o2, meta)
 
 
 def pair_kernel():
@@ -454,8 +468,7 @@ def pair_kernel():
     import numba
 
     signature = ("int64(float32[::1], float32[::1], float32[::1], float32[::1], "
-                 "float32[::1], int64[::1], float32[::1], float32[::1], int64[::1], int64, "
-                 "int64, int64, int64, int64, float32, float32)")
+                 "float32[::1], int64[::1], float32[::1], float32[::1], int64[::1])")
     for cache in (True, False):
         try:
             _PAIR = numba.njit(signature, cache=cache, **JIT_OPTIONS)(_pair_source)
@@ -476,8 +489,10 @@ def numba_kernel():
         _KERNEL_ERROR = f"numba unavailable: {exc}"
         return None
     signature = ("int64(float32[::1], float32[::1], float32[::1], float32[::1], "
-                 "int64[::1], float32[::1], int64[::1], int64, int64, int64, int64, int64, "
-                 "float32, float32)")
+                 "int64[::1], float32[::1], int64[::1])")
+    global _tanh
+    if _tanh is None:
+        _tanh = numba.njit(inline="always", **JIT_OPTIONS)(_rational_tanh)
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -535,10 +550,10 @@ class StreamingEngine:
         self.config = c = config
         self.session = session
         f, h, lab = c.n_signals, c.hidden, c.n_labels
-        self._dims = (f, h, lab, c.max_events, c.n_event_vocab + 1)
-        self._alpha = np.float32(c.ema_alpha)
-        self._eps = np.float32(SHAPE_EPS)
-        self._taps = np.asarray(c.taps, np.int64)
+        self._n_vocab = c.n_event_vocab + 1
+        # (F, H, L, M, V, number of taps, taps...): the kernel's shapes in one array
+        self._meta = np.asarray([f, h, lab, c.max_events, self._n_vocab, len(c.taps),
+                                 *c.taps], np.int64)
         self._shapes = c.state_shapes()
         self.state = np.zeros(sum(math.prod(v) for v in self._shapes.values()), np.float32)
         # probabilities | embedding | the kernel's scratch (no allocation per frame)
@@ -622,13 +637,13 @@ class StreamingEngine:
             # list) fails the compiled signature and is copied into buffers once.
             try:
                 code = self.kernel(self.params, self.state, frame, mask, events, self.out,
-                                   self._taps, *self._dims, self._alpha, self._eps)
+                                   self._meta)
             except TypeError:
                 code = self.kernel(self.params, self.state,
                                    self._coerce(frame, self._x, "frame"),
                                    self._coerce(mask, self._m, "mask"),
                                    self._coerce(events, self._ev, "events"), self.out,
-                                   self._taps, *self._dims, self._alpha, self._eps)
+                                   self._meta)
             if code:
                 raise InputError(_STEP_ERRORS[code])
             return self.probabilities, self.embedding
@@ -647,13 +662,13 @@ class StreamingEngine:
             return
         try:
             code = pair(self.params, self.state, other.state, frame, mask, events, self.out,
-                        other.out, self._taps, *self._dims, self._alpha, self._eps)
+                        other.out, self._meta)
         except TypeError:
             code = pair(self.params, self.state, other.state,
                         self._coerce(frame, self._x, "frame"),
                         self._coerce(mask, self._m, "mask"),
                         self._coerce(events, self._ev, "events"), self.out, other.out,
-                        self._taps, *self._dims, self._alpha, self._eps)
+                        self._meta)
         if code:
             raise InputError(_STEP_ERRORS[code])
 
@@ -665,7 +680,7 @@ class StreamingEngine:
             raise InputError(_STEP_ERRORS[1])
         if not (np.isfinite(self._m).all() and self._m.min() >= 0.0 and self._m.max() <= 1.0):
             raise InputError(_STEP_ERRORS[2])
-        if self._ev.min() < 0 or self._ev.max() >= self._dims[4]:
+        if self._ev.min() < 0 or self._ev.max() >= self._n_vocab:
             raise InputError(_STEP_ERRORS[3])
         self.session.run_with_iobinding(self._bindings[self._side])
         self._side = 1 - self._side
@@ -701,7 +716,7 @@ class StreamingEngine:
                     code = self.kernel(self.params, state,
                                        np.ascontiguousarray(signals[i, t], np.float32),
                                        np.ascontiguousarray(mask[i, t], np.float32), ev, out,
-                                       self._taps, *self._dims, self._alpha, self._eps)
+                                       self._meta)
                     if code:
                         raise InputError(_STEP_ERRORS[code])
                 probs[i] = out[:c.n_labels]
