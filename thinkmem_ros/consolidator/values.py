@@ -89,16 +89,6 @@ def learn_values(experiences: list[Experience], runtime: PolicyRuntime,
     return table
 
 
-def learn_from_store(store, runtime: PolicyRuntime, bundle_folder: Path | str | None = None,
-                     config: ValueConfig | None = None, **kwargs) -> ValueTable:
-    """Learn from every rated experience in an ``ExperienceStore``; save into a bundle folder."""
-    experiences = [exp for _, exp in store.iter_experiences() if exp.reward is not None]
-    table = learn_values(experiences, runtime, config, **kwargs)
-    if bundle_folder is not None:
-        table.save(bundle_folder)
-    return table
-
-
 MIN_RATED = 50
 """Rated experiences a round needs before it fits a value table (fewer: it keeps the last)."""
 
