@@ -80,3 +80,19 @@ def test_latency_tiny_times_default_paper_and_fast(tmp_path):
     assert res["paper"]["onnx_bytes"] > res["default"]["onnx_bytes"] > res["fast"]["onnx_bytes"]
     latency.plot(result, tmp_path / "latency.png")
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["exp2", "--bundle", "models/default"], "does not take --bundle"),
+    (["latency", "--bundle", "/nonexistent/bundle"], "bundle folder not found"),
+])
+def test_bench_bundle_option_refuses_in_one_line(argv, says):
+    """--bundle only where the benchmark times a given bundle, and only a bundle that loads."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "thinkmem_ros.cli", "bench", *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], out.stderr

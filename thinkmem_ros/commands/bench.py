@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 
 from thinkmem_ros.bench import BENCHMARKS, load
@@ -19,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of seeds (default 5, or 2 with --quick)")
     parser.add_argument("--json", dest="json_path", default=None, help="write results here")
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a PNG here")
+    parser.add_argument("--bundle", default=None,
+                        help="measure this bundle instead of models/default (benchmarks "
+                             "that time the robot's policy: exp1, latency, node)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -29,7 +33,10 @@ def main(args: argparse.Namespace) -> int:
     if seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {seeds}")
     module = load(args.name)
-    result = module.run(quick=args.quick, seeds=seeds)
+    extra = {}
+    if args.bundle is not None:
+        extra["bundle"] = _bundle_arg(args.name, module, args.bundle)
+    result = module.run(quick=args.quick, seeds=seeds, **extra)
     report = finish_report(result, name=args.name, quick=args.quick, seeds=seeds,
                            threads=result.pop("threads", 1), json_path=args.json_path)
     if args.plot_path:
@@ -37,3 +44,17 @@ def main(args: argparse.Namespace) -> int:
     print(json.dumps({"experiment": report["experiment"], "results": report["results"]},
                      indent=2))
     return 0
+
+
+def _bundle_arg(name: str, module, path: str) -> str:
+    """``path`` when ``name`` can measure a given bundle and it loads; else exit 2, one line."""
+    from thinkmem_ros.policy.bundle import BundleError, load_bundle
+
+    if "bundle" not in inspect.signature(module.run).parameters:
+        raise SystemExit(f"thinkmem bench {name} does not take --bundle (it trains or builds "
+                         "what it measures)")
+    try:
+        load_bundle(path)
+    except (BundleError, FileNotFoundError, OSError) as exc:
+        raise SystemExit(f"--bundle {path}: {exc}") from None
+    return path
