@@ -30,7 +30,6 @@ call per frame:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,13 +58,30 @@ InputError = StreamInputError
 """A situation or frame given to the runtime has the wrong shape, dtype or values."""
 
 
-@dataclass
 class Prediction:
-    """Policy output for B situations."""
+    """Policy output for B situations.
 
-    probabilities: np.ndarray  # (B, L) float32
-    active: list[list[str]]  # per situation, labels with probability >= tau
-    embedding: np.ndarray  # (B, d) float32, pooled hidden state (value clustering, recall)
+    ``active`` (per situation, the labels with probability >= tau) is built on first
+    read: the node applies its own gates to the probabilities and never reads it, and at
+    a streaming bundle's per-frame cost building it was a third of the call.
+    """
+
+    __slots__ = ("probabilities", "embedding", "_labels", "_thresholds", "_active")
+
+    def __init__(self, probabilities: np.ndarray, embedding: np.ndarray,
+                 labels: np.ndarray, thresholds: np.ndarray) -> None:
+        self.probabilities = probabilities  # (B, L) float32
+        self.embedding = embedding  # (B, d) float32, pooled hidden state (values, recall)
+        self._labels, self._thresholds = labels, thresholds
+        self._active: list[list[str]] | None = None
+
+    @property
+    def active(self) -> list[list[str]]:
+        """Per situation, the labels with probability >= tau (in label order)."""
+        if self._active is None:
+            hits = self.probabilities >= self._thresholds
+            self._active = [self._labels[row].tolist() for row in hits]
+        return self._active
 
 
 def session_options(threads: int = 1, allow_spinning: bool = False,
@@ -258,7 +274,7 @@ class PolicyRuntime:
                                                        feed["events"])
         else:
             probs, embedding = self.session.run(self._outputs, feed)
-        return Prediction(probs, self._active(probs), embedding)
+        return Prediction(probs, embedding, self._labels, self.thresholds)
 
     def predict_one(self, signals: np.ndarray, mask: np.ndarray | None = None,
                     events: np.ndarray | None = None) -> Prediction:
@@ -288,7 +304,7 @@ class PolicyRuntime:
                                                        one["events"])
         else:
             probs, embedding = self.session.run(self._outputs, one)
-        return Prediction(probs, self._active(probs), embedding)
+        return Prediction(probs, embedding, self._labels, self.thresholds)
 
     # -- streaming ---------------------------------------------------------------------------
     def reset(self, reason: str = "requested") -> None:
@@ -387,7 +403,7 @@ class PolicyRuntime:
             self._reset_pending = False
         probs, embedding = self._advance(signals[-1], mask[-1], events)
         probs2 = probs[None].copy()
-        return Prediction(probs2, self._active(probs2), embedding[None].copy())
+        return Prediction(probs2, embedding[None].copy(), self._labels, self.thresholds)
 
     def validate(self, signals, mask=None, events=None) -> dict[str, np.ndarray]:
         """Return a checked, batched float32/int64 feed dict; raise InputError with the reason."""
@@ -439,9 +455,6 @@ class PolicyRuntime:
             events = np.pad(events, ((0, 0), (self.max_events - width, 0)))
         return events
 
-    def _active(self, probs: np.ndarray) -> list[list[str]]:
-        hits = probs >= self.thresholds  # (B, L)
-        return [self._labels[row].tolist() for row in hits]
 
 
 def _check_array(name: str, array, shape: tuple, float_only: bool) -> None:
