@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _bundle_arg(name: str, module, path: str) -> str:
-    """``path`` when ``name`` can measure a given bundle and it loads; else exit 2, one line."""
+    """``path`` when ``name`` can measure a given bundle and it loads; else one line, exit 1."""
     from thinkmem_ros.policy.bundle import BundleError, load_bundle
 
     if "bundle" not in inspect.signature(module.run).parameters:

@@ -456,7 +456,6 @@ class PolicyRuntime:
         return events
 
 
-
 def _check_array(name: str, array, shape: tuple, float_only: bool) -> None:
     if not isinstance(array, np.ndarray):
         raise InputError(f"{name} must be a numpy array, got {type(array).__name__}")

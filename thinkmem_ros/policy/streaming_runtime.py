@@ -14,7 +14,7 @@ period (``StreamingConfig.restart``) the runtime (``policy/runtime.py``) runs tw
 states through this same update.
 
 Two engines run it, chosen by measurement (``thinkmem bench latency``: on the 2-core
-development machine, p50 per frame ~10 us compiled against ~300 us through ONNX Runtime
+development machine, p50 per frame 9-14 us compiled against ~250 us through ONNX Runtime
 with I/O binding). At H=64 most of the compiled frame is reading the GRU's ~110 KB of
 float32 weights, more than the core's L1 holds (~25 GB/s from L2 here: ~4 us), so the
 weights are packed for contiguous column sweeps and the call takes seven arrays and no
