@@ -52,6 +52,18 @@ def test_timeline_scores_only_full_windows_and_known_frames():
     assert result["per_label"]["a"]["support"] == 1
 
 
+def test_missed_ticks_counts_only_skipped_periods():
+    from thinkmem_ros.demo.ros import missed_ticks
+
+    period = 100.0
+    on_time = np.arange(10) * period
+    assert missed_ticks(on_time, period) == 0
+    assert missed_ticks(np.array([0, 160, 200, 300]), period) == 0  # late, then on schedule
+    assert missed_ticks(np.array([0, 100, 400, 500]), period) == 2  # two periods without a tick
+    assert missed_ticks(np.array([500, 0, 100]), period) == 3  # order of receipt does not matter
+    assert missed_ticks(np.array([7]), period) == 0
+
+
 def test_percentiles_and_empty():
     cell = percentiles(np.arange(1, 101), scale=2.0)
     assert cell["p50"] == pytest.approx(101.0) and cell["max"] == 200.0 and cell["count"] == 100
@@ -170,13 +182,20 @@ def test_ros_demo_runs_end_to_end(ros_demo):
 
 @pytest.mark.ros
 def test_ros_path_scores_like_the_offline_path(ros_demo, tmp_path):
-    """Transport, framing in the node and stamp matching lose (almost) nothing vs offline."""
+    """Transport, framing in the node and stamp matching lose (almost) nothing vs offline.
+
+    Ticks the node's timer missed because the machine starved it are measured from the
+    activation stamps and reported apart; they are allowed, but only a few per cent.
+    """
     from dataclasses import replace
 
     config, summary = ros_demo
     offline = run_demo(replace(config, offline=True, out_dir=tmp_path))
-    assert abs(summary["activation"]["activations_scored"]
-               - offline["activation"]["activations_scored"]) <= 3
+    scored = offline["activation"]["activations_scored"]
+    matching = summary["matching"]
+    load_loss = matching["missed_ticks"] + matching["late"]
+    assert load_loss <= 0.03 * scored, matching
+    assert abs(summary["activation"]["activations_scored"] - scored) <= 3 + load_loss, matching
     assert summary["activation"]["micro"]["f1"] == pytest.approx(
         offline["activation"]["micro"]["f1"], abs=0.03)
 
