@@ -182,3 +182,38 @@ def test_a_round_over_a_larger_store_reads_a_bounded_sample_and_still_discovers(
     assert 0 < report.experiences <= 100 and report.experiences % 5 == 0  # whole episodes
     assert report.episodes == 40  # discovery reads every episode's events, not the sample
     assert "EA>EB>EC" in report.promoted
+
+
+def test_a_round_on_a_streaming_bundle_publishes_a_streaming_candidate(tmp_path, setup):
+    """The per-frame GRU bundle goes through a round as it is: fine-tuned, gated on the
+    node's per-frame path, published, and still run by the compiled per-frame update."""
+    from thinkmem_ros.link.experience import encode_experience
+
+    running = world.running_bundle(tmp_path / "stream_v1", streaming=True)
+    records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 40, 5, seed=1))]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in records])
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=setup["key"],
+        initial_bundle=running, retrain=RetrainConfig(distill_margin=0.1)))
+    report = service.run_round("test")
+    assert "EA>EB>EC" in report.promoted, report.to_dict()
+    assert report.published_version == 2, report.to_dict()
+    bundle = verify_signed_bundle(service.publisher.current().path, setup["pub"])
+    m = bundle.manifest
+    assert m.streaming and m.model_config["kind"] == "gru" and m.model_config["hidden"] == 32
+    assert "consider:EC" in m.labels and m.extras["parent_version"] == 1
+    runtime = PolicyRuntime(bundle)
+    assert runtime.streaming and runtime.embedding_dim == 32
+    vocab = {name: i + 1 for i, name in enumerate(m.event_vocabulary)}
+    zeros = np.zeros((world.K, 7), np.float32)
+    prefix = np.array([0, vocab["F1"], vocab["EA"], vocab["F2"], vocab["EB"], vocab["F3"]])
+    got = runtime.predict_frame(zeros, np.ones_like(zeros), prefix, t=0.0)
+    assert got.probabilities.shape == (1, len(m.labels))
+    assert got.embedding.shape == (1, 32)
+    assert report.policy == "retrained", report.attempts  # not the running policy kept
+    col = m.labels.index("consider:EC")  # the rule was learned and the gate saw it fire
+    assert got.probabilities[0, col] >= runtime.thresholds[col]
+    assert report.gate.passed and report.gate.checks["rules"]["EA>EB>EC"]["recall"] >= 0.8
+    ni = report.gate.checks["noninferiority"]["micro"]
+    assert ni["candidate"] >= ni["running"] - 0.005, ni

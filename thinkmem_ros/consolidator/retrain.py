@@ -329,12 +329,26 @@ def retrain(material: Material, current: Bundle, cfg: RetrainConfig):
 
 def grown_config(material: Material, current: Bundle):
     """The running policy's architecture, sized for the material's labels and codes."""
+    return running_config(current, n_labels=len(material.label_names),
+                          n_event_vocab=len(material.event_vocabulary))
+
+
+def running_config(current: Bundle, *, n_labels: int, n_event_vocab: int):
+    """The running bundle's model config with the label and code counts a round needs.
+
+    A streaming bundle stays streaming (same state size, taps and restart schedule): the
+    round's candidate must run on the robot's compiled per-frame path as the running one
+    does, and fine-tuning reads the same windows either way (``StreamingPolicy`` replays a
+    window from its reset state, which is how it was trained).
+    """
     from thinkmem_ros.policy.config import PolicyConfig
+    from thinkmem_ros.policy.streaming_runtime import StreamingConfig
 
     m = current.manifest
-    sizes = {"window": m.window, "n_signals": len(m.signals),
-             "n_labels": len(material.label_names), "max_events": m.max_events,
-             "n_event_vocab": len(material.event_vocabulary)}
+    sizes = {"window": m.window, "n_signals": len(m.signals), "n_labels": n_labels,
+             "max_events": m.max_events, "n_event_vocab": n_event_vocab}
+    if m.streaming:
+        return StreamingConfig.from_dict({**m.model_config, **sizes})
     if m.model_config:
         return PolicyConfig.from_dict({**m.model_config, **sizes})
     return PolicyConfig.from_preset(m.preset or "default", **sizes)
@@ -456,15 +470,14 @@ def finetune_setup(data: SituationSet, config, current: Bundle, cfg: RetrainConf
     """Split, warm start, grown rows, update scales and distillation targets."""
     import torch
 
-    from thinkmem_ros.policy.training.model import ThinkingPolicy
-    from thinkmem_ros.policy.training.train import split_by_group, warm_start
+    from thinkmem_ros.policy.training.train import build_model, split_by_group, warm_start
 
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     groups = len(np.unique(data.groups))
     train_rows, val_rows = split_by_group(data.groups, cfg.val_fraction if groups >= 2
                                           else 0.0, rng)
-    model = ThinkingPolicy(config)
+    model = build_model(config)
     report = warm_start(model, current, data.label_names, data.event_vocabulary)
     m = current.manifest
     known = [j for j, name in enumerate(data.label_names) if name in m.labels]
@@ -578,7 +591,7 @@ def finetune_loop(setup: FinetuneSetup, cfg: RetrainConfig, rank: int = 0, world
             with torch.no_grad():
                 for p, old, scale in zip(params, before, setup.scales, strict=True):
                     p.copy_(old + (p - old) * scale)
-            total += float(loss) / (world if shared else 1) * len(rows)
+            total += float(loss.detach()) / (world if shared else 1) * len(rows)
         row = {"epoch": epoch, "train_loss": total / max(len(train_rows), 1)}
         if len(val_rows):
             model.eval()
@@ -646,17 +659,12 @@ def keep_running(material: Material, current: Bundle):
     """
     import torch
 
-    from thinkmem_ros.policy.config import PolicyConfig
-    from thinkmem_ros.policy.training.model import ThinkingPolicy
-    from thinkmem_ros.policy.training.train import TrainedPolicy, warm_start
+    from thinkmem_ros.policy.training.train import TrainedPolicy, build_model, warm_start
 
     m = current.manifest
     labels, vocabulary = tuple(material.label_names), tuple(m.event_vocabulary)
-    sizes = {"window": m.window, "n_signals": len(m.signals), "n_labels": len(labels),
-             "max_events": m.max_events, "n_event_vocab": len(vocabulary)}
-    config = (PolicyConfig.from_dict({**m.model_config, **sizes}) if m.model_config
-              else PolicyConfig.from_preset(m.preset or "default", **sizes))
-    model = ThinkingPolicy(config)
+    config = running_config(current, n_labels=len(labels), n_event_vocab=len(vocabulary))
+    model = build_model(config)
     report = warm_start(model, current, labels, vocabulary)
     fresh = [j for j, name in enumerate(labels) if name not in m.labels]
     with torch.no_grad():

@@ -30,7 +30,7 @@ from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
 def embed_experiences(runtime: PolicyRuntime, experiences: list[Experience]) -> np.ndarray:
     """Pooled policy embeddings (n, d) of experiences' windows (events mapped by name)."""
     if not experiences:
-        return np.zeros((0, int(runtime.manifest.model_config.get("d_model", 0))), np.float32)
+        return np.zeros((0, runtime.embedding_dim), np.float32)
     vocab = {name: i + 1 for i, name in enumerate(runtime.manifest.event_vocabulary)}
     m = runtime.max_events
     signals = np.stack([e.window for e in experiences]).astype(np.float32)
@@ -66,11 +66,9 @@ def learn_values(experiences: list[Experience], runtime: PolicyRuntime,
     """Learn (or continue learning) a value table from experiences with rewards."""
     rated = [e for e in experiences if e.reward is not None]
     labels = list(runtime.labels)
-    dim = int(runtime.manifest.model_config.get("d_model") or 0)
     if table is None:
-        if not dim and rated:
-            dim = embed_experiences(runtime, rated[:1]).shape[1]
-        table = ValueTable(labels, max(dim, 1), config or ValueConfig(activation_weight=1.0))
+        table = ValueTable(labels, runtime.embedding_dim,
+                           config or ValueConfig(activation_weight=1.0))
     by_episode: dict[tuple[str, str], list[Experience]] = defaultdict(list)
     for exp in rated:
         by_episode[(exp.robot_id, exp.episode_id)].append(exp)

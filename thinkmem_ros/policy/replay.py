@@ -143,10 +143,13 @@ def replay_for(stream: SignalStream, manifest: BundleManifest,
 
 
 def predict_frames(runtime, frames: ReplayedFrames, batch: int = 512) -> np.ndarray:
-    """Probabilities (N, L) of a ``PolicyRuntime`` on replayed frames, in batches.
+    """Probabilities (N, L) of a ``PolicyRuntime`` on replayed frames, as the node gets them.
 
-    The same ONNX session the node runs; batching only groups the per-frame calls (the
-    model has no state across frames), so each row equals ``predict_one`` on that frame.
+    A window bundle has no state across frames: batching only groups the per-frame calls,
+    so each row equals ``predict_one`` on that frame. A streaming bundle is stepped frame by
+    frame through ``predict_frame`` with the frames' times, from a reset at the stream's
+    start: its answers depend on the state (and restart schedule) the robot would be in,
+    which a window replayed from the reset state does not reproduce.
     """
     m = runtime.manifest
     if (tuple(m.signals) != frames.signal_names
@@ -155,7 +158,19 @@ def predict_frames(runtime, frames: ReplayedFrames, batch: int = 512) -> np.ndar
                          "vocabulary differ): replay with replay_for(stream, this manifest)")
     if len(frames) == 0:
         return np.zeros((0, len(m.labels)), np.float32)
+    if runtime.streaming:
+        return _step_frames(runtime, frames)
     parts = [runtime.predict(frames.signals[i:i + batch], frames.mask[i:i + batch],
                              frames.events[i:i + batch]).probabilities
              for i in range(0, len(frames), batch)]
     return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def _step_frames(runtime, frames: ReplayedFrames) -> np.ndarray:
+    """A streaming bundle's node-path answers on consecutive replayed frames."""
+    out = np.empty((len(frames), len(runtime.manifest.labels)), np.float32)
+    runtime.reset("start")
+    for j in range(len(frames)):
+        out[j] = runtime.predict_frame(frames.signals[j], frames.mask[j], frames.events[j],
+                                       t=float(frames.times_s[j])).probabilities[0]
+    return out

@@ -156,6 +156,9 @@ class PolicyRuntime:
             self._reset_reason = "start"
         else:
             self._check_graph(m, path)
+        # width of Prediction.embedding: the value table and memory control key on it
+        embedding = next(o for o in self.session.get_outputs() if o.name == "embedding")
+        self.embedding_dim = int(embedding.shape[-1])
         self.thresholds = self._thresholds(m, thresholds)
         self._labels = np.array(m.labels, dtype=object)
         k, f, e = m.window, len(m.signals), m.max_events

@@ -111,6 +111,13 @@ def signal_statistics(data: SituationSet) -> tuple[np.ndarray, np.ndarray]:
     return mean.astype(np.float32), std.astype(np.float32)
 
 
+def build_model(config: PolicyConfig | StreamingConfig) -> ThinkingPolicy | StreamingPolicy:
+    """The module a config describes: the per-frame GRU or the window Transformer."""
+    if isinstance(config, StreamingConfig):
+        return StreamingPolicy(config)
+    return ThinkingPolicy(config)
+
+
 def _resolve_config(data: SituationSet, config: PolicyConfig | StreamingConfig | str
                     ) -> tuple[PolicyConfig | StreamingConfig, str]:
     sizes = {"window": data.window, "n_signals": len(data.signal_names),
@@ -279,8 +286,7 @@ def train_policy(data: SituationSet, config: PolicyConfig | str = "default", *, 
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     train_rows, val_rows = split_by_group(data.groups, val_fraction, rng)
-    model = (StreamingPolicy(config) if isinstance(config, StreamingConfig)
-             else ThinkingPolicy(config))
+    model = build_model(config)
     history: list[dict] = []
     if init_from is not None:
         report = warm_start(model, init_from, data.label_names, data.event_vocabulary)
