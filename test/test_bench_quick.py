@@ -96,3 +96,12 @@ def test_bench_bundle_option_refuses_in_one_line(argv, says):
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], out.stderr
+
+
+def test_bench_bundle_option_reaches_the_benchmarks_that_run_a_bundle():
+    """The fleet of ``bench rounds`` can start on a given bundle (a streaming one, say)."""
+    from thinkmem_ros.bench import load
+    from thinkmem_ros.commands.bench import _bundle_arg
+
+    for name in ("exp1", "latency", "node", "rounds"):
+        assert _bundle_arg(name, load(name), "models/streaming") == "models/streaming"

@@ -269,14 +269,13 @@ def _fleet(root: Path) -> Fleet:
     return Fleet(root, root / "store.db", root / "published", secret)
 
 
-def _service(fleet: Fleet, size: dict, seed: int):
+def _service(fleet: Fleet, size: dict, seed: int, bundle: Path):
     from thinkmem_ros.consolidator.retrain import RetrainConfig
     from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
-    from thinkmem_ros.core.paths import default_bundle
 
     return ConsolidatorService(ConsolidatorConfig(
         db_path=fleet.db, publish_dir=fleet.publish_dir, signing_key=fleet.signing_key,
-        initial_bundle=default_bundle(), seed=seed,
+        initial_bundle=bundle, seed=seed,
         retrain=RetrainConfig(epochs=size["epochs"], seed=seed)))
 
 
@@ -304,16 +303,19 @@ def _planted(key: str) -> PlantedRule | None:
     return None
 
 
-def run_fleet(size: dict, seed: int, progress=None) -> dict:
-    """One seed: round 0 scored, then ``rounds`` rounds; returns per-round figures."""
+def run_fleet(size: dict, seed: int, progress=None, bundle: Path | str | None = None) -> dict:
+    """One seed: round 0 scored, then ``rounds`` rounds; returns per-round figures.
+
+    ``bundle``: what the fleet runs at round 0 (default: the shipped default bundle).
+    """
     from thinkmem_ros.core.paths import default_bundle
 
     root = Path(tempfile.mkdtemp(prefix="thinkmem-bench-rounds-"))
     try:
         fleet = _fleet(root)
-        service = _service(fleet, size, seed)
+        running = Path(bundle if bundle is not None else default_bundle())
+        service = _service(fleet, size, seed, running)
         streams = eval_streams(size, seed)
-        running = Path(default_bundle())
         base_labels = [n for n in json.loads((running / "bundle.json").read_text())["labels"]
                        if not n.startswith(DISCOVERED_PREFIX)]
         next_seq: dict[str, int] = {}
@@ -400,8 +402,12 @@ def summarise(fleets: list[dict]) -> dict:
     }
 
 
-def run(quick: bool, seeds: int) -> dict:
-    """Run ``seeds`` fleets (each a full set of rounds) and summarise."""
+def run(quick: bool, seeds: int, bundle: str | None = None) -> dict:
+    """Run ``seeds`` fleets (each a full set of rounds) and summarise.
+
+    ``bundle``: start the fleet on this bundle instead of the shipped default (a streaming
+    bundle goes through the rounds as streaming).
+    """
     from rich.progress import Progress
 
     size = SIZES[quick]
@@ -413,7 +419,7 @@ def run(quick: bool, seeds: int) -> dict:
                 bar.update(task, advance=1, description=(
                     f"seed {seed} round {r}: base F1 {row['base_micro_f1']:.3f} "
                     f"{'published' if row['published'] else 'kept'}"))
-            fleets.append(run_fleet(size, seed, tick))
+            fleets.append(run_fleet(size, seed, tick, bundle))
     results = summarise(fleets)
     curves = {"base_f1": {str(r): mean_std([f["rows"][r]["base_micro_f1"] for f in fleets])
                           for r in range(size["rounds"] + 1)},
@@ -423,8 +429,11 @@ def run(quick: bool, seeds: int) -> dict:
               "false_fire_rate": {str(r): mean_std([f["rows"][r]["false_fire_rate"]
                                                     for f in fleets])
                                   for r in range(size["rounds"] + 1)}}
+    from thinkmem_ros.core.paths import default_bundle
+
     return {"experiment": "rounds", "metric": "base_micro_f1", "results": results,
-            "curves": curves, "size": size, "fleets": fleets}
+            "curves": curves, "size": size, "fleets": fleets,
+            "bundle": str(bundle if bundle is not None else default_bundle())}
 
 
 def plot(result: dict, path: str | Path) -> None:

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a PNG here")
     parser.add_argument("--bundle", default=None,
                         help="measure this bundle instead of models/default (benchmarks "
-                             "that time the robot's policy: exp1, latency, node)")
+                             "that run the robot's policy: exp1, latency, node, rounds)")
 
 
 def main(args: argparse.Namespace) -> int:
