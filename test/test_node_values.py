@@ -203,10 +203,10 @@ class Harness:
         self.stop.set()
         self.feeder.join(timeout=2.0)
         self.executor.shutdown(timeout_sec=2.0)
+        self.spin.join(timeout=2.0)  # before the nodes go: spin must not touch them after
         self.node.destroy_node()
         self.helper.destroy_node()
         rclpy.shutdown(context=self.context)
-        self.spin.join(timeout=2.0)
 
 
 @pytest.fixture(scope="module")
