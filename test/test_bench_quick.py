@@ -85,9 +85,12 @@ def test_latency_tiny_times_default_paper_and_fast(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["exp2", "--bundle", "models/default"], "does not take --bundle"),
     (["latency", "--bundle", "/nonexistent/bundle"], "bundle folder not found"),
+    (["exp1", "--preset", "streaming"], "does not take --preset"),
+    (["exp2", "--preset", "nosuch"], "unknown; choose one of"),
 ])
 def test_bench_bundle_option_refuses_in_one_line(argv, says):
-    """--bundle only where the benchmark times a given bundle, and only a bundle that loads."""
+    """--bundle only where the benchmark times a given bundle, and only a bundle that loads;
+    --preset only where it trains the policy, and only a preset that exists."""
     import subprocess
     import sys
 
@@ -105,3 +108,10 @@ def test_bench_bundle_option_reaches_the_benchmarks_that_run_a_bundle():
 
     for name in ("exp1", "latency", "node", "rounds"):
         assert _bundle_arg(name, load(name), "models/streaming") == "models/streaming"
+
+
+def test_exp3_tiny_trains_the_policy_of_a_streaming_preset():
+    """``--preset`` reaches the policy the benchmark trains, and the JSON says which."""
+    result = exp3.run(quick=True, seeds=1, size="tiny", preset="streaming-restart")
+    assert result["setup"]["preset"] == "streaming-restart"
+    assert 0.0 <= result["results"]["proposed"]["mean"] <= 1.0

@@ -105,13 +105,16 @@ def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: i
                     min_steps: int = 0) -> dict[str, dict[str, float]]:
     """Fit each named method on ``train`` and score it on ``test`` (micro P/R/F1).
 
-    ``proposed`` and ``current_state_only`` train the Transformer policy (same preset,
-    epochs and seed; thresholds tuned on their validation split); the others are the
-    baselines of ``thinkmem_ros.baselines``. ``min_steps`` is the policy's optimiser-step
-    floor (``train_policy``), which also holds off its early stopping.
+    ``proposed`` trains the policy of ``preset`` (a window or a streaming preset) and
+    ``current_state_only`` the Transformer on the last frame (the same preset when it is a
+    window preset, else ``default``); both with the same epochs and seed, thresholds tuned
+    on their validation split. The others are the baselines of ``thinkmem_ros.baselines``.
+    ``min_steps`` is the policy's optimiser-step floor (``train_policy``), which also holds
+    off its early stopping.
     """
     from thinkmem_ros.baselines import CurrentStateOnly, RFSummary, SequenceRAG, SummaryRAG
     from thinkmem_ros.core.metrics import micro_scores
+    from thinkmem_ros.policy.config import PRESETS
 
     out = {}
     for method in methods:
@@ -122,7 +125,8 @@ def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: i
                                    min_steps=min_steps)
             predicted = predict_proba(trained, test) >= trained.threshold_array
         elif method == "current_state_only":
-            predicted = CurrentStateOnly(preset=preset, seed=seed, epochs=epochs).fit(
+            window_preset = preset if preset in PRESETS else "default"
+            predicted = CurrentStateOnly(preset=window_preset, seed=seed, epochs=epochs).fit(
                 train).predict(test)
         else:
             factories = {"summary_rag": SummaryRAG, "sequence_rag": SequenceRAG,

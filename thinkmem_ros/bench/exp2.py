@@ -42,8 +42,11 @@ def make_split(n_train: int, n_test: int, seed: int):
     return order_only_split(n_train, n_test, np.random.default_rng(SEED_BASE + seed))
 
 
-def run(quick: bool, seeds: int, size: str | None = None) -> dict:
-    """Train and score every method on ``seeds`` independent order-only splits."""
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+    """Train and score every method on ``seeds`` independent order-only splits.
+
+    ``preset``: the policy's preset (a window or a streaming one).
+    """
     cfg = SIZES[size or ("quick" if quick else "full")]
     scores: dict[str, list] = {m: [] for m in METHODS}
     with bench_progress() as bar:
@@ -55,14 +58,15 @@ def run(quick: bool, seeds: int, size: str | None = None) -> dict:
                 raise RuntimeError(f"identities {overlap[:5]} occur in train and test")
             epochs = epochs_for(len(train), cfg["epochs"], min_steps=cfg["min_steps"])
             for method, row in compare_methods(train, test, METHODS, seed=seed, epochs=epochs,
-                                               min_steps=cfg["min_steps"]).items():
+                                               min_steps=cfg["min_steps"], preset=preset).items():
                 scores[method].append(row)
             bar.update(task, advance=1,
                        description=f"exp2 seed {seed}: proposed F1 "
                                    f"{scores['proposed'][-1]['f1']:.3f}")
     return {"metric": "micro_f1", **summarise_scores(scores), "per_seed": scores,
             "epochs_used": epochs,
-            "setup": {**cfg, "family": "order_only_split", "identities": "unseen in training",
+            "setup": {**cfg, "preset": preset, "family": "order_only_split",
+                      "identities": "unseen in training",
                       "paper": {"proposed": 1.0, "summary_rag": 0.566, "rf_summary": 0.383}}}
 
 

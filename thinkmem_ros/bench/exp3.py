@@ -45,8 +45,11 @@ def make_split(n: int, test_fraction: float, seed: int):
     return group_split(same_final_state(n, rng), test_fraction, rng)
 
 
-def run(quick: bool, seeds: int, size: str | None = None) -> dict:
-    """Train and score every method on ``seeds`` independent same-final-state splits."""
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+    """Train and score every method on ``seeds`` independent same-final-state splits.
+
+    ``preset``: the policy's preset (a window or a streaming one).
+    """
     cfg = SIZES[size or ("quick" if quick else "full")]
     scores: dict[str, list] = {m: [] for m in METHODS}
     with bench_progress() as bar:
@@ -55,14 +58,14 @@ def run(quick: bool, seeds: int, size: str | None = None) -> dict:
             train, test = make_split(cfg["n"], cfg["test_fraction"], seed)
             epochs = epochs_for(len(train), cfg["epochs"], min_steps=cfg["min_steps"])
             for method, row in compare_methods(train, test, METHODS, seed=seed,
-                                               epochs=epochs).items():
+                                               epochs=epochs, preset=preset).items():
                 scores[method].append(row)
             bar.update(task, advance=1,
                        description=f"exp3 seed {seed}: proposed F1 "
                                    f"{scores['proposed'][-1]['f1']:.3f}")
     return {"metric": "micro_f1", **summarise_scores(scores), "per_seed": scores,
             "epochs_used": epochs,
-            "setup": {**cfg, "family": "same_final_state",
+            "setup": {**cfg, "preset": preset, "family": "same_final_state",
                       "paper": {"proposed": 1.0, "current_state_only": 0.711}}}
 
 

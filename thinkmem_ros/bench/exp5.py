@@ -35,13 +35,14 @@ and spends about 300 steps on each."""
 SEED_BASE = 5000
 
 
-def run_one(n: int, seed: int, cfg: dict) -> dict[str, dict[str, float]]:
+def run_one(n: int, seed: int, cfg: dict, preset: str = "default"
+            ) -> dict[str, dict[str, float]]:
     """Train on ``n`` histories and score the rare test rows and all test rows."""
     from thinkmem_ros.policy.training.train import predict_proba, train_policy
     from thinkmem_ros.world.families import rare_onset_split
 
     train, test = rare_onset_split(n, cfg["n_test"], np.random.default_rng(SEED_BASE + seed))
-    trained = train_policy(train, "default", seed=seed, epochs=cfg["epochs"], patience=10,
+    trained = train_policy(train, preset, seed=seed, epochs=cfg["epochs"], patience=10,
                            min_steps=cfg["min_steps"], progress=False)
     epochs = sum("epoch" in row for row in trained.history)
     predicted = predict_proba(trained, test) >= trained.threshold_array
@@ -51,15 +52,15 @@ def run_one(n: int, seed: int, cfg: dict) -> dict[str, dict[str, float]]:
             "epochs": {"f1": float(epochs)}}
 
 
-def run(quick: bool, seeds: int, size: str | None = None) -> dict:
-    """Acquisition curve of the rare pattern over history sizes and seeds."""
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+    """Acquisition curve of the rare pattern over history sizes and seeds (policy ``preset``)."""
     cfg = SIZES[size or ("quick" if quick else "full")]
     rows: dict[str, list] = {str(n): [] for n in cfg["histories"]}
     with bench_progress() as bar:
         task = bar.add_task("exp5", total=seeds * len(cfg["histories"]))
         for seed in range(seeds):
             for n in cfg["histories"]:
-                rows[str(n)].append(run_one(n, seed, cfg))
+                rows[str(n)].append(run_one(n, seed, cfg, preset))
                 bar.update(task, advance=1, description=f"exp5 seed {seed} N={n}: rare F1 "
                                                         f"{rows[str(n)][-1]['rare']['f1']:.3f}")
     curves = {"proposed": {}, "proposed_precision": {}, "proposed_recall": {},
@@ -78,7 +79,7 @@ def run(quick: bool, seeds: int, size: str | None = None) -> dict:
             "epochs_per_history": {n: r[0]["epochs"]["f1"] for n, r in rows.items()},
             "setup": {**{k: v for k, v in cfg.items() if k != "histories"},
                       "histories": list(cfg["histories"]), "family": "rare_onset_split",
-                      "rare_fraction_in_history": 0.05, "preset": "default",
+                      "rare_fraction_in_history": 0.05, "preset": preset,
                       "paper": {"100": 0.777, "250": 0.912, "500": 0.996, "8000": 0.999}}}
 
 

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", default=None,
                         help="measure this bundle instead of models/default (benchmarks "
                              "that run the robot's policy: exp1, latency, node, rounds)")
+    parser.add_argument("--preset", default=None,
+                        help="train the policy with this preset (benchmarks that train it: "
+                             "exp2, exp3, exp5), e.g. streaming-restart")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -36,6 +39,8 @@ def main(args: argparse.Namespace) -> int:
     extra = {}
     if args.bundle is not None:
         extra["bundle"] = _bundle_arg(args.name, module, args.bundle)
+    if args.preset is not None:
+        extra["preset"] = _preset_arg(args.name, module, args.preset)
     result = module.run(quick=args.quick, seeds=seeds, **extra)
     report = finish_report(result, name=args.name, quick=args.quick, seeds=seeds,
                            threads=result.pop("threads", 1), json_path=args.json_path)
@@ -58,3 +63,17 @@ def _bundle_arg(name: str, module, path: str) -> str:
     except (BundleError, FileNotFoundError, OSError) as exc:
         raise SystemExit(f"--bundle {path}: {exc}") from None
     return path
+
+
+def _preset_arg(name: str, module, preset: str) -> str:
+    """``preset`` when ``name`` trains the policy and the preset exists; else one line, exit 1."""
+    from thinkmem_ros.policy.config import PRESETS
+    from thinkmem_ros.policy.training.train import STREAMING_PRESETS
+
+    if "preset" not in inspect.signature(module.run).parameters:
+        raise SystemExit(f"thinkmem bench {name} does not take --preset (it does not train "
+                         "the policy it measures)")
+    known = sorted({*PRESETS, *STREAMING_PRESETS})
+    if preset not in known:
+        raise SystemExit(f"--preset {preset!r}: unknown; choose one of {', '.join(known)}")
+    return preset
