@@ -410,6 +410,9 @@ def run(quick: bool, seeds: int, bundle: str | None = None) -> dict:
     """
     from rich.progress import Progress
 
+    from thinkmem_ros.core.paths import default_bundle
+
+    bundle = str(bundle if bundle is not None else default_bundle())
     size = SIZES[quick]
     fleets = []
     with Progress(transient=True) as bar:
@@ -429,11 +432,8 @@ def run(quick: bool, seeds: int, bundle: str | None = None) -> dict:
               "false_fire_rate": {str(r): mean_std([f["rows"][r]["false_fire_rate"]
                                                     for f in fleets])
                                   for r in range(size["rounds"] + 1)}}
-    from thinkmem_ros.core.paths import default_bundle
-
     return {"experiment": "rounds", "metric": "base_micro_f1", "results": results,
-            "curves": curves, "size": size, "fleets": fleets,
-            "bundle": str(bundle if bundle is not None else default_bundle())}
+            "curves": curves, "size": size, "fleets": fleets, "bundle": bundle}
 
 
 def plot(result: dict, path: str | Path) -> None:
