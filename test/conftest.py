@@ -32,6 +32,19 @@ def ros_env(request) -> dict[str, str]:
             os.environ[key] = value
 
 
+def stop_ros(executor, spin_thread, nodes, context, timeout: float = 2.0) -> None:
+    """Tear down in the only safe order: the spin thread must have returned before any node
+    is destroyed, or a timer callback still in flight touches a destroyed handle."""
+    executor.shutdown(timeout_sec=timeout)
+    if spin_thread is not None:
+        spin_thread.join(timeout=2 * timeout)
+    for node in nodes:
+        node.destroy_node()
+    if context.ok():
+        import rclpy
+        rclpy.shutdown(context=context)
+
+
 def _tiny_bundle(folder: Path) -> Path:
     """Export an untrained-ish tiny policy when no shipped bundle exists yet (needs torch)."""
     torch = pytest.importorskip("torch")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, stop_ros
 
 from thinkmem_ros.consolidator.anticipation_export import (
     ExportConfig,
@@ -580,11 +580,7 @@ def test_node_holds_consider_label_from_b_until_c(ros_env, source_bundle, tmp_pa
     finally:
         stop.set()
         feeder.join(timeout=2.0)
-        executor.shutdown(timeout_sec=2.0)
-        node.destroy_node()
-        helper.destroy_node()
-        rclpy.shutdown(context=context)
-        spin.join(timeout=2.0)
+        stop_ros(executor, spin, (node, helper), context)
 
 
 # ------------------------------------------------------------------ the measurement

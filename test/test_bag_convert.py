@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import stop_ros
 
 from thinkmem_ros.playback.bag_files import (
     BagError,
@@ -168,10 +169,7 @@ def listener():
     thread = threading.Thread(target=executor.spin, daemon=True)
     thread.start()
     yield node
-    executor.shutdown(timeout_sec=2.0)
-    node.destroy_node()
-    rclpy.shutdown(context=context)
-    thread.join(timeout=5.0)
+    stop_ros(executor, thread, (node,), context)
 
 
 @pytest.mark.ros

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import stop_ros
 
 from thinkmem_ros.core.data import SignalStream
 from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
@@ -61,10 +62,7 @@ def ros():
     thread = threading.Thread(target=executor.spin, daemon=True)
     thread.start()
     yield node
-    executor.shutdown(timeout_sec=2.0)
-    node.destroy_node()
-    rclpy.shutdown(context=context)
-    thread.join(timeout=5.0)
+    stop_ros(executor, thread, (node,), context)
 
 
 class Recorder:

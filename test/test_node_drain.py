@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import stop_ros
 
 rclpy = pytest.importorskip("rclpy")
 
@@ -43,10 +44,7 @@ def queued_node(ros_env, source_bundle):
     try:
         yield node, pub, executor, helper
     finally:
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        helper.destroy_node()
-        rclpy.shutdown(context=context)
+        stop_ros(executor, None, (node, helper), context, timeout=1.0)
 
 
 def _accepted(node: ThinkingNode) -> int:

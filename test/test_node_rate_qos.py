@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from conftest import stop_ros
 
 rclpy = pytest.importorskip("rclpy")
 
@@ -126,11 +127,7 @@ class Robot:
     def close(self) -> None:
         self.stop.set()
         self.feeder.join(timeout=2.0)
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.helper.destroy_node()
-        rclpy.shutdown(context=self.context)
-        self.spin.join(timeout=2.0)
+        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 ROBOT_MAP = [

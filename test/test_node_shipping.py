@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, stop_ros
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, push_frame
@@ -245,10 +245,7 @@ class Rig:
         self.closed = True
         self.stop.set()
         self.feeder.join(2.0)
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        self.helper.destroy_node()
-        rclpy.shutdown(context=self.context)
+        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 @pytest.fixture

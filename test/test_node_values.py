@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, stop_ros
 
 from thinkmem_ros.consolidator.recall_server import EpisodeRef, RecallIndex, RecallServer
 from thinkmem_ros.policy.bundle import load_bundle
@@ -202,11 +202,7 @@ class Harness:
     def close(self) -> None:
         self.stop.set()
         self.feeder.join(timeout=2.0)
-        self.executor.shutdown(timeout_sec=2.0)
-        self.spin.join(timeout=2.0)  # before the nodes go: spin must not touch them after
-        self.node.destroy_node()
-        self.helper.destroy_node()
-        rclpy.shutdown(context=self.context)
+        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 @pytest.fixture(scope="module")
