@@ -60,6 +60,7 @@ def test_from_parameters_copies_values_and_parses_thresholds():
     ({"stale_after_s": 0.0}, "stale_after_s"),
     ({"qos": "fast"}, "qos"),
     ({"frame_trigger": "sometimes"}, "frame_trigger"),
+    ({"executor": "multi"}, "executor"),
     ({"qos_depth": 0}, "qos_depth"),
     ({"inference_threads": 1.5}, "inference_threads"),
     ({"robot_id": " "}, "robot_id"),

@@ -71,7 +71,7 @@ def test_clean_exit_on_signal(sig, ros_env, source_bundle, tmp_path):
     time.sleep(0.5)  # let a few frames through
     node.proc.send_signal(sig)
     assert node.finish() == 0, node.output
-    assert "Traceback" not in node.output
+    assert "Traceback" not in node.output and "executor: events" in node.output
     data = json.loads(stats.read_text())  # written on the way out
     assert data["published"] > 0 and data["frame_rate_hz"] == 50.0
 

@@ -407,8 +407,9 @@ def probe_events_hostile(ctx: ProbeContext) -> dict:
     def body(node: Child, obs: Observer) -> tuple[bool, str]:
         pub = obs.publisher(String, "/sensors/events", depth=50)
         invalid0, unknown0 = obs.counter("invalid_events"), obs.counter("unknown_events")
-        # best-effort input QoS: DDS may drop the 2 MB one; at least one oversize must arrive
-        for payload in ("[" * 100_000, "x" * 2_000_000, "\x00" * 16, "a" * 200):
+        # best-effort input QoS: DDS may drop the fragmented 100 kB and 2 MB ones; the
+        # 300-character one (over the limit, one datagram) is the oversize that must arrive
+        for payload in ("[" * 100_000, "x" * 2_000_000, "y" * 300, "\x00" * 16, "a" * 200):
             pub.publish(String(data=payload))
         counted = obs.wait(lambda: obs.counter("invalid_events") >= invalid0 + 1
                            and obs.counter("unknown_events") >= unknown0 + 2, 10.0)

@@ -10,6 +10,8 @@ its own process on 127.0.0.1) and /diagnostics at its default 1 s period:
 - ``hz10`` / ``hz100``: seven sensors publish one sample each per frame, at 10 and 100 Hz,
   with ``frame_trigger: samples`` (a frame is assembled the moment the last sample of the
   set arrives);
+- ``hz100_single``: ``hz100`` with rclpy's SingleThreadedExecutor instead of the node's
+  default events executor, side by side in the same run (its CPU is what the default saves);
 - ``sensors1khz``: the seven sensors publish at 1 kHz into 100 Hz frames with
   ``frame_trigger: timer`` (the sample trigger would assemble a frame per sample set,
   1 kHz, ten times the rate the bundle was trained at); ``wait_us`` then holds how old
@@ -67,9 +69,11 @@ class Case:
     frame_rate_hz: float
     sensor_rate_hz: float
     trigger: str
+    executor: str = "events"
 
 
 CASES = {"hz10": Case(10.0, 10.0, "samples"), "hz100": Case(100.0, 100.0, "samples"),
+         "hz100_single": Case(100.0, 100.0, "samples", executor="single"),
          "sensors1khz": Case(100.0, 1000.0, "timer")}
 WARMUP_S = 2.0
 QUIET_S = 1.5
@@ -148,6 +152,7 @@ def _start_node(bundle: Path, case: Case, stats: Path, tmp: Path, endpoint: str,
                 env: dict) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "thinkmem_ros.robot.node", "--ros-args",
            "-p", f"bundle_path:={bundle}", "-p", f"frame_trigger:={case.trigger}",
+           "-p", f"executor:={case.executor}",
            "-p", f"stale_after_s:={max(0.5, 5.0 / case.frame_rate_hz)}",
            "-p", f"stats_file:={stats}", "-p", "watch_bundle:=false",
            "-p", "qos_depth:=50", "-p", f"consolidator_endpoint:={endpoint}",
@@ -393,7 +398,8 @@ def _summarise(case: Case, sent: dict, received: dict, stats: dict, rc: int) -> 
            "samples_handled": int(sent["samples_handled"]),
            "sensor_rate_hz": case.sensor_rate_hz, "frame_rate_hz": case.frame_rate_hz,
            "sensor_rate_achieved_hz": sent["sensor_rate_achieved_hz"],
-           "frame_trigger": case.trigger, "node_frames": len(inside), "node_exit_code": rc,
+           "frame_trigger": case.trigger, "executor": case.executor,
+           "node_frames": len(inside), "node_exit_code": rc,
            "inference_p50_ms": float(np.percentile(stats["inference_us"], 50)) * 1e-3
            if stats["inference_us"] else float("nan"),
            "quantiles_ms": _quantiles(inside), "wait_quantiles_ms": _quantiles(wait),

@@ -79,7 +79,7 @@ from rclpy.clock import ClockChange, JumpThreshold, TimeJump
 from rclpy.duration import Duration
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.exceptions import InvalidHandle, NameValidationException, ParameterException
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
@@ -133,6 +133,7 @@ from thinkmem_ros.robot.node_config import (
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
 from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
+from thinkmem_ros.robot.spinning import make_executor, spin
 from thinkmem_ros.robot.thinking_gates import (
     GateArtefacts,
     GateConfig,
@@ -961,9 +962,10 @@ def main(args: list[str] | None = None) -> int:
             try:
                 if not rclpy.ok():  # stopped right after "ready"; finally cleans up
                     return 0
-                executor = SingleThreadedExecutor()
+                executor, kind = make_executor(node.config.executor)
+                node.get_logger().info(f"executor: {kind}")
                 executor.add_node(node)
-                executor.spin()
+                spin(executor, kind, node.context)
             except (_rclpy.RCLError, RuntimeError):
                 # SIGINT/SIGTERM shut the context down between two waits (or right after
                 # "ready", before the executor took the node): building the next wait set

@@ -47,6 +47,7 @@ from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message
 
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
 TRIGGER_CHOICES = ("timer", "samples")
+EXECUTOR_CHOICES = ("events", "single")
 NODE_NAME = "thinking_node"
 
 
@@ -157,6 +158,9 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("frame_rate_hz", 0.0, "frame rate; 0 = the bundle's frame_rate_hz", 0.0, 1000.0),
     ParamSpec("frame_trigger", "timer", "'timer': frames at a fixed rate; 'samples': a frame "
               "as soon as every fresh signal has a new sample (lowest latency)"),
+    ParamSpec("executor", "events", "'events': rclpy's C++ events executor (about half the "
+              "CPU of 'single' under sensor load); 'single': rclpy's SingleThreadedExecutor. "
+              "'events' falls back to 'single' where rclpy has no events executor"),
     ParamSpec("stale_after_s", 0.5, "a signal whose latest sample is older is masked", 0.001,
               3600.0),
     ParamSpec("thresholds", "", "per-label threshold overrides, 'label=tau,label=tau'; '' = "
@@ -262,6 +266,7 @@ class NodeConfig:
     robot_id: str = "robot"
     frame_rate_hz: float = 0.0
     frame_trigger: str = "timer"
+    executor: str = "events"
     stale_after_s: float = 0.5
     thresholds: dict[str, float] = field(default_factory=dict)
     qos: str = "sensor_data"
@@ -303,6 +308,7 @@ class NodeConfig:
         _positive("diagnostics_period_s", self.diagnostics_period_s)
         _positive("watch_period_s", self.watch_period_s)
         _choice("frame_trigger", self.frame_trigger, TRIGGER_CHOICES)
+        _choice("executor", self.executor, EXECUTOR_CHOICES)
         _choice("qos", self.qos, QOS_CHOICES)
         _integer("qos_depth", self.qos_depth, 1)
         _integer("inference_threads", self.inference_threads, 1)
