@@ -89,7 +89,7 @@ def test_store_round_trip_shares_file_and_lists(tmp_path):
         conn.execute("CREATE TABLE experiences (id INTEGER)")
     hist = generate_event_history(EventWorldConfig(repetitions=8), np.random.default_rng(0))
     res = discover(EventLog.from_episodes(hist.episodes, hist.codes),
-                   DiscoveryConfig(permutations=30), np.random.default_rng(1))
+                   DiscoveryConfig(), np.random.default_rng(1))
     units = consolidate({}, res, 0, KnowledgeConfig())
     with KnowledgeStore(db) as store:
         assert store.save(units.values()) == len(units)

@@ -102,7 +102,7 @@ class ConsolidatorConfig:
     partitions: int = 4  # temporal partitions of the episodes for discovery's stability test
     seed: int = 0
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
-    discovery: DiscoveryConfig = field(default_factory=lambda: DiscoveryConfig(permutations=50))
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)

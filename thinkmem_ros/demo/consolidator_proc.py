@@ -149,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate", action="append", default=[], metavar="KEY=VALUE",
                         help="override one GateConfig field (repeatable), e.g. "
                         "f1_tolerance=0.05; default: the gate as configured by the service")
-    parser.add_argument("--permutations", type=int, default=50,
-                        help="discovery: order-shuffled histories for the permutation test")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -163,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
                          retrain=RetrainConfig(epochs=args.epochs, patience=args.patience,
                                                lr=args.lr, val_fraction=args.val_fraction,
                                                seed=args.seed),
-                         discovery=replace(config.discovery, permutations=args.permutations),
                          gate=gate)
         service = ConsolidatorService(config).start()
     except (ValueError, OSError, RuntimeError) as exc:
