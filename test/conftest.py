@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 import zlib
 from pathlib import Path
 
@@ -43,6 +45,27 @@ def stop_ros(executor, spin_thread, nodes, context, timeout: float = 2.0) -> Non
     if context.ok():
         import rclpy
         rclpy.shutdown(context=context)
+
+
+@contextlib.contextmanager
+def spinning_node(name: str, domain: str):
+    """A plain rclpy node on ``domain`` (localhost only), spun on its own thread."""
+    os.environ["ROS_DOMAIN_ID"] = domain
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = rclpy.create_node(name, context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    thread = threading.Thread(target=executor.spin, daemon=True)
+    thread.start()
+    try:
+        yield node
+    finally:
+        stop_ros(executor, thread, (node,), context)
 
 
 def _tiny_bundle(folder: Path) -> Path:

@@ -11,13 +11,12 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stop_ros
+from conftest import spinning_node
 
 from thinkmem_ros.playback.bag_files import (
     BagError,
@@ -156,20 +155,8 @@ def test_rosbag2_readers_point_a_ros1_bag_to_convert(ros1_bag, tmp_path):
 
 @pytest.fixture(scope="module")
 def listener():
-    os.environ["ROS_DOMAIN_ID"] = DOMAIN
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    import rclpy
-    from rclpy.executors import SingleThreadedExecutor
-
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node("ros1_play_test", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
-    yield node
-    stop_ros(executor, thread, (node,), context)
+    with spinning_node("ros1_play_test", DOMAIN) as node:
+        yield node
 
 
 @pytest.mark.ros

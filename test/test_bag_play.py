@@ -6,13 +6,12 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import stop_ros
+from conftest import spinning_node
 
 from thinkmem_ros.core.data import SignalStream
 from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
@@ -49,20 +48,8 @@ def bags(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ros():
-    os.environ["ROS_DOMAIN_ID"] = DOMAIN
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-    import rclpy
-    from rclpy.executors import SingleThreadedExecutor
-
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = rclpy.create_node("bag_play_test", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    thread = threading.Thread(target=executor.spin, daemon=True)
-    thread.start()
-    yield node
-    stop_ros(executor, thread, (node,), context)
+    with spinning_node("bag_play_test", DOMAIN) as node:
+        yield node
 
 
 class Recorder:
