@@ -47,6 +47,31 @@ def stop_ros(executor, spin_thread, nodes, context, timeout: float = 2.0) -> Non
         rclpy.shutdown(context=context)
 
 
+class SpinningPair:
+    """Mixin of the node-test harnesses: the node under test and a helper node spun on one
+    thread, a feeder thread (``self._feed`` until ``self.stop``), and the safe teardown."""
+
+    def start_spinning(self) -> None:
+        from rclpy.executors import SingleThreadedExecutor
+
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self.executor.add_node(self.helper)
+        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
+        self.spin.start()
+        self.stop = threading.Event()
+        self.feeder = threading.Thread(target=self._feed, daemon=True)
+        self.feeder.start()
+
+    def close(self) -> None:
+        if getattr(self, "closed", False):
+            return
+        self.closed = True
+        self.stop.set()
+        self.feeder.join(timeout=2.0)
+        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
+
+
 @contextlib.contextmanager
 def spinning_node(name: str, domain: str):
     """A plain rclpy node on ``domain`` (localhost only), spun on its own thread."""

@@ -12,12 +12,11 @@ import threading
 import time
 
 import pytest
-from conftest import stop_ros
+from conftest import SpinningPair
 
 rclpy = pytest.importorskip("rclpy")
 
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Imu, Range, Temperature  # noqa: E402
@@ -35,7 +34,7 @@ def _imu_accel(step: int) -> tuple[float, float, float]:
     return (0.0, 0.1 * (step % 7), STANDARD_GRAVITY + 0.05 * (step % 5))
 
 
-class Robot:
+class Robot(SpinningPair):
     """The node under test, fed like a robot: Imu, Float32s, stamped Temperature."""
 
     def __init__(self, bundle, overrides: list[Parameter], feed_hz: float,
@@ -68,15 +67,8 @@ class Robot:
         self.frames = []
         self.node.frame_listeners.append(self._on_frame)
         self.helper.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.helper)
-        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
-        self.spin.start()
-        self.stop = threading.Event()
         self.period = 1.0 / feed_hz
-        self.feeder = threading.Thread(target=self._feed, daemon=True)
-        self.feeder.start()
+        self.start_spinning()
 
     def _on_frame(self, result) -> None:
         with self.lock:
@@ -123,11 +115,6 @@ class Robot:
             time.sleep(0.05)
         pytest.fail(f"diagnostics never matched; last: {self.level} {self.message!r} "
                     f"{self.diag}")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.feeder.join(timeout=2.0)
-        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 ROBOT_MAP = [

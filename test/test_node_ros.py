@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_bundle, stop_ros
+from conftest import SpinningPair, copy_bundle, stop_ros
 
 rclpy = pytest.importorskip("rclpy")
 
@@ -31,7 +31,7 @@ RATE = 20.0
 FED = ("temperature", "current", "vibration", "visibility", "motion")  # not distance, not load
 
 
-class Harness:
+class Harness(SpinningPair):
     """The node under test plus a helper node that feeds inputs and records outputs."""
 
     def __init__(self, bundle: Path) -> None:
@@ -62,15 +62,8 @@ class Harness:
         self.helper.create_subscription(String, "/thinking/activation", self._on_act, 50)
         self.helper.create_subscription(Float32MultiArray, "/thinking/probabilities",
                                         self._on_probs, 50)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.helper)
-        self.spin_thread = threading.Thread(target=self.executor.spin, daemon=True)
-        self.spin_thread.start()
         self.paused: set[str] = set()
-        self.stop = threading.Event()
-        self.feeder = threading.Thread(target=self._feed, daemon=True)
-        self.feeder.start()
+        self.start_spinning()
 
     def _on_frame(self, result) -> None:
         with self.lock:
@@ -130,11 +123,6 @@ class Harness:
         while self.activation_count() < before + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert self.activation_count() >= before + 3, "activations stopped"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.feeder.join(timeout=2.0)
-        stop_ros(self.executor, self.spin_thread, (self.node, self.helper), self.context)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_bundle, stop_ros
+from conftest import SpinningPair, copy_bundle
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, push_frame
@@ -121,7 +121,6 @@ def test_push_status_warns_after_a_rejection_until_a_good_push():
 rclpy = pytest.importorskip("rclpy")
 
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Range, Temperature  # noqa: E402
@@ -156,7 +155,7 @@ def stored(db: Path) -> list:
         return [exp for _, exp in store.iter_experiences(robot_id=ROBOT)]
 
 
-class Rig:
+class Rig(SpinningPair):
     """A shipping node, a helper that feeds it and sends feedback, and what they saw."""
 
     def __init__(self, bundle: Path, tmp: Path, endpoint: str, *, feedback_every: int = 0,
@@ -189,15 +188,7 @@ class Rig:
                                                      reliability=ReliabilityPolicy.RELIABLE))
         self.helper.create_subscription(String, "/thinking/activation", self._on_act, 100)
         self.helper.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.helper)
-        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
-        self.spin.start()
-        self.stop = threading.Event()
-        self.feeder = threading.Thread(target=self._feed, daemon=True)
-        self.feeder.start()
-        self.closed = False
+        self.start_spinning()
 
     def _on_frame(self, result) -> None:
         with self.lock:
@@ -238,14 +229,6 @@ class Rig:
     def status(self, name: str) -> tuple[int, str, dict]:
         with self.lock:
             return self.diag.get(name, (-1, "", {}))
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.stop.set()
-        self.feeder.join(2.0)
-        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_bundle, stop_ros
+from conftest import SpinningPair, copy_bundle
 
 from thinkmem_ros.consolidator.recall_server import EpisodeRef, RecallIndex, RecallServer
 from thinkmem_ros.policy.bundle import load_bundle
@@ -115,7 +115,6 @@ def test_artefacts_listed_in_the_manifest_must_match(source_bundle, tmp_path):
 rclpy = pytest.importorskip("rclpy")
 
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32, String  # noqa: E402
@@ -123,7 +122,7 @@ from std_msgs.msg import Float32, String  # noqa: E402
 from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
 
 
-class Harness:
+class Harness(SpinningPair):
     """A node with the gated bundle plus a helper that feeds every signal and records."""
 
     def __init__(self, bundle: Path, recall_endpoint: str) -> None:
@@ -152,14 +151,7 @@ class Harness:
             self.activations), 50)
         self.helper.create_subscription(String, "/thinking/evidence", self._on(self.evidence), 50)
         self.helper.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(self.node)
-        self.executor.add_node(self.helper)
-        self.spin = threading.Thread(target=self.executor.spin, daemon=True)
-        self.spin.start()
-        self.stop = threading.Event()
-        self.feeder = threading.Thread(target=self._feed, daemon=True)
-        self.feeder.start()
+        self.start_spinning()
 
     def _on(self, sink: list):
         def callback(msg: String) -> None:
@@ -198,11 +190,6 @@ class Harness:
             time.sleep(0.05)
         pytest.fail(f"timed out waiting for {what}; memory status {self.memory}, "
                     f"{len(self.activations)} activations, {len(self.evidence)} evidence")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.feeder.join(timeout=2.0)
-        stop_ros(self.executor, self.spin, (self.node, self.helper), self.context)
 
 
 @pytest.fixture(scope="module")
