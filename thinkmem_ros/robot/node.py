@@ -576,10 +576,12 @@ class ThinkingNode(Node):
     def _on_samples(self, index: int, adapter: SignalAdapter, holder: list, msg) -> None:
         """Handle ``msg``, then whatever else this topic has queued (up to ``DRAIN_MAX``).
 
-        The executor hands over one message per wake-up and rebuilds its wait set (every
-        subscription, timer, service and event handler, in Python) before the next: at
-        1 kHz sensors that bookkeeping, not the samples, used most of the core and the
-        reader queues overflowed. Taking the queued messages here costs one take each.
+        The SingleThreadedExecutor (``executor: single``) hands over one message per
+        wake-up and rebuilds its wait set (every subscription, timer, service and event
+        handler, in Python) before the next: at 1 kHz sensors that bookkeeping, not the
+        samples, used most of the core and the reader queues overflowed. Taking the queued
+        messages here costs one take each; under the events executor the queue is mostly
+        empty by then and the drain ends at its first take.
         Draining stops as soon as the frame timer is due, so frames keep their rate.
         """
         self._on_sample(index, adapter, msg)
