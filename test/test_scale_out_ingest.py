@@ -66,9 +66,11 @@ def wait_until(predicate, timeout_s: float) -> bool:
     return False
 
 
-def shipper_config(tmp_path, robot, endpoints, ack_timeout_s=2.0):
-    """The shipper's default ack timeout: 0.5 s let a receiver starved of CPU (a 2-core
-    machine running Ray beside the suite) look dead to its own robots."""
+def shipper_config(tmp_path, robot, endpoints, ack_timeout_s=5.0):
+    """A longer ack timeout than the shipper's default: 0.5 s, and later 2 s, let the
+    surviving receiver, starved of CPU (a 2-core machine running a training job beside the
+    suite) while it took over the dead one's robots and flushed its lake, look dead to its
+    own robots for a moment."""
     return ShipperConfig(endpoint=endpoints, robot_id=robot,
                          spool_path=tmp_path / f"{robot}.spool", batch_size=100,
                          ack_timeout_s=ack_timeout_s, backoff_initial_s=0.05,
