@@ -93,8 +93,9 @@ def spinning_node(name: str, domain: str):
         stop_ros(executor, thread, (node,), context)
 
 
-def _tiny_bundle(folder: Path) -> Path:
-    """Export an untrained-ish tiny policy when no shipped bundle exists yet (needs torch)."""
+def tiny_window_bundle(folder: Path) -> Path:
+    """Export an untrained-ish tiny window policy (format 1; needs torch): the fallback when
+    no shipped bundle exists, and a format-1 bundle whatever the default is."""
     torch = pytest.importorskip("torch")
     from thinkmem_ros.core.data import SituationSet
     from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
@@ -127,7 +128,7 @@ def source_bundle(tmp_path_factory) -> Path:
         load_bundle(shipped)
         return shipped
     except BundleError:
-        return _tiny_bundle(tmp_path_factory.mktemp("bundles") / "tiny")
+        return tiny_window_bundle(tmp_path_factory.mktemp("bundles") / "tiny")
 
 
 @pytest.fixture

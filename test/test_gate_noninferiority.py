@@ -81,14 +81,15 @@ def test_gate_config_names_the_bad_value():
 # ------------------------------------------------------------------ validate on fresh streams
 
 def _trained_copy(bundle):
-    """The bundle's weights in a torch model (the candidate's 'trained' for parity)."""
-    from thinkmem_ros.policy.config import PolicyConfig
-    from thinkmem_ros.policy.training.model import ThinkingPolicy
-    from thinkmem_ros.policy.training.train import TrainedPolicy, warm_start
+    """The bundle's weights in a torch model (the candidate's 'trained' for parity), a window
+    Transformer or a streaming GRU as the bundle is."""
+    from thinkmem_ros.consolidator.retrain import running_config
+    from thinkmem_ros.policy.training.train import TrainedPolicy, build_model, warm_start
 
     m = bundle.manifest
-    config = PolicyConfig.from_dict(m.model_config)
-    model = ThinkingPolicy(config)
+    config = running_config(bundle, n_labels=len(m.labels),
+                            n_event_vocab=len(m.event_vocabulary))
+    model = build_model(config)
     warm_start(model, bundle, tuple(m.labels), tuple(m.event_vocabulary))
     model.eval()
     return TrainedPolicy(model, config, dict(m.normalisation), tuple(m.labels), tuple(m.signals),

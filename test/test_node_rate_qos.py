@@ -23,6 +23,7 @@ from sensor_msgs.msg import Imu, Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32  # noqa: E402
 
 from thinkmem_ros.core.signal_adapters import STANDARD_GRAVITY  # noqa: E402
+from thinkmem_ros.policy.bundle import load_bundle  # noqa: E402
 from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -175,11 +176,18 @@ def test_old_header_stamps_are_a_note_not_a_warning(robot):
     assert "note:" in message and "behind the node's clock" in message
 
 
-def test_matching_rate_is_no_mismatch(robot):
+def _span_s(bundle) -> float:
+    """How long the bundle's window lasts at its own frame rate (K / rate)."""
+    manifest = load_bundle(bundle).manifest
+    return manifest.window / manifest.frame_rate_hz
+
+
+def test_matching_rate_is_no_mismatch(robot, source_bundle):
     _, _, values = robot.wait(lambda lvl, msg, v: v["frame_rate_measured_hz"] != "nan")
     assert values["rate_mismatch"] == "false" and values["rate_mismatch_frames"] == "0"
-    assert float(values["window_span_s"]) == pytest.approx(3.2, rel=0.05)
-    assert float(values["window_span_expected_s"]) == pytest.approx(3.2)
+    span = _span_s(source_bundle)
+    assert float(values["window_span_s"]) == pytest.approx(span, rel=0.05)
+    assert float(values["window_span_expected_s"]) == pytest.approx(span)
 
 
 def test_an_incompatible_qos_publisher_is_counted_per_signal(robot):
@@ -206,8 +214,10 @@ def test_samples_trigger_with_a_30_hz_sensor_set_warns_and_counts(ros_env, sourc
         # Frames follow the 30 Hz sensors (a loaded executor merges a few sample sets).
         measured = float(values["frame_rate_measured_hz"])
         assert 15.0 < measured < 33.0
-        assert float(values["window_span_s"]) == pytest.approx(32 / measured, rel=0.01)
-        assert "window spans" in message and "bundle trained on 3.20 s" in message
+        window = load_bundle(source_bundle).manifest.window
+        assert float(values["window_span_s"]) == pytest.approx(window / measured, rel=0.01)
+        assert "window spans" in message
+        assert f"bundle trained on {_span_s(source_bundle):.2f} s" in message
         assert "driven by" in message
         rates = dict(item.split("=") for item in values["signal_rates_hz"].split(","))
         assert 15.0 < float(rates["motion"]) < 33.0  # 30 Hz, or a little less under load

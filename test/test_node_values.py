@@ -30,7 +30,10 @@ from thinkmem_ros.robot.thinking_gates import (
 
 
 def _dim(bundle: Path) -> int:
-    return int(load_bundle(bundle).manifest.model_config["d_model"])
+    """The policy's embedding width, whatever its form (a window Transformer or a GRU)."""
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
+    return PolicyRuntime(bundle).embedding_dim
 
 
 def _write_artefacts(folder: Path, labels: list[str], dim: int, *, recall_bias: float = 20.0

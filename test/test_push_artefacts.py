@@ -39,8 +39,10 @@ def keys(tmp_path):
 def with_values(source, folder, version, seed=0):
     """A bundle at ``version`` carrying a learned value table listed in its manifest."""
     copy_bundle(source, folder, model_version=version)
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
     manifest = load_bundle(folder).manifest
-    dim = int(manifest.model_config["d_model"])
+    dim = PolicyRuntime(folder).embedding_dim
     table = ValueTable(list(manifest.labels), dim, ValueConfig(gamma=0.0, forgetting=False))
     rng = np.random.default_rng(seed)
     for _ in range(5):

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_window_bundle
 
-from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.policy.bundle import BundleError, BundleManifest, load_bundle
 from thinkmem_ros.policy.runtime import InputError, PolicyRuntime
 from thinkmem_ros.policy.streaming_runtime import onnx_initialisers
@@ -251,8 +251,10 @@ def test_bad_frames_are_refused_and_leave_the_state(bundle_dir):
     assert np.array_equal(runtime.engine.state, state)
 
 
-def test_version_1_bundle_still_loads_and_runs():
-    folder = resolve_bundle_path("")
+def test_version_1_bundle_still_loads_and_runs(tmp_path):
+    folder = tiny_window_bundle(tmp_path / "window")
+    path = folder / "bundle.json"  # as a release before the streaming format wrote it
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format_version": 1}))
     manifest = load_bundle(folder).manifest
     runtime = PolicyRuntime(folder)
     assert not runtime.streaming and runtime.engine is None
@@ -267,7 +269,7 @@ def test_version_1_bundle_still_loads_and_runs():
     runtime.reset()  # a no-op for a window bundle
     with pytest.raises(TypeError, match="streaming"):
         runtime.step(signals[-1], mask[-1], events)
-    assert manifest.format_version in (1, 2)
+    assert manifest.format_version == 1
 
 
 def test_ort_fallback_when_numba_disabled(bundle_dir, stream_data, monkeypatch):
