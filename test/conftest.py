@@ -94,8 +94,8 @@ def spinning_node(name: str, domain: str):
 
 
 def tiny_window_bundle(folder: Path) -> Path:
-    """Export an untrained-ish tiny window policy (format 1; needs torch): the fallback when
-    no shipped bundle exists, and a format-1 bundle whatever the default is."""
+    """Export an untrained-ish tiny window policy (needs torch): the fallback when no shipped
+    bundle exists, and a window bundle whatever form the default has."""
     torch = pytest.importorskip("torch")
     from thinkmem_ros.core.data import SituationSet
     from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
