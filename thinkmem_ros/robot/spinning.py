@@ -18,6 +18,8 @@ from __future__ import annotations
 from rclpy.executors import Executor, SingleThreadedExecutor
 from rclpy.task import Future
 
+from thinkmem_ros.robot.node_config import EXECUTOR_CHOICES
+
 SLICE_S = 1.0
 """How long one events-executor slice runs before the loop checks the context again;
 a shutdown wakes the executor at once, so this only bounds a missed wake-up."""
@@ -33,7 +35,7 @@ def make_executor(kind: str, context=None) -> tuple[Executor, str]:
         return EventsExecutor(context=context), "events"
     if kind == "single":
         return SingleThreadedExecutor(context=context), "single"
-    raise ValueError(f"executor must be 'events' or 'single', got {kind!r}")
+    raise ValueError(f"executor must be one of {list(EXECUTOR_CHOICES)}, got {kind!r}")
 
 
 def spin(executor: Executor, kind: str, context) -> None:
