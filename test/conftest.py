@@ -118,17 +118,31 @@ def tiny_window_bundle(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def source_bundle(tmp_path_factory) -> Path:
-    """A valid bundle: the shipped models/default if present, else a tiny exported one."""
+def _shipped_or_tiny(name: str, tmp_path_factory) -> Path:
+    """models/<name> when it loads, else a tiny exported window bundle."""
     from thinkmem_ros.policy.bundle import BundleError, load_bundle
 
-    shipped = REPO / "models" / "default"
+    shipped = REPO / "models" / name
     try:
         load_bundle(shipped)
         return shipped
     except BundleError:
-        return tiny_window_bundle(tmp_path_factory.mktemp("bundles") / "tiny")
+        return tiny_window_bundle(tmp_path_factory.mktemp("bundles") / f"tiny_{name}")
+
+
+@pytest.fixture(scope="session")
+def source_bundle(tmp_path_factory) -> Path:
+    """A valid bundle: the shipped models/default (a streaming policy) if present."""
+    return _shipped_or_tiny("default", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def window_bundle(tmp_path_factory) -> Path:
+    """A window-form (format 1) bundle: the shipped models/window if present.
+
+    The default bundle is a streaming one; the window form must keep loading and running.
+    """
+    return _shipped_or_tiny("window", tmp_path_factory)
 
 
 @pytest.fixture

@@ -74,17 +74,15 @@ def test_replay_config_names_the_bad_value():
         ReplayConfig(frame_rate_hz=-1)
 
 
-def test_bundle_replay_matches_predict_one_frame_by_frame(source_bundle):
+def test_bundle_replay_matches_predict_one_frame_by_frame(window_bundle):
     from thinkmem_ros.world.streams import generate_stream
 
-    bundle = load_bundle(source_bundle)
+    bundle = load_bundle(window_bundle)
     m = bundle.manifest
     stream = generate_stream("mixed", 8.0, m.frame_rate_hz, np.random.default_rng(3))
     frames = replay_for(stream, m)
     runtime = PolicyRuntime(bundle)
-    if runtime.streaming:
-        pytest.skip("a window bundle's replay; test_a_streaming_bundle_is_replayed_through_its"
-                    "_per_frame_state covers the streaming form")
+    assert not runtime.streaming
     probs = predict_frames(runtime, frames, batch=16)
     assert probs.shape == (len(frames), len(m.labels))
     for i in (0, len(frames) // 2, len(frames) - 1):
@@ -105,7 +103,7 @@ def test_a_streaming_bundle_is_replayed_through_its_per_frame_state():
 
     from thinkmem_ros.world.streams import generate_stream
 
-    folder = Path(__file__).resolve().parent.parent / "models" / "streaming"
+    folder = Path(__file__).resolve().parent.parent / "models" / "default"
     bundle = load_bundle(folder)
     m = bundle.manifest
     assert m.streaming

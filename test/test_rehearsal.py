@@ -76,6 +76,31 @@ def test_default_bundle_material_is_rebuilt_from_its_recipe_reproducibly(tmp_pat
     assert load_rehearsal(bundle, tmp_path, RehearsalConfig(enabled=False)).data is None
 
 
+def test_the_recorded_train_command_reads_back_as_the_recipe_whatever_the_defaults():
+    """``thinkmem train`` records every recipe option, so a reader with other defaults
+    (the recipe parser keeps the old 8 streams, K = 32) rebuilds the same training set;
+    a command recorded by an older version without them still reads with those defaults."""
+    import argparse
+
+    from thinkmem_ros.commands import train
+    from thinkmem_ros.world.recipe import StreamRecipe
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--duration", "120", "--seed", "3", "--out", "x y"])
+    train.resolve_defaults(args)
+    assert (args.preset, args.window, args.streams) == ("streaming-restart", 64, 16)
+    recipe = StreamRecipe.from_args(args)
+    command = train.recorded_command(recipe, args)
+    assert StreamRecipe.from_command(command) == recipe
+    assert command.endswith("--out 'x y'") and "--preset streaming-restart" in command
+    old = StreamRecipe.from_command("thinkmem train --duration 120 --out models/default")
+    assert (old.streams, old.window, old.duration) == (8, 32, 120.0)
+    bags = parser.parse_args(["--bag", "b", "--out", "o"])
+    train.resolve_defaults(bags)
+    assert (bags.preset, bags.window, bags.epochs) == ("default", 32, 16)
+
+
 def test_assemble_adds_rehearsal_rows_renamed_and_with_rules_applied(tmp_path):
     from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 

@@ -1,9 +1,20 @@
 r"""``thinkmem train``: generate world streams, train a policy and export it as a bundle.
 
-The shipped default bundle ``models/default`` is reproduced by exactly::
+The shipped default bundle ``models/default`` (a streaming GRU) is reproduced by::
 
-    thinkmem train --scenario mixed --duration 900 --streams 8 --stride 3 --rate 10 \
-        --window 32 --preset default --epochs 16 --batch-size 256 --seed 0 --out models/default
+    thinkmem train --scenario mixed --duration 900 --streams 16 --stride 3 --rate 10 \
+        --window 64 --preset streaming-restart --epochs 45 --patience 8 --batch-size 256 \
+        --seed 0 --out models/default
+
+and those are the defaults of ``thinkmem train`` on the synthetic world. Training on a
+robot's own recordings (``--bag``) keeps the window policy's defaults (``--preset default
+--window 32 --epochs 16 --patience 4``): the streaming preset's quality on recordings has
+not been measured. ``models/window`` (the previous default) came from ``--streams 8
+--window 32 --preset default --epochs 16``.
+
+The command recorded in ``bundle.json`` spells out every recipe option, whatever was
+typed: the consolidator rebuilds the bundle's training set from it, so it must not depend
+on the defaults of the version that reads it.
 
 Training streams and the held-out evaluation stream come from independent child
 generators of ``--seed``; the held-out micro-F1 (computed through ONNX Runtime, the path
@@ -20,28 +31,44 @@ import time
 from pathlib import Path
 
 from thinkmem_ros.core.rule_augment import AugmentConfig
+from thinkmem_ros.policy.config import DEFAULT_PRESET
 from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
 
 HELP = "train a policy and export it as a model bundle"
 
 REPRODUCE_DEFAULT = (
-    "thinkmem train --scenario mixed --duration 900 --streams 8 --stride 3 --rate 10 "
-    "--window 32 --preset default --epochs 16 --batch-size 256 --seed 0 --out models/default")
+    "thinkmem train --scenario mixed --duration 900 --streams 16 --stride 3 --rate 10 "
+    "--window 64 --preset streaming-restart --epochs 45 --patience 8 --batch-size 256 "
+    "--seed 0 --out models/default")
+
+# Options whose default depends on what is trained on (None on the command line).
+WORLD_DEFAULTS = {"streams": 16, "window": 64, "preset": DEFAULT_PRESET, "epochs": 45,
+                  "patience": 8}
+BAG_DEFAULTS = {"streams": 8, "window": 32, "preset": "default", "epochs": 16, "patience": 4}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``thinkmem train``: the data recipe, then training (defaults: models/default)."""
-    parser.epilog = f"models/default is reproduced by: {REPRODUCE_DEFAULT}"
+    parser.epilog = (f"models/default is reproduced by: {REPRODUCE_DEFAULT}. With --bag the "
+                     "defaults are the window policy's: --preset default --window 32 "
+                     "--epochs 16 --patience 4.")
     StreamRecipe.add_arguments(parser)
+    # The recipe parser keeps its historical defaults (they read old recorded commands);
+    # here they depend on --bag and are filled in by resolve_defaults.
+    parser.set_defaults(streams=None, window=None)
     parser.add_argument("--test-duration", type=float, default=600.0,
                         help="seconds of the held-out evaluation stream (0 = none)")
-    parser.add_argument("--preset", default="default",
-                        help="policy preset: window (default, paper, fast) or per-frame "
-                             "(streaming-restart, streaming, streaming-small)")
-    parser.add_argument("--epochs", type=int, default=16)
+    parser.add_argument("--preset", default=None,
+                        help="policy preset: per-frame (streaming-restart: the default, "
+                             "streaming, streaming-small) or window (default: the default "
+                             "with --bag, paper, fast)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="training epochs (default 45; 16 with --bag)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--patience", type=int, default=4)
+    parser.add_argument("--patience", type=int, default=None,
+                        help="epochs without improvement before stopping (default 8; 4 "
+                             "with --bag)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for training")
     parser.add_argument("--model-version", type=int, default=1)
     parser.add_argument("--out", default="models/default", help="bundle folder to write")
@@ -84,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.training.export import build_manifest, export_bundle
     from thinkmem_ros.policy.training.train import train_policy
 
+    resolve_defaults(args)
     if args.bag:
         return main_bags(args)
     if args.labels or args.params:
@@ -99,12 +127,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"training on {len(data)} situations from {args.streams} x {args.duration:g} s "
           f"of {args.scenario!r} at {args.rate:g} Hz", file=sys.stderr)
     start = time.perf_counter()
-    trained = train_policy(data, args.preset, seed=args.seed, epochs=args.epochs,
-                           batch_size=args.batch_size, lr=args.lr, patience=args.patience,
-                           progress=not args.no_progress, signal_drop=args.signal_drop)
+    try:
+        trained = train_policy(data, args.preset, seed=args.seed, epochs=args.epochs,
+                               batch_size=args.batch_size, lr=args.lr, patience=args.patience,
+                               progress=not args.no_progress, signal_drop=args.signal_drop)
+    except ValueError as exc:  # an unknown preset, too little data to split, ...
+        raise SystemExit(f"thinkmem train: {exc}") from None
     wall = time.perf_counter() - start
-    command = "thinkmem train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
-        if sys.argv[1:2] == ["train"] else REPRODUCE_DEFAULT
+    command = recorded_command(recipe, args)
     metrics = {"validation": trained.val_metrics,
                "train": {"situations": len(data), "streams": args.streams,
                          "duration_s": args.duration, "wall_s": round(wall, 1),
@@ -126,6 +156,30 @@ def main(args: argparse.Namespace) -> int:
     bundle = write_bundle(args.out, onnx, manifest)
     print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train {wall:.0f} s)")
     return 0
+
+
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """Fill the options left unset with the defaults of what is trained on (world or bags)."""
+    for name, value in (BAG_DEFAULTS if args.bag else WORLD_DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def recorded_command(recipe: StreamRecipe, args: argparse.Namespace) -> str:
+    """The ``thinkmem train`` command that reproduces this bundle, recipe spelt out.
+
+    The consolidator reads the recipe back with its own parser defaults.
+    """
+    tokens = ["thinkmem", "train", *recipe.arguments(), "--preset", args.preset,
+              "--epochs", str(args.epochs), "--patience", str(args.patience),
+              "--batch-size", str(args.batch_size), "--lr", f"{args.lr:g}"]
+    if args.signal_drop:
+        tokens += ["--signal-drop", f"{args.signal_drop:g}"]
+    if args.test_duration != 600.0:
+        tokens += ["--test-duration", f"{args.test_duration:g}"]
+    if args.model_version != 1:
+        tokens += ["--model-version", str(args.model_version)]
+    return " ".join(shlex.quote(t) for t in [*tokens, "--out", str(args.out)])
 
 
 def streamed_probabilities(runtime, test):

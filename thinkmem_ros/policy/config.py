@@ -92,4 +92,13 @@ PRESETS: dict[str, PolicyConfig] = {
     # beside the default in Exp 1 (bench/exp1.py) where per-query speed is the point.
     "fast": PolicyConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, dropout=0.1),
 }
-"""Named architectures; window/labels/events are filled from the data at train time."""
+"""Named window architectures; window/labels/events are filled from the data at train time.
+
+``default`` is the window Transformer's name from before the streaming policy became the
+shipped default; bundles record it, so it keeps the name.
+"""
+
+DEFAULT_PRESET = "streaming-restart"
+"""The preset of the shipped default bundle, and what ``thinkmem train`` (on the synthetic
+world) and the benchmarks that train a policy use unless told otherwise. It is a per-frame
+preset (policy/training/train.py STREAMING_PRESETS)."""

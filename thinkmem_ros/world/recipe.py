@@ -44,7 +44,12 @@ class StreamRecipe:
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """The recipe's command-line options (defaults reproduce models/default)."""
+        """The recipe's command-line options.
+
+        The defaults here are the ones ``thinkmem train`` had when it recorded commands
+        without every option (8 streams, K = 32): ``from_command`` must read those back as
+        they were meant. ``thinkmem train`` sets its own defaults over them.
+        """
         parser.add_argument("--scenario", default="mixed",
                             help="world scenario (streams.SCENARIOS)")
         parser.add_argument("--duration", type=float, default=900.0,
@@ -58,6 +63,15 @@ class StreamRecipe:
         parser.add_argument("--group-seconds", type=float, default=60.0,
                             help="stream chunk length that forms one validation group")
         parser.add_argument("--seed", type=int, default=0)
+
+    def arguments(self) -> list[str]:
+        """The recipe as ``thinkmem train`` options, every one spelt out."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out += [f"--{f.name.replace('_', '-')}",
+                    f"{value:g}" if isinstance(value, float) else str(value)]
+        return out
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StreamRecipe:
