@@ -76,6 +76,11 @@ def test_latency_tiny_times_default_paper_and_fast(tmp_path):
         row = res[name]
         assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"], name
         assert row["cpu_ms_per_query"] > 0 and row["batch64_per_s"] > 0, name
+    # each form is timed on the shipped bundle of that form: the streaming default runs two
+    # staggered states (streaming_restart), the window Transformer is models/window
+    assert res["streaming_restart"]["source"] == "shipped models/default"
+    assert res["default"]["source"] == "shipped models/window"
+    assert res["streaming"]["source"].startswith("untrained 'streaming'")
     # the presets really differ in size: paper > default > fast
     assert res["paper"]["onnx_bytes"] > res["default"]["onnx_bytes"] > res["fast"]["onnx_bytes"]
     latency.plot(result, tmp_path / "latency.png")
@@ -102,16 +107,18 @@ def test_bench_bundle_option_refuses_in_one_line(argv, says):
 
 
 def test_bench_bundle_option_reaches_the_benchmarks_that_run_a_bundle():
-    """The fleet of ``bench rounds`` can start on a given bundle (a streaming one, say)."""
+    """The fleet of ``bench rounds`` can start on a given bundle (the window one, say)."""
     from thinkmem_ros.bench import load
     from thinkmem_ros.commands.bench import _bundle_arg
 
     for name in ("exp1", "latency", "node", "rounds"):
-        assert _bundle_arg(name, load(name), "models/streaming") == "models/streaming"
+        assert _bundle_arg(name, load(name), "models/window") == "models/window"
 
 
-def test_exp3_tiny_trains_the_policy_of_a_streaming_preset():
-    """``--preset`` reaches the policy the benchmark trains, and the JSON says which."""
-    result = exp3.run(quick=True, seeds=1, size="tiny", preset="streaming-restart")
-    assert result["setup"]["preset"] == "streaming-restart"
+def test_exp3_tiny_trains_the_policy_of_the_preset_it_is_given():
+    """``--preset`` reaches the policy the benchmark trains (the default is the shipped
+    bundle's streaming preset; here the window one), and the JSON says which."""
+    assert exp3.run.__defaults__[-1] == "streaming-restart"
+    result = exp3.run(quick=True, seeds=1, size="tiny", preset="default")
+    assert result["setup"]["preset"] == "default"
     assert 0.0 <= result["results"]["proposed"]["mean"] <= 1.0

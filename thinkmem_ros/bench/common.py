@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.metrics import mean_std  # noqa: F401  (re-exported for benchmark modules)
+from thinkmem_ros.policy.config import DEFAULT_PRESET
 
 
 def machine_info(threads: int = 1) -> dict:
@@ -101,7 +102,7 @@ def summarise_scores(scores: dict[str, list[dict[str, float]]]) -> dict[str, dic
 
 
 def compare_methods(train, test, methods: Iterable[str], *, seed: int, epochs: int,
-                    preset: str = "default",
+                    preset: str = DEFAULT_PRESET,
                     min_steps: int = 0) -> dict[str, dict[str, float]]:
     """Fit each named method on ``train`` and score it on ``test`` (micro P/R/F1).
 

@@ -19,7 +19,7 @@ thread, timed from the raw (K, F) window to the activation (vectorise, search, v
 
 Data. Memory windows are cut (stride ``MEMORY_STRIDE``) from many independent streams of
 the bundle's scenario at its frame rate and window (mixed streams for the default bundle:
-seven signals, K = 32, so 224-dimensional vectors: channels standardised, missing samples
+seven signals, K = 64, so 448-dimensional vectors: channels standardised, missing samples
 at the channel mean, the mask not appended), one seed per stream, exact duplicate vectors
 dropped; ``memory_distinct_fraction`` is measured on the stored memory (``np.unique``).
 Evaluation queries and ef-tuning queries come from two further sets of held-out streams:

@@ -22,6 +22,7 @@ from thinkmem_ros.bench.common import (
     summarise_scores,
 )
 from thinkmem_ros.bench.plots import method_bars
+from thinkmem_ros.policy.config import DEFAULT_PRESET
 
 SIZES = {"full": {"n_train": 2000, "n_test": 500, "epochs": 30, "min_steps": 3000,
                   "streaming_min_steps": 6000},
@@ -47,7 +48,7 @@ def make_split(n_train: int, n_test: int, seed: int):
     return order_only_split(n_train, n_test, np.random.default_rng(SEED_BASE + seed))
 
 
-def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = DEFAULT_PRESET) -> dict:
     """Train and score every method on ``seeds`` independent order-only splits.
 
     ``preset``: the policy's preset (a window or a streaming one).

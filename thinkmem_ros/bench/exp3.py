@@ -20,6 +20,7 @@ from thinkmem_ros.bench.common import (
     summarise_scores,
 )
 from thinkmem_ros.bench.plots import method_bars
+from thinkmem_ros.policy.config import DEFAULT_PRESET
 
 SIZES = {"full": {"n": 2500, "test_fraction": 0.2, "epochs": 30, "min_steps": 400},
          "quick": {"n": 1200, "test_fraction": 0.25, "epochs": 15, "min_steps": 90},
@@ -45,7 +46,7 @@ def make_split(n: int, test_fraction: float, seed: int):
     return group_split(same_final_state(n, rng), test_fraction, rng)
 
 
-def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = DEFAULT_PRESET) -> dict:
     """Train and score every method on ``seeds`` independent same-final-state splits.
 
     ``preset``: the policy's preset (a window or a streaming one).

@@ -18,6 +18,7 @@ import numpy as np
 from thinkmem_ros.bench.common import bench_progress, mean_std
 from thinkmem_ros.bench.plots import new_figure, save, series_panel
 from thinkmem_ros.core.metrics import micro_scores
+from thinkmem_ros.policy.config import DEFAULT_PRESET
 
 HISTORIES = (100, 250, 500, 1000, 2000, 4000, 8000)
 """History sizes; every one is kept in ``--quick`` so quick and full runs compare."""
@@ -35,7 +36,7 @@ and spends about 300 steps on each."""
 SEED_BASE = 5000
 
 
-def run_one(n: int, seed: int, cfg: dict, preset: str = "default"
+def run_one(n: int, seed: int, cfg: dict, preset: str = DEFAULT_PRESET
             ) -> dict[str, dict[str, float]]:
     """Train on ``n`` histories and score the rare test rows and all test rows."""
     from thinkmem_ros.policy.training.train import predict_proba, train_policy
@@ -52,7 +53,7 @@ def run_one(n: int, seed: int, cfg: dict, preset: str = "default"
             "epochs": {"f1": float(epochs)}}
 
 
-def run(quick: bool, seeds: int, size: str | None = None, preset: str = "default") -> dict:
+def run(quick: bool, seeds: int, size: str | None = None, preset: str = DEFAULT_PRESET) -> dict:
     """Acquisition curve of the rare pattern over history sizes and seeds (policy ``preset``)."""
     cfg = SIZES[size or ("quick" if quick else "full")]
     rows: dict[str, list] = {str(n): [] for n in cfg["histories"]}

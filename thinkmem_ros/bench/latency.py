@@ -1,23 +1,26 @@
-"""Policy inference latency on one thread: the shipped default bundle, paper and fast presets.
+"""Policy inference latency on one thread: the shipped bundles, paper and fast presets.
 
 Reproduce: ``thinkmem bench latency --json bench_results/latency.json
 --plot bench_results/latency.png`` (``--quick``: 2,000 instead of 10,000 queries per repeat).
 
-Batch-1 queries go through ``PolicyRuntime.predict_one`` (the robot's control-loop path,
+``results.default`` is the window-form Transformer (the ``default`` preset: the shipped
+``models/window``, or the measured bundle when it is a window one). Its batch-1 queries go
+through ``PolicyRuntime.predict_one`` (the robot's control-loop path for a window bundle,
 input checks included), timed one by one after an untimed warm-up; ``batch64_per_s`` is the
 throughput of ``predict`` on batches of 64. The paper preset (4 layers, d=192) is exported
-*untrained* with the default bundle's window, labels and events: weights do not change the
+*untrained* with the window bundle's window, labels and events: weights do not change the
 arithmetic, so its latency is that of a trained one. ONNX Runtime is measured with spinning
 allowed and disallowed (DESIGN.md pitfall: spinning threads burn CPU between calls), and the
 CPU time each query costs is recorded beside its wall time.
 
 ``results.streaming`` times the per-frame update of a streaming policy
 (``PolicyRuntime.step``: one new frame, the state carried over, input checks included), one
-frame after another on one thread: the default bundle's when it streams, else an untrained
-``streaming`` preset export with the default bundle's shapes. Both engines are timed
+frame after another on one thread, for one state; ``results.streaming_restart`` for the
+``streaming-restart`` preset (two staggered states, so two updates per frame), which is how
+the shipped default runs. The measured bundle fills the section of its preset; the other is
+an untrained export with its shapes (``source`` says which). Both engines are timed
 (``engines.numba`` / ``engines.ort``); the top-level figures are those of the engine the
-runtime picks by itself. ``results.streaming_restart`` does the same for the
-``streaming-restart`` preset (two staggered states, so two updates per frame).
+runtime picks by itself.
 """
 
 from __future__ import annotations
@@ -154,6 +157,41 @@ def measure_streaming(bundle_path: Path, cfg: dict, repeats: int,
     return out
 
 
+def bundle_roles(path: Path, source: str, tmp: Path) -> dict[str, tuple[Path, str]]:
+    """(bundle, where it came from) for each section of the report.
+
+    ``default`` is the window-form Transformer (the ``default`` preset), ``streaming`` one
+    state per frame, ``streaming_restart`` two staggered states (as the shipped default
+    runs). The measured bundle fills the section of its own form; the others are the shipped
+    window bundle or untrained exports with its shapes (weights do not change latency).
+    """
+    from thinkmem_ros.core.paths import window_bundle
+    from thinkmem_ros.policy.bundle import BundleError, load_bundle
+
+    reference = load_bundle(path)
+    if not reference.manifest.streaming:
+        return {"default": (path, source),
+                "streaming": (export_untrained_streaming(reference, tmp / "streaming"),
+                              "untrained 'streaming' preset with the window bundle's shapes"),
+                "streaming_restart": (export_untrained_streaming(
+                    reference, tmp / "restart", "streaming-restart"),
+                    "untrained 'streaming-restart' preset with the window bundle's shapes")}
+    kind = reference.manifest.preset
+    one_state = (path, source) if kind != "streaming-restart" else (
+        export_untrained_streaming(reference, tmp / "streaming"),
+        "untrained 'streaming' preset with the measured bundle's shapes")
+    two_states = (path, source) if kind == "streaming-restart" else (
+        export_untrained_streaming(reference, tmp / "restart", "streaming-restart"),
+        "untrained 'streaming-restart' preset with the measured bundle's shapes")
+    try:
+        window = (window_bundle(), "shipped models/window")
+        load_bundle(window[0])
+    except (FileNotFoundError, BundleError):
+        window = (export_untrained("default", None, tmp / "window"),
+                  "stand-in: untrained default preset (models/window missing)")
+    return {"default": window, "streaming": one_state, "streaming_restart": two_states}
+
+
 def batch1_times(runtime, windows: np.ndarray, warmup: int) -> tuple[list[float], float]:
     """Per-query wall seconds of ``predict_one`` and the CPU seconds per query."""
     for i in range(warmup):
@@ -221,30 +259,26 @@ def run(quick: bool, seeds: int, size: str | None = None,
                 # same shapes (weights do not change latency) and say so in the JSON.
                 path = export_untrained("default", None, Path(tmp) / "default")
                 source = "stand-in: untrained default preset (models/default missing)"
+        roles = bundle_roles(path, source, Path(tmp))
         task = bar.add_task("latency", total=6)
-        bar.update(task, description="latency: default bundle")
-        results["default"] = measure(path, cfg, seeds, rng)
-        bar.update(task, advance=1, description="latency: default, spinning allowed")
-        spinning = measure(path, cfg, seeds, rng, allow_spinning=True, with_batch=False)
+        bar.update(task, description="latency: window bundle")
+        results["default"] = measure(roles["default"][0], cfg, seeds, rng)
+        results["default"]["source"] = roles["default"][1]
+        bar.update(task, advance=1, description="latency: window, spinning allowed")
+        spinning = measure(roles["default"][0], cfg, seeds, rng, allow_spinning=True,
+                           with_batch=False)
+        window_ref = load_bundle(roles["default"][0])
         bar.update(task, advance=1, description="latency: exporting paper preset")
-        paper_path = export_untrained("paper", load_bundle(path), Path(tmp) / "paper")
+        paper_path = export_untrained("paper", window_ref, Path(tmp) / "paper")
         bar.update(task, advance=1, description="latency: paper preset")
         results["paper"] = measure(paper_path, cfg, seeds, rng)
         bar.update(task, advance=1, description="latency: fast preset")
-        fast_path = export_untrained("fast", load_bundle(path), Path(tmp) / "fast")
+        fast_path = export_untrained("fast", window_ref, Path(tmp) / "fast")
         results["fast"] = measure(fast_path, cfg, seeds, rng)
         bar.update(task, advance=1, description="latency: streaming per-frame update")
-        reference = load_bundle(path)
-        stream_path, stream_source = path, source
-        if not reference.manifest.streaming:
-            stream_path = export_untrained_streaming(reference, Path(tmp) / "streaming")
-            stream_source = "untrained 'streaming' preset with the default bundle's shapes"
-        results["streaming"] = measure_streaming(stream_path, cfg, seeds, rng)
-        results["streaming"]["source"] = stream_source
-        # The restart schedule (two staggered states: two updates per frame), for reference.
-        restart_path = export_untrained_streaming(reference, Path(tmp) / "restart",
-                                                  "streaming-restart")
-        results["streaming_restart"] = measure_streaming(restart_path, cfg, seeds, rng)
+        for name in ("streaming", "streaming_restart"):
+            results[name] = measure_streaming(roles[name][0], cfg, seeds, rng)
+            results[name]["source"] = roles[name][1]
         bar.update(task, advance=1)
     keys = ("p50_ms", "p99_ms", "p999_ms", "mean_ms", "cpu_ms_per_query")
     results["default"]["spinning"] = {
@@ -257,7 +291,7 @@ def run(quick: bool, seeds: int, size: str | None = None,
                         "streaming_p50_met": results["streaming"]["p50_us"] <= 5.0},
             "setup": {**cfg, "repeats": seeds, "bundle": str(path), "bundle_source": source,
                       "batch": 1,
-                      "paper_preset": "untrained export with the default bundle's window, "
+                      "paper_preset": "untrained export with the window bundle's window, "
                                       "labels and events; weights do not change latency",
                       "fast_preset": "the same for the 'fast' preset (1 layer, d=32)"}}
 

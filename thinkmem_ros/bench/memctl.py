@@ -4,7 +4,7 @@ Reproduce: ``thinkmem bench memctl --json bench_results/memctl.json --plot
 bench_results/memctl.png`` (``--quick``: shorter streams, fewer epochs).
 
 Per seed: the policy is the shipped ``models/default`` bundle (trained on ``mixed`` streams
-at 10 Hz, K=32, like these; fresh streams are drawn here) when it loads and
+at 10 Hz; windows here take its K; fresh streams are drawn here) when it loads and
 ``use_default`` is on (the default), else a small policy trained here
 (``bench.values.bench_policy``); the JSON names which. Probes are fitted on the embeddings
 of separate *probe-training* streams and scored on *test* streams, with labels from the
@@ -36,7 +36,7 @@ import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from thinkmem_ros.bench.common import bench_progress, mean_std
-from thinkmem_ros.bench.values import RATE_HZ, SEED_BASE, WINDOW, bench_or_default_policy
+from thinkmem_ros.bench.values import RATE_HZ, SEED_BASE, bench_or_default_policy
 from thinkmem_ros.consolidator.memctl_train import (
     BASELINE_FEATURES,
     compress_targets,
@@ -81,7 +81,8 @@ def _streams(runtime, seconds: float, n: int, rng: np.random.Generator):
     out = []
     for _ in range(n):
         stream = generate_stream("mixed", seconds / n, RATE_HZ, rng)
-        w = stream_windows(stream, WINDOW, stride=STRIDE, max_events=runtime.max_events)
+        w = stream_windows(stream, runtime.window, stride=STRIDE,
+                           max_events=runtime.max_events)
         pred = runtime.predict(w.signals, w.mask, w.events)
         out.append((stream, w, pred))
     return out
@@ -91,7 +92,7 @@ def _targets(parts, freq) -> tuple[np.ndarray, np.ndarray]:
     c, r = [], []
     for stream, w, _ in parts:
         ends = np.asarray(w.meta["end_frames"])
-        c.append(compress_targets(stream.labels, ends, WINDOW, stream.rate_hz,
+        c.append(compress_targets(stream.labels, ends, w.window, stream.rate_hz,
                                   label_names=stream.label_names))
         r.append(recall_targets(stream.labels, ends, stream.rate_hz, freq))
     return np.concatenate(c), np.concatenate(r)
@@ -114,7 +115,7 @@ def _replay_bytes(stream, windows, p_compress: np.ndarray, threshold: float,
         hist.summaries = [s for s in hist.summaries if s.block_id > newest - retain_blocks]
         i = decide.get(t)
         if i is not None and p_compress[i] >= threshold:
-            if hist.compress(WINDOW, store):
+            if hist.compress(windows.window, store):
                 fired += 1
                 bad += int(truth_compress[i] == 0)
         with_b.append(hist.nbytes)

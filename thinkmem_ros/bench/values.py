@@ -4,7 +4,8 @@ Reproduce: ``thinkmem bench values --json bench_results/values.json --plot
 bench_results/values.png`` (``--quick``: shorter streams, fewer epochs).
 
 Setup per seed: the policy is the shipped ``models/default`` bundle (trained on ``mixed``
-streams at 10 Hz, K=32; the streams here are fresh draws) when it loads, else a small
+streams at 10 Hz; situations here are windows of its own K, a streaming bundle's replayed
+from its reset state; the streams are fresh draws) when it loads, else a small
 policy trained here (``bench_policy``); the JSON names which. A *learning* stream feeds the
 value table online; a separate *test* stream is scored with the table frozen (greedy, no
 learning). Situations are taken every 0.5 s. Situation keys join the policy embedding with
@@ -113,7 +114,7 @@ def bench_or_default_policy(seed: int, size: dict, folder: Path, use_default: bo
         from thinkmem_ros.policy.runtime import PolicyRuntime
         try:
             runtime = PolicyRuntime(default_bundle())
-            if runtime.window == WINDOW and runtime.manifest.frame_rate_hz == RATE_HZ:
+            if runtime.manifest.frame_rate_hz == RATE_HZ:  # situations use its own K
                 return runtime, f"models/default v{runtime.manifest.model_version} " \
                     f"sha256 {runtime.manifest.sha256[:12]}"
         except (BundleError, OSError):
@@ -126,7 +127,8 @@ def stream_situations(runtime, duration_s: float, rng: np.random.Generator):
     from thinkmem_ros.world.streams import generate_stream, stream_windows
 
     stream = generate_stream("mixed", duration_s, RATE_HZ, rng)
-    windows = stream_windows(stream, WINDOW, stride=STRIDE, max_events=runtime.max_events)
+    windows = stream_windows(stream, runtime.window, stride=STRIDE,
+                             max_events=runtime.max_events)
     pred = runtime.predict(windows.signals, windows.mask, windows.events)
     return stream, windows, pred
 

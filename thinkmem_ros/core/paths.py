@@ -38,6 +38,14 @@ def default_bundle() -> Path:
     return find_data("models/default")
 
 
+def window_bundle() -> Path:
+    """The shipped window-form bundle ``models/window`` (the default before the streaming one).
+
+    Kept so format-1 bundles stay exercised and benchmarked beside the default.
+    """
+    return find_data("models/window")
+
+
 def resolve_bundle_path(path: str | Path) -> Path:
     """'' -> the shipped default bundle; anything else as given (made absolute)."""
     return default_bundle() if str(path) == "" else Path(path).expanduser().resolve()
