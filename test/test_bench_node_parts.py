@@ -42,3 +42,15 @@ def test_summary_keeps_the_measured_span_and_counts_lost_samples():
     assert out["lost"] == 7 and out["shipping"] == {"acked": "3"}
     assert out["executor"] == "events" and "hz100_single" in bench_node.CASES
     assert "activations_lost" not in out  # timer frames are not one published sample set
+
+
+@pytest.mark.ros
+def test_the_middleware_floor_answers_every_sample_set_and_measures_its_cpu(ros_env):
+    """The bare rclpy node gets the node's traffic and returns one stamped activation per
+    sample set, so its CPU and external latency sit beside the thinking node's."""
+    case = bench_node.Case(20.0, 20.0, "samples")
+    signals = read_manifest(default_bundle()).signals
+    floor = bench_node.measure_floor(case, 2.0, tuple(signals), seed=0)
+    assert floor["frames"] == 40 and floor["activations_lost"] <= 2
+    assert floor["cpu_percent"] > 0 and floor["executor"] == "events"
+    assert 0 < floor["external_p50_ms"] <= floor["external_p99_ms"]

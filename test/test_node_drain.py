@@ -87,3 +87,13 @@ def test_a_due_frame_cuts_the_drain_short(queued_node):
     assert overdue.time_until_next_call() <= 0
     handled = _first_handling(node, executor, _accepted(node))
     assert handled == 1, "with the frame due, the callback returns after its own message"
+
+
+def test_without_draining_a_callback_handles_its_own_message_only(queued_node):
+    """Under the events executor ``main`` turns the drain off (each message is dispatched
+    from C++ anyway); then one callback is one sample."""
+    node, pub, executor, _ = queued_node
+    node._frame_timer.cancel()
+    node.drain_queued = False
+    _queue(pub, QUEUED)
+    assert _first_handling(node, executor, _accepted(node)) == 1

@@ -172,6 +172,19 @@ def test_complete_waits_for_every_fresh_signal():
     buf.offer(2, 2.0, now=0.04)
     assert buf.complete(now=0.04)
     assert buf.complete(now=2.0)  # all stale but updated -> nothing left to wait for
+    buf.assemble(now=2.0)
+    assert not buf.complete(now=2.0)  # nothing new since the frame
+    for value in (3.0, 4.0):  # one signal twice still leaves the other fresh ones awaited
+        buf.offer(0, value, now=2.0)
+        buf.offer(1, value, now=2.0)
+    buf.offer(2, 3.0, now=2.0)
+    buf.assemble(now=2.0)
+    buf.offer(0, 5.0, now=2.1)
+    buf.offer(0, 6.0, now=2.1)
+    buf.offer(1, 5.0, now=2.1)
+    assert not buf.complete(now=2.1)
+    buf.reset_time(now=0.0)  # a clock jump forgets what was new
+    assert not buf.complete(now=0.0)
 
 
 def test_last_arrival_is_newest_sample_of_the_frame():

@@ -37,6 +37,11 @@ Measured per case:
   /diagnostics after a quiet pause before and after it; ``activations_lost``: frames of
   the measured span whose activation never reached the external subscriber.
 
+``middleware_floor.hz100``: right after ``hz100``, the same traffic into
+``bench.bare_node`` (the same subscriptions, QoS and executor, one activation-sized String
+back per sample set, nothing else): the CPU any rclpy node pays for it, so the node's own
+share is ``hz100.cpu_percent`` minus it.
+
 A 2 s warm-up is excluded. Sample values are a seeded random walk (``seeds`` only changes
 the values, one run per case).
 """
@@ -81,6 +86,8 @@ QUIET_S = 1.5
 QUANTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 TARGETS = {"hz100.p99_ms": 1.0, "hz100.cpu_percent": 10.0, "sensors1khz.lost": 0}
 HANDLED = ("samples", "invalid", "duplicate", "out_of_order", "future")
+FLOOR_CASES = ("hz100",)
+"""Cases followed by the same traffic into a bare rclpy node (``middleware_floor``)."""
 """Diagnostics counters that together count every sample the node received."""
 TRAIN_STREAMS, TRAIN_SECONDS, TRAIN_STEPS = 2, 120.0, 60
 
@@ -127,6 +134,12 @@ def bundle_for_rate(rate: float, folder: Path, base: Path | None = None) -> tupl
                   extras={"command": f"bench node: preset {preset}, {TRAIN_STEPS} steps at "
                                      f"{rate:g} Hz", "scenario": recipe.scenario})
     return out, how
+
+
+def _signals(bundle: Path) -> tuple[str, ...]:
+    from thinkmem_ros.policy.bundle import read_manifest
+
+    return tuple(read_manifest(bundle).signals)
 
 
 def _free_port() -> int:
@@ -287,9 +300,7 @@ class _Client:
 def measure_case(case: Case, duration_s: float, bundle: Path, endpoint: str, seed: int,
                  progress=None) -> dict:
     """Publish ``duration_s`` of samples into a fresh node process and time its frames."""
-    from thinkmem_ros.policy.bundle import read_manifest
-
-    signals = tuple(read_manifest(bundle).signals)
+    signals = _signals(bundle)
     domain = os.getpid() % 100 + 101 + int(case.sensor_rate_hz) % 13
     env = dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
     rng = np.random.default_rng(seed)
@@ -338,6 +349,17 @@ def _publish(client: _Client, case: Case, duration_s: float, rng, progress, pid:
     time.sleep(QUIET_S)
     handled0, _ = client.handled(after=time.monotonic())
     sent0 = client.sent
+    out = _schedule(client, period, warm, total, values, rng, pid,
+                    lambda k: progress.update(task, completed=k) if progress else None)
+    time.sleep(QUIET_S)
+    handled1, statuses = client.handled(after=time.monotonic())
+    return {**out, "samples_published": client.sent - sent0,
+            "samples_handled": handled1 - handled0, "diagnostics": statuses}
+
+
+def _schedule(client: _Client, period: float, warm: int, total: int, values: np.ndarray,
+              rng, pid: int, tick) -> dict:
+    """Publish ``total`` sample sets every ``period`` s; CPU of ``pid`` after ``warm``."""
     client.received.clear()
     sent_at: dict[int, float] = {}
     cpu0 = wall0 = None
@@ -350,19 +372,71 @@ def _publish(client: _Client, case: Case, duration_s: float, rng, progress, pid:
             cpu0, wall0 = _cpu_seconds(pid), time.perf_counter()
         values += rng.normal(scale=0.05, size=values.shape)
         sent_at[k] = client.send(k, values)
-        if progress and k % 100 == 0:
-            progress.update(task, completed=k)
+        if k % 100 == 0:
+            tick(k)
     wall = time.perf_counter() - wall0
-    cpu = (_cpu_seconds(pid) - cpu0) / wall * 100.0
-    achieved = total / (time.perf_counter() - start)
-    time.sleep(QUIET_S)
-    handled1, statuses = client.handled(after=time.monotonic())
-    if progress:
-        progress.update(task, completed=total)
-    return {"sent_at": sent_at, "warm": warm, "total": total, "cpu_percent": cpu,
+    tick(total)
+    return {"sent_at": sent_at, "warm": warm, "total": total,
+            "cpu_percent": (_cpu_seconds(pid) - cpu0) / wall * 100.0,
             "stamp_base": client.base,
-            "samples_published": client.sent - sent0, "samples_handled": handled1 - handled0,
-            "sensor_rate_achieved_hz": achieved, "diagnostics": statuses}
+            "sensor_rate_achieved_hz": total / (time.perf_counter() - start)}
+
+
+def measure_floor(case: Case, duration_s: float, signals: tuple[str, ...], seed: int,
+                  progress=None) -> dict:
+    """CPU of ``bench.bare_node`` under ``case``'s traffic: the middleware floor.
+
+    Same schedule, topics, QoS and executor as the thinking node gets, one activation-sized
+    String back per sample set; the external latency is measured the same way too.
+    """
+    domain = os.getpid() % 100 + 131
+    env = dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
+    proc = subprocess.Popen([sys.executable, "-m", "thinkmem_ros.bench.bare_node",
+                             "--executor", case.executor, "--signals", ",".join(signals)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    client = None
+    try:
+        ready = proc.stdout.readline()
+        if not ready.startswith("READY"):
+            raise RuntimeError(f"bare node did not start: {ready!r}")
+        client = _Client(signals, domain, case.sensor_rate_hz)
+        rng = np.random.default_rng(seed)
+        values = rng.normal(size=len(signals))
+        deadline, probe = time.monotonic() + 30.0, -10**6
+        while time.monotonic() < deadline and not client.activations:
+            client.send(probe, values)
+            probe += 1
+            time.sleep(0.05)
+        if not client.activations:
+            raise RuntimeError("no activation came back from the bare node within 30 s")
+        time.sleep(QUIET_S)
+        task = progress.add_task(f"middleware floor (bare rclpy node), "
+                                 f"{case.sensor_rate_hz:g} Hz", total=1) if progress else None
+        warm = int(WARMUP_S * case.sensor_rate_hz)
+        total = warm + int(duration_s * case.sensor_rate_hz)
+        sent = _schedule(client, 1.0 / case.sensor_rate_hz, warm, total, values, rng,
+                         proc.pid, lambda k: progress.update(task, completed=k / total)
+                         if progress else None)
+        time.sleep(QUIET_S)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5.0)
+        if client is not None:
+            client.close()
+    measured = [k for k in sent["sent_at"] if k >= warm]
+    external = [client.received[k] - sent["sent_at"][k] for k in measured
+                if k in client.received]
+    ext = percentiles_ms(external)
+    return {"cpu_percent": sent["cpu_percent"], "executor": case.executor,
+            "external_p50_ms": ext["p50_ms"], "external_p99_ms": ext["p99_ms"],
+            "frames": len(measured), "activations_lost": len(measured) - len(external),
+            "sensor_rate_achieved_hz": sent["sensor_rate_achieved_hz"]}
 
 
 def _quantiles(values_s: list[float]) -> dict[str, float]:
@@ -421,7 +495,7 @@ def run(quick: bool, seeds: int, duration_s: float | None = None,
     duration = duration_s if duration_s is not None else (15.0 if quick else 60.0)
     base = Path(bundle) if bundle else default_bundle()
     names = cases or tuple(CASES)
-    results, bundles = {}, {}
+    results, bundles, floor = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="thinkmem-bench-node-") as tmp:
         receiver, endpoint = _start_receiver(Path(tmp) / "experiences.db")
         try:
@@ -433,6 +507,9 @@ def run(quick: bool, seeds: int, duration_s: float | None = None,
                                      "frame_rate_hz": case.frame_rate_hz}
                     results[name] = measure_case(case, duration, path, endpoint, seed=seeds,
                                                  progress=progress)
+                    if name in FLOOR_CASES:
+                        floor[name] = measure_floor(case, duration, _signals(path), seeds,
+                                                    progress)
         finally:
             receiver.send_signal(signal.SIGTERM)
             try:
@@ -451,6 +528,7 @@ def run(quick: bool, seeds: int, duration_s: float | None = None,
         "results": results,
         "curves": {f"{key}_quantiles_ms": results[key]["quantiles_ms"] for key in results},
         "targets": dict(TARGETS), "met": met, "duration_s": duration, "bundles": bundles,
+        "middleware_floor": floor,
         "shipping": True, "diagnostics_period_s": 1.0,
     }
 
@@ -477,8 +555,10 @@ def plot(result: dict, path) -> None:
                    label="target p99 (100 Hz, inside)")
         ax.set_yscale("log")
         ax.set_xlabel("percentile")
-        ax.set_title(f"{key}: p99 {row['p99_ms']:.3f} ms, CPU {row['cpu_percent']:.0f}%, "
-                     f"lost {row['lost']}", fontsize=9)
+        floor = result.get("middleware_floor", {}).get(key)
+        ax.set_title(f"{key}: p99 {row['p99_ms']:.3f} ms, CPU {row['cpu_percent']:.0f}%"
+                     + (f" (bare rclpy node {floor['cpu_percent']:.0f}%)" if floor else "")
+                     + f", lost {row['lost']}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("ms")
     axes[0][0].legend(fontsize=7)

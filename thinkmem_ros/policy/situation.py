@@ -137,9 +137,12 @@ class SituationBuffer:
         self._has_stamp = np.zeros(n, dtype=bool)
         self._arrival = np.full(n, math.nan)
         self._updated = np.zeros(n, dtype=bool)  # new sample since the last frame
+        self._n_updated = 0  # count of True in _updated (complete() runs once per sample)
         self._ring_values = np.zeros((config.window, n), dtype=np.float32)
         self._ring_mask = np.zeros((config.window, n), dtype=np.float32)
         self._head = 0  # next row to write; rows before it (cyclically) are older
+        k = config.window  # _orders[h]: ring rows oldest first when the head is at h
+        self._orders = (np.arange(k)[None, :] + np.arange(k)[:, None]) % k
         self._events: deque[tuple[str, float]] = deque(maxlen=config.max_events)
         self._event_ids = {name: i + 1 for i, name in enumerate(config.event_vocabulary)}
         self._last_event: tuple[str, float | None] | None = None
@@ -179,7 +182,9 @@ class SituationBuffer:
             self._value[index] = value
             self._received_at[index] = now
             self._arrival[index] = math.nan if arrival is None else arrival
-            self._updated[index] = True
+            if not self._updated[index]:
+                self._updated[index] = True
+                self._n_updated += 1
             self.counters.accepted[name] += 1
             return Verdict.ACCEPTED
 
@@ -214,6 +219,7 @@ class SituationBuffer:
         self._has_stamp[:] = False
         self._arrival[:] = math.nan
         self._updated[:] = False
+        self._n_updated = 0
         self._ring_values[:] = 0.0
         self._ring_mask[:] = 0.0
         self._head = 0
@@ -244,10 +250,22 @@ class SituationBuffer:
         return (now - self._received_at) <= self.config.stale_after_s
 
     def complete(self, now: float) -> bool:
-        """Whether every fresh signal has a new sample since the last frame (sample trigger)."""
+        """Whether every fresh signal has a new sample since the last frame (sample trigger).
+
+        Asked once per accepted sample, so it stops at the first fresh signal still
+        waiting rather than building arrays over all of them.
+        """
         with self._lock:
-            fresh = self._fresh(now)
-            return bool(self._updated.any() and self._updated[fresh].all())
+            if self._n_updated == 0:
+                return False
+            if self._n_updated == len(self._updated):
+                return True
+            limit = self.config.stale_after_s
+            received = self._received_at
+            for i, done in enumerate(self._updated.tolist()):
+                if not done and now - received[i] <= limit:
+                    return False  # a fresh signal has no new sample yet
+            return True
 
     def assemble(self, now: float) -> Frame:
         """Write the newest row from the latest samples and return the whole window."""
@@ -259,7 +277,7 @@ class SituationBuffer:
             self._ring_values[row] = np.where(fresh, self._value, 0.0)
             self._ring_mask[row] = fresh.astype(np.float32)
             self._head = (row + 1) % cfg.window
-            order = np.r_[self._head:cfg.window, 0:self._head]
+            order = self._orders[self._head]  # oldest row first
             stale = tuple(s for s, ok in zip(cfg.signals, fresh, strict=True) if not ok)
             for name in stale:
                 self.counters.stale_frames[name] += 1
@@ -267,10 +285,11 @@ class SituationBuffer:
             arrivals = arrivals[~np.isnan(arrivals)]
             stamps = self._stamp[fresh & self._has_stamp]
             self._updated[:] = False
+            self._n_updated = 0
             self.counters.frames += 1
-            return Frame(
+            return Frame(  # fancy indexing copies: the frame owns its window
                 seq=self.counters.frames, stamp=now,
-                signals=self._ring_values[order].copy(), mask=self._ring_mask[order].copy(),
+                signals=self._ring_values[order], mask=self._ring_mask[order],
                 events=self._event_array(now), stale=stale,
                 last_arrival=float(arrivals.max()) if arrivals.size else None,
                 inputs_stamp=float(stamps.max()) if stamps.size else None,

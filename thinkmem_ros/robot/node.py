@@ -349,6 +349,7 @@ class ThinkingNode(Node):
         self.add_on_set_parameters_callback(self._check_parameters)
         self.add_post_set_parameters_callback(self._apply_parameters)
         self._frame_timer = self.create_timer(1.0 / self.frame_rate_hz, self._on_timer)
+        self.drain_queued = True  # take a topic's queued samples per callback (see _on_samples)
         self._diag_timer = self.create_timer(self.config.diagnostics_period_s,
                                              self._publish_diagnostics)
         self.get_logger().info(
@@ -535,7 +536,10 @@ class ThinkingNode(Node):
 
     # -- input path -------------------------------------------------------------------------
     def _now(self) -> float:
-        return self.get_clock().now().nanoseconds * 1e-9
+        # Clock.now() without the rclpy Time object it builds: this runs once per sample.
+        clock = self.get_clock()
+        with clock.handle:
+            return clock.handle.get_now().nanoseconds * 1e-9
 
     def _input_error(self, handler: str, exc: BaseException) -> None:
         with self._stats.lock:
@@ -580,11 +584,14 @@ class ThinkingNode(Node):
         wake-up and rebuilds its wait set (every subscription, timer, service and event
         handler, in Python) before the next: at 1 kHz sensors that bookkeeping, not the
         samples, used most of the core and the reader queues overflowed. Taking the queued
-        messages here costs one take each; under the events executor the queue is mostly
-        empty by then and the drain ends at its first take.
+        messages here costs one take each. Under the events executor the queue is mostly
+        empty by then, so ``main`` turns the drain off there (``drain_queued``): it would
+        cost a timer query and an empty take per sample.
         Draining stops as soon as the frame timer is due, so frames keep their rate.
         """
         self._on_sample(index, adapter, msg)
+        if not self.drain_queued:
+            return
         for _ in range(DRAIN_MAX - 1):
             if _due(self._frame_timer):
                 return  # the frame comes first: the executor runs the timer next
@@ -704,7 +711,8 @@ class ThinkingNode(Node):
         published = time.perf_counter()
         latency = None if frame.last_arrival is None else (published - frame.last_arrival) * 1e6
         compute = None if frame.assembled_at is None else (published - frame.assembled_at) * 1e6
-        self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
+        if self._prob_pub.get_subscription_count():  # nobody listening: skip the conversion
+            self._prob_pub.publish(Float32MultiArray(layout=self._layout, data=probs.tolist()))
         self._publish_evidence(result)
         self._stats.record(inference_us, latency, frame.inputs_stamp, result.wait_us, compute)
         for listener in list(self.frame_listeners):
@@ -965,6 +973,7 @@ def main(args: list[str] | None = None) -> int:
                 if not rclpy.ok():  # stopped right after "ready"; finally cleans up
                     return 0
                 executor, kind = make_executor(node.config.executor)
+                node.drain_queued = kind != "events"  # see ThinkingNode._on_samples
                 node.get_logger().info(f"executor: {kind}")
                 executor.add_node(node)
                 spin(executor, kind, node.context)
