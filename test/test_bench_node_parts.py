@@ -41,6 +41,7 @@ def test_summary_keeps_the_measured_span_and_counts_lost_samples():
     assert out["compute_p50_ms"] == pytest.approx((800 + 12) * 1e-3)
     assert out["lost"] == 7 and out["shipping"] == {"acked": "3"}
     assert out["executor"] == "events" and "hz100_single" in bench_node.CASES
+    assert out["shipping_on"] and not bench_node.CASES["hz100_noship"].shipping
     assert "activations_lost" not in out  # timer frames are not one published sample set
 
 

@@ -4,14 +4,17 @@ Reproduce: ``thinkmem bench node --json bench_results/node.json --plot bench_res
 (``--quick``: 15 s per case instead of 60 s).
 
 Cases (``CASES``), each a fresh node process (one ONNX thread, default sensor-data QoS)
-with **experience shipping on** (a real experience receiver, the consolidator's ingest, in
-its own process on 127.0.0.1) and /diagnostics at its default 1 s period:
+with **experience shipping on** unless the case says otherwise (a real experience receiver,
+the consolidator's ingest, in its own process on 127.0.0.1) and /diagnostics at its
+default 1 s period:
 
 - ``hz10`` / ``hz100``: seven sensors publish one sample each per frame, at 10 and 100 Hz,
   with ``frame_trigger: samples`` (a frame is assembled the moment the last sample of the
   set arrives);
 - ``hz100_single``: ``hz100`` with rclpy's SingleThreadedExecutor instead of the node's
   default events executor, side by side in the same run (its CPU is what the default saves);
+- ``hz100_noship``: ``hz100`` without experience shipping, side by side (what shipping
+  every frame costs);
 - ``sensors1khz``: the seven sensors publish at 1 kHz into 100 Hz frames with
   ``frame_trigger: timer`` (the sample trigger would assemble a frame per sample set,
   1 kHz, ten times the rate the bundle was trained at); ``wait_us`` then holds how old
@@ -75,10 +78,12 @@ class Case:
     sensor_rate_hz: float
     trigger: str
     executor: str = "events"
+    shipping: bool = True
 
 
 CASES = {"hz10": Case(10.0, 10.0, "samples"), "hz100": Case(100.0, 100.0, "samples"),
          "hz100_single": Case(100.0, 100.0, "samples", executor="single"),
+         "hz100_noship": Case(100.0, 100.0, "samples", shipping=False),
          "sensors1khz": Case(100.0, 1000.0, "timer")}
 WARMUP_S = 2.0
 QUIET_S = 1.5
@@ -168,8 +173,10 @@ def _start_node(bundle: Path, case: Case, stats: Path, tmp: Path, endpoint: str,
            "-p", f"executor:={case.executor}",
            "-p", f"stale_after_s:={max(0.5, 5.0 / case.frame_rate_hz)}",
            "-p", f"stats_file:={stats}", "-p", "watch_bundle:=false",
-           "-p", "qos_depth:=50", "-p", f"consolidator_endpoint:={endpoint}",
-           "-p", f"spool_path:={tmp / 'spool.db'}", "-p", "robot_id:=bench"]
+           "-p", "qos_depth:=50", "-p", "robot_id:=bench"]
+    if case.shipping:
+        cmd += ["-p", f"consolidator_endpoint:={endpoint}",
+                "-p", f"spool_path:={tmp / 'spool.db'}"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -473,6 +480,7 @@ def _summarise(case: Case, sent: dict, received: dict, stats: dict, rc: int) -> 
            "sensor_rate_hz": case.sensor_rate_hz, "frame_rate_hz": case.frame_rate_hz,
            "sensor_rate_achieved_hz": sent["sensor_rate_achieved_hz"],
            "frame_trigger": case.trigger, "executor": case.executor,
+           "shipping_on": case.shipping,
            "node_frames": len(inside), "node_exit_code": rc,
            "inference_p50_ms": float(np.percentile(stats["inference_us"], 50)) * 1e-3
            if stats["inference_us"] else float("nan"),
