@@ -141,6 +141,17 @@ def bundle_for_rate(rate: float, folder: Path, base: Path | None = None) -> tupl
     return out, how
 
 
+def _interrupt(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGINT (the clean shutdown a node handles), then SIGKILL after ``timeout`` s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5.0)
+
+
 def _signals(bundle: Path) -> tuple[str, ...]:
     from thinkmem_ros.policy.bundle import read_manifest
 
@@ -321,13 +332,7 @@ def measure_case(case: Case, duration_s: float, bundle: Path, endpoint: str, see
             reader.wait_ready(timeout=60.0)
             sent = _publish(client, case, duration_s, rng, progress, proc.pid)
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5.0)
+            _interrupt(proc, timeout=15.0)
             client.close()
         if not stats_path.is_file():
             raise RuntimeError("node wrote no stats:\n" + "".join(reader.lines[-30:]))
@@ -344,15 +349,7 @@ def _publish(client: _Client, case: Case, duration_s: float, rng, progress, pid:
     task = progress.add_task(f"node {case.trigger} {case.sensor_rate_hz:g} Hz samples -> "
                              f"{case.frame_rate_hz:g} Hz frames", total=total) \
         if progress else None
-    # wait until the node hears us (discovery) before anything is counted
-    deadline = time.monotonic() + 30.0
-    probe = -10**6
-    while time.monotonic() < deadline and not client.received:
-        client.send(probe, values)
-        probe += 1
-        time.sleep(0.05)
-    if not client.received:
-        raise RuntimeError("no activation came back within 30 s (discovery failed?)")
+    _discover(client, values, "the node")  # before anything is counted
     time.sleep(QUIET_S)
     handled0, _ = client.handled(after=time.monotonic())
     sent0 = client.sent
@@ -362,6 +359,21 @@ def _publish(client: _Client, case: Case, duration_s: float, rng, progress, pid:
     handled1, statuses = client.handled(after=time.monotonic())
     return {**out, "samples_published": client.sent - sent0,
             "samples_handled": handled1 - handled0, "diagnostics": statuses}
+
+
+def _discover(client: _Client, values: np.ndarray, who: str) -> None:
+    """Send probe sample sets until an activation stamped with one comes back.
+
+    Discovery is then done both ways: the far-past stamps keep probes out of the span.
+    """
+    deadline, probe = time.monotonic() + 30.0, -10**6
+    while time.monotonic() < deadline and not client.received:
+        client.send(probe, values)
+        probe += 1
+        time.sleep(0.05)
+    if not client.received:
+        raise RuntimeError(f"no activation came back from {who} within 30 s "
+                           "(discovery failed?)")
 
 
 def _schedule(client: _Client, period: float, warm: int, total: int, values: np.ndarray,
@@ -410,13 +422,7 @@ def measure_floor(case: Case, duration_s: float, signals: tuple[str, ...], seed:
         client = _Client(signals, domain, case.sensor_rate_hz)
         rng = np.random.default_rng(seed)
         values = rng.normal(size=len(signals))
-        deadline, probe = time.monotonic() + 30.0, -10**6
-        while time.monotonic() < deadline and not client.activations:
-            client.send(probe, values)
-            probe += 1
-            time.sleep(0.05)
-        if not client.activations:
-            raise RuntimeError("no activation came back from the bare node within 30 s")
+        _discover(client, values, "the bare node")
         time.sleep(QUIET_S)
         task = progress.add_task(f"middleware floor (bare rclpy node), "
                                  f"{case.sensor_rate_hz:g} Hz", total=1) if progress else None
@@ -427,13 +433,7 @@ def measure_floor(case: Case, duration_s: float, signals: tuple[str, ...], seed:
                          if progress else None)
         time.sleep(QUIET_S)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5.0)
+        _interrupt(proc, timeout=10.0)
         if client is not None:
             client.close()
     measured = [k for k in sent["sent_at"] if k >= warm]
