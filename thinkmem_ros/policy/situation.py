@@ -141,8 +141,7 @@ class SituationBuffer:
         self._ring_values = np.zeros((config.window, n), dtype=np.float32)
         self._ring_mask = np.zeros((config.window, n), dtype=np.float32)
         self._head = 0  # next row to write; rows before it (cyclically) are older
-        k = config.window  # _orders[h]: ring rows oldest first when the head is at h
-        self._orders = (np.arange(k)[None, :] + np.arange(k)[:, None]) % k
+        self._rows = np.arange(config.window)  # (rows + head) % K: oldest row first
         self._events: deque[tuple[str, float]] = deque(maxlen=config.max_events)
         self._event_ids = {name: i + 1 for i, name in enumerate(config.event_vocabulary)}
         self._last_event: tuple[str, float | None] | None = None
@@ -277,7 +276,7 @@ class SituationBuffer:
             self._ring_values[row] = np.where(fresh, self._value, 0.0)
             self._ring_mask[row] = fresh.astype(np.float32)
             self._head = (row + 1) % cfg.window
-            order = self._orders[self._head]  # oldest row first
+            order = (self._rows + self._head) % cfg.window  # oldest row first
             stale = tuple(s for s, ok in zip(cfg.signals, fresh, strict=True) if not ok)
             for name in stale:
                 self.counters.stale_frames[name] += 1
