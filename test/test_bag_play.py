@@ -200,8 +200,8 @@ def test_namespace_option_moves_topics_but_not_clock(ros, bags):
     recorder = Recorder(ros, {"/robot7/sensors/temperature": Temperature,
                               "/sensors/temperature": Temperature, "/clock": Clock})
     try:
-        done = _play(str(bags / "mcap"), "--namespace", "robot7", "--clock", "20",
-                     "--topics", _temperature_topic(), "--delay", "1.5")
+        done = _play(str(bags / "mcap"), *WAIT, "--namespace", "robot7", "--clock", "20",
+                     "--topics", _temperature_topic())
         time.sleep(0.3)
     finally:
         recorder.close()
