@@ -13,14 +13,13 @@ arithmetic, so its latency is that of a trained one. ONNX Runtime is measured wi
 allowed and disallowed (DESIGN.md pitfall: spinning threads burn CPU between calls), and the
 CPU time each query costs is recorded beside its wall time.
 
-``results.streaming`` times the per-frame update of a streaming policy
-(``PolicyRuntime.step``: one new frame, the state carried over, input checks included), one
-frame after another on one thread, for one state; ``results.streaming_restart`` for the
-``streaming-restart`` preset (two staggered states, so two updates per frame), which is how
-the shipped default runs. The measured bundle fills the section of its preset; the other is
-an untrained export with its shapes (``source`` says which). Both engines are timed
-(``engines.numba`` / ``engines.ort``); the top-level figures are those of the engine the
-runtime picks by itself.
+``results.streaming`` times the per-frame update the robot runs (``PolicyRuntime.step``:
+one new frame, the state carried over, input checks included), one frame after another on
+one thread: the measured bundle when it streams (the shipped default runs two staggered
+states, so two updates per frame), else an untrained export of the default streaming
+preset with its shapes. ``results.streaming_one_state`` is one state of the same shapes,
+for reference. Both engines are timed (``engines.numba`` / ``engines.ort``); the top-level
+figures are those of the engine the runtime picks by itself.
 """
 
 from __future__ import annotations
@@ -160,36 +159,33 @@ def measure_streaming(bundle_path: Path, cfg: dict, repeats: int,
 def bundle_roles(path: Path, source: str, tmp: Path) -> dict[str, tuple[Path, str]]:
     """(bundle, where it came from) for each section of the report.
 
-    ``default`` is the window-form Transformer (the ``default`` preset), ``streaming`` one
-    state per frame, ``streaming_restart`` two staggered states (as the shipped default
-    runs). The measured bundle fills the section of its own form; the others are the shipped
-    window bundle or untrained exports with its shapes (weights do not change latency).
+    ``streaming`` is the per-frame update the robot runs: the measured bundle when it
+    streams (the shipped default: two staggered states), else an untrained export of the
+    default streaming preset with its shapes. ``streaming_one_state`` is one state of the
+    same shapes, for reference. ``default`` is the window-form Transformer (the ``default``
+    preset): the measured bundle when it is a window one, else the shipped models/window.
+    Untrained exports time like trained ones: weights do not change the arithmetic.
     """
     from thinkmem_ros.core.paths import window_bundle
     from thinkmem_ros.policy.bundle import BundleError, load_bundle
+    from thinkmem_ros.policy.config import DEFAULT_PRESET
 
     reference = load_bundle(path)
+    shapes = "the measured bundle's shapes"
+    one_state = (export_untrained_streaming(reference, tmp / "one_state"),
+                 f"untrained 'streaming' preset (one state) with {shapes}")
     if not reference.manifest.streaming:
-        return {"default": (path, source),
-                "streaming": (export_untrained_streaming(reference, tmp / "streaming"),
-                              "untrained 'streaming' preset with the window bundle's shapes"),
-                "streaming_restart": (export_untrained_streaming(
-                    reference, tmp / "restart", "streaming-restart"),
-                    "untrained 'streaming-restart' preset with the window bundle's shapes")}
-    kind = reference.manifest.preset
-    one_state = (path, source) if kind != "streaming-restart" else (
-        export_untrained_streaming(reference, tmp / "streaming"),
-        "untrained 'streaming' preset with the measured bundle's shapes")
-    two_states = (path, source) if kind == "streaming-restart" else (
-        export_untrained_streaming(reference, tmp / "restart", "streaming-restart"),
-        "untrained 'streaming-restart' preset with the measured bundle's shapes")
+        return {"default": (path, source), "streaming_one_state": one_state,
+                "streaming": (export_untrained_streaming(reference, tmp / "streaming",
+                                                         DEFAULT_PRESET),
+                              f"untrained {DEFAULT_PRESET!r} preset with {shapes}")}
     try:
         window = (window_bundle(), "shipped models/window")
         load_bundle(window[0])
     except (FileNotFoundError, BundleError):
         window = (export_untrained("default", None, tmp / "window"),
                   "stand-in: untrained default preset (models/window missing)")
-    return {"default": window, "streaming": one_state, "streaming_restart": two_states}
+    return {"default": window, "streaming": (path, source), "streaming_one_state": one_state}
 
 
 def batch1_times(runtime, windows: np.ndarray, warmup: int) -> tuple[list[float], float]:
@@ -276,7 +272,7 @@ def run(quick: bool, seeds: int, size: str | None = None,
         fast_path = export_untrained("fast", window_ref, Path(tmp) / "fast")
         results["fast"] = measure(fast_path, cfg, seeds, rng)
         bar.update(task, advance=1, description="latency: streaming per-frame update")
-        for name in ("streaming", "streaming_restart"):
+        for name in ("streaming", "streaming_one_state"):
             results[name] = measure_streaming(roles[name][0], cfg, seeds, rng)
             results[name]["source"] = roles[name][1]
         bar.update(task, advance=1)
@@ -297,13 +293,14 @@ def run(quick: bool, seeds: int, size: str | None = None,
 
 
 def plot(report: dict, path) -> None:
-    """Draw percentile bars per model and spinning setting, and batch-64 throughput."""
+    """Per-frame update of the streaming policy; window-form percentiles and throughput."""
     res = report["results"]
-    rows = {"default": res["default"], "default (spinning)":
+    rows = {"window (default preset)": res["default"], "window, spinning":
             res["default"]["spinning"]["allowed"], "paper preset": res["paper"]}
     if "fast" in res:
         rows["fast preset"] = res["fast"]
-    fig, (ax1, ax2) = new_figure(2, "Policy latency, 1 thread, batch 1")
+    fig, (ax0, ax1, ax2) = new_figure(3, "Policy latency, 1 thread, batch 1")
+    _plot_streaming(ax0, res)
     keys = ("p50_ms", "p99_ms", "p999_ms")
     width = 0.8 / len(rows)
     for j, (name, row) in enumerate(rows.items()):
@@ -321,3 +318,21 @@ def plot(report: dict, path) -> None:
     ax2.bar_label(bars, fmt="%.0f", fontsize=8)
     ax2.set_ylabel("situations / s (batch 64)")
     save(fig, path)
+
+
+def _plot_streaming(ax, res: dict) -> None:
+    """p50/p99 microseconds per frame of each streaming section, per engine (log scale)."""
+    names = [n for n in ("streaming", "streaming_one_state") if n in res]
+    engines = sorted({e for n in names for e in res[n]["engines"]})
+    width = 0.8 / max(1, 2 * len(engines))
+    for j, (engine, q) in enumerate((e, q) for e in engines for q in ("p50_us", "p99_us")):
+        xs = [i + (j - (2 * len(engines) - 1) / 2) * width for i in range(len(names))]
+        values = [res[n]["engines"].get(engine, {}).get(q, float("nan")) for n in names]
+        bars = ax.bar(xs, values, width, label=f"{engine} {q[:3]}")
+        ax.bar_label(bars, fmt="%.1f", fontsize=6)
+    ax.axhline(5.0, color="red", linestyle="--", linewidth=1, label="5 us goal (p50)")
+    ax.set_xticks(range(len(names)), ["per frame (robot)" if n == "streaming" else "one state"
+                                      for n in names])
+    ax.set_yscale("log")
+    ax.set_ylabel("us per frame (log)")
+    ax.legend(fontsize=7)
