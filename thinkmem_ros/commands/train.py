@@ -8,9 +8,9 @@ The shipped default bundle ``models/default`` (a streaming GRU) is reproduced by
 
 and those are the defaults of ``thinkmem train`` on the synthetic world. Training on a
 robot's own recordings (``--bag``) keeps the window policy's defaults (``--preset default
---window 32 --epochs 16 --patience 4``): the streaming preset's quality on recordings has
-not been measured. ``models/window`` (the previous default) came from ``--streams 8
---window 32 --preset default --epochs 16``.
+--window 32 --epochs 16 --patience 4``): on the Husky recording the streaming preset scored
+below it (README, "Known limitations"). ``models/window`` (the previous default) came
+from ``--streams 8 --window 32 --preset default --epochs 16``.
 
 The command recorded in ``bundle.json`` spells out every recipe option, whatever was
 typed: the consolidator rebuilds the bundle's training set from it, so it must not depend
