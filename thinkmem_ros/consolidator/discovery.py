@@ -71,8 +71,8 @@ partitions can be scored from per-partition sums.
 Relation fields are measured at the scale g* where the checks run: the scale where the
 pattern's support is most surprising, widened while a wider finite scale holds more cases
 at nearly the same surprise (``_check_scale``): support, antecedent (A...B within g*),
-confidence = support / antecedent, gaps (``max_gap`` = g*). ``scored`` holds every pattern with p <= alpha before correction, with
-the reasons it was or was not accepted.
+confidence = support / antecedent, gaps (``max_gap`` = g*). ``scored`` holds every
+pattern with p <= alpha before correction, with the reasons it was or was not accepted.
 """
 
 from __future__ import annotations
