@@ -443,3 +443,15 @@ def test_p_values_are_calibrated_under_the_null(condition):
         # measured 0.3-0.65 x (union bounds make the test conservative); 1.5 x leaves
         # room for the sampling noise of one world
         assert (tested.p <= x).sum() <= 1.5 * x * hypotheses
+
+
+def test_a_refuted_binding_is_evidence_not_its_absence():
+    from thinkmem_ros.consolidator.discovery import _both_bound
+
+    # both parts testable: the weaker one decides
+    assert _both_bound((0.01, True), (0.001, True)) == (0.01, True)
+    # one part cannot be judged and the other is not refuted: no evidence either way
+    assert _both_bound((0.3, True), (1.0, False)) == (1.0, False)
+    # one testable part goes the wrong way: the middle element is not bound to both
+    p, ok = _both_bound((0.9998, True), (1.0, False))
+    assert ok and p > 0.5

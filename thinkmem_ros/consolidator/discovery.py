@@ -1602,8 +1602,28 @@ def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contr
     middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
                                  ctx.cfg.alpha)
     bc = _pair_binding(ctx, (b, c))
-    both = (max(ab[0], bc[0]), ab[1] and bc[1])
-    return _either(first, ab), _either(middle, both)
+    return _either(first, ab), _either(middle, _both_bound(ab, bc))
+
+
+REFUTED_ABOVE = 0.5
+"""A testable binding with a p-value above this says the element is not bound (its point
+estimate goes the wrong way), which is evidence, not its absence."""
+
+
+def _both_bound(ab: tuple[float, bool], bc: tuple[float, bool]) -> tuple[float, bool]:
+    """The middle element's binding: bound to A and to C, both (an intersection-union test).
+
+    Testable only when both parts are, except that one testable part that is refuted
+    (p above ``REFUTED_ABOVE``) settles it: the conjunction cannot hold. A code planted in
+    one rule's missions sat between a natural pair (door_open ... door_close) in the
+    rounds' first history: its contrast and its binding to door_close could not be judged
+    on 48 missions, and it stood on the within-episode tests, although door_open is
+    followed by it no more often than anywhere else (binding p 0.9998).
+    """
+    if ab[1] and bc[1]:
+        return max(ab[0], bc[0]), True
+    refuted = [p for p, ok in (ab, bc) if ok and p > REFUTED_ABOVE]
+    return (max(refuted), True) if refuted else (max(ab[0], bc[0]), False)
 
 
 def _either(contrast: tuple[float, bool], binding: tuple[float, bool]) -> float:
