@@ -7,8 +7,9 @@ import pytest
 from thinkmem_ros.consolidator.discovery import (
     DiscoveryConfig,
     EventLog,
+    _level_scores,
     _p_order3,
-    _z_tail,
+    _score_tail,
     discover,
     pb_tail,
     poisson_tail_bound,
@@ -275,12 +276,23 @@ def test_tails_match_brute_force():
         assert pb_tail([probs], np.array([s]))[0] == pytest.approx(brute, rel=1e-9, abs=1e-15)
         if s >= probs.sum() + 1:
             assert poisson_tail_bound(np.array([s]), np.array([probs.sum()]))[0] >= brute
-    tails = np.sort(rng.uniform(0, 0.5, size=(4, 3)), axis=1)[:, ::-1]  # P(Z_f >= 1..3)
-    for z in range(1, 13):
-        law = [np.diff(np.concatenate(([1.0], t, [0.0])) * -1) for t in tails]
-        brute = sum(np.prod([law[f][v] for f, v in enumerate(vals)])
-                    for vals in itertools.product(range(4), repeat=4) if sum(vals) >= z)
-        assert _z_tail([tails], np.array([z]))[0] == pytest.approx(brute, rel=1e-9, abs=1e-15)
+    # the summed score: every combination of the frames' levels, enumerated; two problems
+    # of different widths at once (the shorter one padded)
+    pes = [np.sort(rng.uniform(1e-6, 1.0, size=(4, 3)) ** 4, axis=1),
+           np.sort(rng.uniform(1e-6, 1.0, size=(2, 3)) ** 4, axis=1)]
+    for z in range(1, 200, 7):
+        brute = []
+        for pe in pes:
+            q = np.concatenate((np.ones((pe.shape[0], 1)), pe[:, ::-1],
+                                np.zeros((pe.shape[0], 1))), axis=1)
+            law = q[:, :-1] - q[:, 1:]  # P(level = 0..3)
+            score = np.concatenate((np.zeros((pe.shape[0], 1), np.int64),
+                                    _level_scores(pe)), axis=1)
+            brute.append(sum(np.prod([law[f][v] for f, v in enumerate(vals)])
+                             for vals in itertools.product(range(4), repeat=pe.shape[0])
+                             if sum(score[f][v] for f, v in enumerate(vals)) >= z))
+        got = _score_tail(pes, np.array([z, z]))
+        assert got == pytest.approx(brute, rel=1e-9, abs=1e-15)
 
 
 def test_stratified_contrast_matches_enumeration():
@@ -345,29 +357,17 @@ def test_unknown_event_rejected():
         EventLog.from_episodes([ep], codes=("A",))
 
 
-def test_score_tails_match_the_level_distribution():
-    """P(score >= s) read off the level tails equals the brute-force law of the score."""
-    from thinkmem_ros.consolidator.discovery import (
-        _level_scores,
-        _observed_scores,
-        _score_tails,
-    )
+def test_observed_scores_read_the_level_of_the_tightest_occurrence():
+    from thinkmem_ros.consolidator.discovery import _observed_scores
 
-    rng = np.random.default_rng(3)
     scales = np.array([1.0, 2.0, 4.0, 8.0, np.inf])
-    for _ in range(20):
-        # per-scale null probabilities, rising with the scale (as _null_probs returns them)
-        pe = np.sort(rng.uniform(1e-9, 1.0, (1, scales.size)) ** 3, axis=1)
-        levels_tail = pe[0, ::-1]  # P(level >= l), l = 1..L
-        p_level = levels_tail - np.append(levels_tail[1:], 0.0)  # P(level = l)
-        scores = _level_scores(pe)[0]
-        tails = _score_tails(pe)[0]
-        for s in range(1, tails.size + 1):
-            assert tails[s - 1] == pytest.approx(p_level[scores >= s].sum(), abs=1e-15)
-        # an occurrence at level l scores scores[l - 1]; absent scores 0
-        for level, m in ((0, np.nan), (1, 100.0), (3, 3.0), (5, 0.5)):
-            want = 0 if level == 0 else scores[level - 1]
-            assert _observed_scores(np.array([m]), pe, scales)[0] == want
+    pe = np.sort(np.random.default_rng(3).uniform(1e-9, 1.0, (1, scales.size)) ** 3, axis=1)
+    scores = _level_scores(pe)[0]
+    assert (np.diff(scores) >= 0).all()  # a higher level never scores less
+    # an occurrence at level l (fits the l widest scales) scores scores[l - 1]; absent: 0
+    for level, m in ((0, np.nan), (1, 100.0), (3, 3.0), (5, 0.5), (4, 2.0)):
+        want = 0 if level == 0 else scores[level - 1]
+        assert _observed_scores(np.array([m]), pe, scales)[0] == want
 
 
 def test_boschloo_refinement_is_no_weaker_than_fisher_and_keeps_its_size():
