@@ -31,6 +31,8 @@ import math
 import multiprocessing as mp
 import os
 import time
+import traceback
+from pathlib import Path
 
 import numpy as np
 
@@ -150,8 +152,10 @@ def _discovery_child(n_events: int, n_codes: int, seed: int, engine_name: str, o
                  "pass_s": {k: round(v, 1) for k, v in result.notes.get("pass_s", {}).items()},
                  "patterns": sorted(">".join(r.pattern) for r in result.accepted)})
     except Exception as exc:  # noqa: BLE001 - reported as the size's outcome
+        where = traceback.extract_tb(exc.__traceback__)[-3:]
         out.put({"n_events": n_events, "n_codes": n_codes, "engine": engine_name,
                  "error": f"{type(exc).__name__}: {exc}"[:300],
+                 "where": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in where],
                  "peak_rss_gb": round(_peak_rss_gb(), 3)})
     finally:
         if engine is not None:
