@@ -410,7 +410,7 @@ def pb_tail(probs: list[np.ndarray] | np.ndarray, s: np.ndarray) -> np.ndarray:
     return out
 
 
-def _score_tail(pes: list[np.ndarray], z: np.ndarray) -> np.ndarray:
+def _score_tail(pes: list[np.ndarray], z: np.ndarray, bits: bool = True) -> np.ndarray:
     """Exact P(sum of frame scores >= z) under the null, one problem per list item.
 
     Item i is an (F_i, S) array of its frames' null probabilities per scale (as
@@ -419,7 +419,7 @@ def _score_tail(pes: list[np.ndarray], z: np.ndarray) -> np.ndarray:
     of the running sum below z is tracked explicitly and the mass that reaches z is
     accumulated, so tiny tails keep full relative precision. Each frame shifts the running
     distribution once per score some problem of the batch can take there (not once per
-    possible score).
+    possible score). ``bits=False``: a frame scores its level itself (the level count).
     """
     n = len(pes)
     out = np.ones(n)
@@ -438,7 +438,7 @@ def _score_tail(pes: list[np.ndarray], z: np.ndarray) -> np.ndarray:
         q = np.concatenate((np.ones((pe.shape[0], 1)), pe[:, ::-1],
                             np.zeros((pe.shape[0], 1))), axis=1)
         prob[i, :pe.shape[0]] = q[:, :-1] - q[:, 1:]
-        score[i, :pe.shape[0], 1:] = _level_scores(pe)
+        score[i, :pe.shape[0], 1:] = _level_scores(pe) if bits else np.arange(1, n_scales + 1)
     live = np.arange(top)[None, :] < z[:, None]
     rows = np.repeat(np.arange(n), n_scales + 1)
     dist = np.zeros((n, top))
@@ -974,7 +974,8 @@ class _Sums:
     support: np.ndarray  # (P, S) frames whose tightest occurrence fits scale s
     expected: np.ndarray  # (P, S) sum of null probabilities
     score: np.ndarray  # (P,) observed bits, summed over frames
-    log_mgf: np.ndarray  # (P, len(_THETAS)) sum of log E[exp(theta Z_e)]
+    log_mgf: np.ndarray  # (P, len(_THETAS)) sum of log E[exp(theta Z_e)], Z_e in bits
+    log_mgf_levels: np.ndarray  # (P, len(_THETAS)) the same for Z_e = the level
     log_min: np.ndarray  # (P,) sum of log p_e at the smallest scale
     width: np.ndarray  # (P,) frames
 
@@ -982,7 +983,8 @@ class _Sums:
     def zeros(cls, n_cand: int, n_scales: int) -> _Sums:
         """Nothing seen yet."""
         return cls(np.zeros((n_cand, n_scales)), np.zeros((n_cand, n_scales)),
-                   np.zeros(n_cand), np.zeros((n_cand, len(_THETAS))), np.zeros(n_cand),
+                   np.zeros(n_cand), np.zeros((n_cand, len(_THETAS))),
+                   np.zeros((n_cand, len(_THETAS))), np.zeros(n_cand),
                    np.zeros(n_cand, np.int64))
 
     def add(self, f: _Frames, scales: np.ndarray) -> None:
@@ -1008,15 +1010,21 @@ class _Sums:
                 mgf = 1.0 + (exact * np.expm1(theta / STEPS_PER_BIT * scores)).sum(axis=1)
                 self.log_mgf[:, t] += np.bincount(cand, weights=np.log(mgf),
                                                   minlength=n_cand)
+                levels = np.arange(1, tails.shape[1] + 1)
+                mgf = 1.0 + (exact * np.expm1(theta * levels)[None, :]).sum(axis=1)
+                self.log_mgf_levels[:, t] += np.bincount(cand, weights=np.log(mgf),
+                                                         minlength=n_cand)
         self.log_min += np.bincount(f.cand, weights=np.log(f.pe[:, 0]), minlength=n_cand)
         self.width += np.bincount(f.cand, minlength=n_cand)
 
-    def chernoff(self) -> np.ndarray:
-        """Chernoff bound on P(Z >= z) (see ``_z_chernoff``) from the sums."""
-        best = np.zeros(self.score.size)
+    def chernoff(self) -> tuple[np.ndarray, np.ndarray]:
+        """Chernoff bounds on P(Z >= z) for the bits and the level count, from the sums."""
+        levels = self.support.sum(axis=1)
+        best, best_levels = np.zeros(self.score.size), np.zeros(self.score.size)
         for t, theta in enumerate(_THETAS):
             best = np.minimum(best, self.log_mgf[:, t] - theta / STEPS_PER_BIT * self.score)
-        return np.minimum(np.exp(best), 1.0)
+            best_levels = np.minimum(best_levels, self.log_mgf_levels[:, t] - theta * levels)
+        return np.minimum(np.exp(best), 1.0), np.minimum(np.exp(best_levels), 1.0)
 
 
 def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
@@ -1030,11 +1038,30 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
     n_cand = keys.size
     support, width = sums.support, sums.width
     z = np.rint(sums.score).astype(np.int64)
-    p = sums.chernoff()
+    z_levels = support.sum(axis=1).astype(np.int64)
+    p_bits, p_levels = sums.chernoff()
     frame_start = np.concatenate(([0], np.cumsum(np.bincount(frames.cand,
                                                               minlength=n_cand))))
     held_frames = np.diff(frame_start) == width
-    refine = np.flatnonzero((p <= 0.05) & (support[:, -1] >= cfg.accept_support)
+    for p, zs, bits in ((p_bits, z, True), (p_levels, z_levels, False)):
+        _refine(p, zs, bits, frames, frame_start, width, support, held_frames, ctx)
+    p = np.minimum(1.0, 2.0 * np.minimum(p_bits, p_levels))
+    p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
+    minp = np.minimum(1.0, 2.0 * np.exp(sums.log_min))
+    # a candidate whose frames are fewer than accept_support can never be accepted
+    minp = np.where(width >= cfg.accept_support, minp, 1.0)
+    best = _check_scale(poisson_tail_bound(support, sums.expected), support,
+                        cfg.accept_support, np.isfinite(ctx.scales))
+    return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
+                   expected=sums.expected, frame_start=frame_start, frame_ep=frames.ep,
+                   frame_m=frames.m, frame_pe=frames.pe)
+
+
+def _refine(p: np.ndarray, z: np.ndarray, bits: bool, frames: _Frames,
+            frame_start: np.ndarray, width: np.ndarray, support: np.ndarray,
+            held_frames: np.ndarray, ctx: _Episodes) -> None:
+    """Exact tails (in place) where the Chernoff bound leaves a candidate near the level."""
+    refine = np.flatnonzero((p <= 0.05) & (support[:, -1] >= ctx.cfg.accept_support)
                             & (width <= 4096) & (z <= 4096) & held_frames)
     if refine.size:
         refine = refine[np.argsort(width[refine] * z[refine], kind="stable")]
@@ -1047,20 +1074,11 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
             grown_w, grown_z = max(widest, w_ci), max(highest, z_ci)
             cells = max(grown_w * (n_levels + 1), grown_z, SCORE_CAP + 1)
             if chunk and (len(chunk) + 1) * cells > budget:
-                _refine_exact(p, chunk, frames.pe, frame_start, z)
+                _refine_exact(p, chunk, frames.pe, frame_start, z, bits)
                 chunk, grown_w, grown_z = [], w_ci, z_ci
             chunk.append(ci)
             widest, highest = grown_w, grown_z
-        _refine_exact(p, chunk, frames.pe, frame_start, z)
-    p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
-    minp = np.minimum(1.0, np.exp(sums.log_min))
-    # a candidate whose frames are fewer than accept_support can never be accepted
-    minp = np.where(width >= cfg.accept_support, minp, 1.0)
-    best = _check_scale(poisson_tail_bound(support, sums.expected), support,
-                        cfg.accept_support, np.isfinite(ctx.scales))
-    return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
-                   expected=sums.expected, frame_start=frame_start, frame_ep=frames.ep,
-                   frame_m=frames.m, frame_pe=frames.pe)
+        _refine_exact(p, chunk, frames.pe, frame_start, z, bits)
 
 
 CHECK_SCALE_SLACK = 10.0
@@ -1098,10 +1116,11 @@ def _check_scale(single: np.ndarray, support: np.ndarray, accept: int, finite: n
 
 
 def _refine_exact(p: np.ndarray, chunk: list[int], pe: np.ndarray, frame_start: np.ndarray,
-                  z: np.ndarray) -> None:
+                  z: np.ndarray, bits: bool) -> None:
     """Replace the Chernoff bounds of ``chunk`` by exact tails where smaller (in place)."""
     if chunk:
-        exact = _score_tail([pe[frame_start[c]:frame_start[c + 1]] for c in chunk], z[chunk])
+        exact = _score_tail([pe[frame_start[c]:frame_start[c + 1]] for c in chunk], z[chunk],
+                            bits)
         p[chunk] = np.minimum(p[chunk], exact)
 
 
@@ -2270,8 +2289,10 @@ def _self_sufficient(ctx: _Episodes, tested: _Tested, relations: list[Relation],
         if obs < ctx.cfg.accept_support:
             return 1.0, obs
         z = int(_observed_scores(m, pe, ctx.scales).sum())
-        return min(float(_score_tail([pe], np.array([z]))[0]), 1.0) \
-            / tested.weight[i], obs
+        z_levels = int((m[:, None] <= ctx.scales[None, :]).sum())
+        p = min(float(_score_tail([pe], np.array([z]))[0]),
+                float(_score_tail([pe], np.array([z_levels]), bits=False)[0]))
+        return min(2.0 * p, 1.0) / tested.weight[i], obs
 
     order = sorted(range(len(relations)), key=lambda r: (_weakest_link(relations[r]),
                                                         -relations[r].support))
