@@ -25,8 +25,10 @@ partitions can be scored from per-partition sums.
    occurrence weighs far more than a chance frame that merely holds the pattern somewhere.
    The map from level to bits depends only on the null probabilities, episodes are
    independent, so the exact upper tail of Z = sum_e Z_e (a dynamic programme; a Chernoff
-   bound where that would be too large) is the p-value - no permutation floor, no
-   Bonferroni over scales.
+   bound where that would be too large) is a p-value - no permutation floor, no
+   Bonferroni over scales. The same tail of the summed level itself (suits short missions
+   where a rule's and a chance frame's tails differ by less than a bit) is the second
+   statistic; the pattern's p-value is twice the smaller of the two.
    Family: every ordered pattern whose codes co-occur in >= ``accept_support`` episodes,
    less Tarone's untestable ones (smallest achievable p-value above the level);
    Benjamini-Hochberg at q = ``alpha``, weighted (mean weight 1) by how much more often the
