@@ -455,3 +455,12 @@ def test_a_refuted_binding_is_evidence_not_its_absence():
     # one testable part goes the wrong way: the middle element is not bound to both
     p, ok = _both_bound((0.9998, True), (1.0, False))
     assert ok and p > 0.5
+
+
+def test_large_tables_keep_fishers_p():
+    """Boschloo's test enumerates every outcome of the table: a fleet-sized one (half a
+    million episodes) keeps Fisher's p instead of asking for gigabytes."""
+    from thinkmem_ros.consolidator.discovery import _fisher_greater, _rate_greater
+
+    big = (60, 498_068, 2, 1_934)
+    assert _rate_greater(*big, 0.02) == _fisher_greater(*big, 0.02)

@@ -1416,10 +1416,16 @@ BOSCHLOO_BELOW = 0.25
 """Fisher p-values between alpha/2 and this are refined by Boschloo's test (see below)."""
 
 
+BOSCHLOO_CELLS = 250_000
+"""Tables with more outcomes than this keep Fisher's p: Boschloo's test enumerates every
+(k1, k0) outcome (a 10^7-event log's episode-level binding table asked for 7 GB), and with
+that many units the two tests agree anyway."""
+
+
 def _rate_greater(k1: int, n1: int, k0: int, n0: int, alpha: float) -> tuple[float, bool]:
     """``_fisher_greater``, refined by Boschloo's test where Fisher's p is borderline."""
     p, ok = _fisher_greater(k1, n1, k0, n0, alpha)
-    if ok and alpha / 2 < p <= BOSCHLOO_BELOW:
+    if ok and alpha / 2 < p <= BOSCHLOO_BELOW and (n1 + 1) * (n0 + 1) <= BOSCHLOO_CELLS:
         p = min(p, _boschloo_greater(k1, n1, k0, n0))
     return p, ok
 
