@@ -155,6 +155,9 @@ def test_unauthorised_client_is_refused_and_both_sides_see_it(tmp_path, keydir, 
             shipper.ship(_exp(0))
             assert _wait(lambda: shipper.stats()["auth_failures"] >= 1)
             assert _wait(lambda: receiver._allow.denied >= 1)
+            # the gauges are published by the shipper's thread after each step: wait for
+            # the refused experience to show in the spool (it must, and stay unacked)
+            assert _wait(lambda: shipper.stats()["spool_rows"] == 1)
             stats = shipper.stats()
             assert stats["acked"] == 0 and stats["spool_rows"] == 1 and not stats["connected"]
     messages = [r.getMessage() for r in caplog.records]
