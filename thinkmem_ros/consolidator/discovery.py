@@ -1007,13 +1007,13 @@ class _Sums:
             tails = pe[:, ::-1]  # tails[:, l-1] = P(level >= l)
             exact = tails - np.concatenate((tails[:, 1:], np.zeros((tails.shape[0], 1))),
                                            axis=1)
+            levels = np.arange(1, tails.shape[1] + 1)
             for t, theta in enumerate(_THETAS):
                 # E[exp(theta Z_e)] = P(level 0) + sum_l P(level = l) exp(theta score_l)
                 mgf = 1.0 + (exact * np.expm1(theta / STEPS_PER_BIT * scores)).sum(axis=1)
                 self.log_mgf[:, t] += np.bincount(cand, weights=np.log(mgf),
                                                   minlength=n_cand)
-                levels = np.arange(1, tails.shape[1] + 1)
-                mgf = 1.0 + (exact * np.expm1(theta * levels)[None, :]).sum(axis=1)
+                mgf = 1.0 + exact @ np.expm1(theta * levels)
                 self.log_mgf_levels[:, t] += np.bincount(cand, weights=np.log(mgf),
                                                          minlength=n_cand)
         self.log_min += np.bincount(f.cand, weights=np.log(f.pe[:, 0]), minlength=n_cand)
@@ -1045,8 +1045,8 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
     frame_start = np.concatenate(([0], np.cumsum(np.bincount(frames.cand,
                                                               minlength=n_cand))))
     held_frames = np.diff(frame_start) == width
-    for p, zs, bits in ((p_bits, z, True), (p_levels, z_levels, False)):
-        _refine(p, zs, bits, frames, frame_start, width, support, held_frames, ctx)
+    for bound, observed, bits in ((p_bits, z, True), (p_levels, z_levels, False)):
+        _refine(bound, observed, bits, frames, frame_start, width, support, held_frames, ctx)
     p = np.minimum(1.0, 2.0 * np.minimum(p_bits, p_levels))
     p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
     minp = np.minimum(1.0, 2.0 * np.exp(sums.log_min))
