@@ -466,3 +466,38 @@ def test_large_tables_keep_fishers_p():
     fisher = _fisher_greater(*big, 0.02)
     assert fisher[1] and 0.01 < fisher[0] < 0.25  # borderline: a small table would refine
     assert _rate_greater(*big, 0.02) == fisher
+
+
+def test_holm_adjustment_matches_its_definition():
+    from thinkmem_ros.consolidator.discovery import _holm
+
+    rng = np.random.default_rng(4)
+    for m in (1, 2, 5, 17):
+        p = rng.uniform(0, 0.1, m)
+        order = np.argsort(p)
+        step = [min(1.0, (m - j) * p[order[j]]) for j in range(m)]
+        want = np.empty(m)
+        want[order] = np.maximum.accumulate(step)
+        assert np.allclose(_holm(p), want)
+    assert _holm(np.array([0.01])) == pytest.approx([0.01])  # a family of one keeps its p
+
+
+def test_pairs_sharing_a_consequence_share_one_family():
+    """Codes tried in front of the same C are one family: the riders' bindings are
+    Holm-adjusted together, a pair with a consequence of its own keeps its p-value."""
+    from types import SimpleNamespace
+
+    from thinkmem_ros.consolidator.discovery import _Check, _pair_rivals
+
+    def check(p):
+        return _Check(p_order=0.0, p_adds=(0.0, 0.0), lift=1.0, antecedent=1, reverse=0,
+                      episodes=np.zeros(0, np.int64), gaps=(), p_contrast=(p,))
+
+    # pairs X > 9 for X = 0..3 (one real, three riders), and 5 > 7 alone
+    tested = SimpleNamespace(codes=np.array([[0, 9], [1, 9], [2, 9], [3, 9], [5, 7]]))
+    checks = {0: check(1e-6), 1: check(0.007), 2: check(0.3), 3: check(0.05), 4: check(0.007)}
+    _pair_rivals(tested, [0, 1, 2, 3, 4], checks)
+    assert checks[0].p_contrast[0] == pytest.approx(4e-6)
+    assert checks[1].p_contrast[0] == pytest.approx(0.021)  # 3 rivals left: over alpha
+    assert checks[4].p_contrast[0] == pytest.approx(0.007)
+    assert checks[2].p_contrast[0] == pytest.approx(0.3)  # monotone: at least the 0.05's 0.1

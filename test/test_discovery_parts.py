@@ -112,7 +112,7 @@ def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
         made.append(self)
 
     monkeypatch.setattr(key_tally, "MEMORY_ROWS", 500)  # every tally spills
-    monkeypatch.setattr(discovery, "FRAME_BLOCK", 300)  # many frame buckets
+    monkeypatch.setattr(discovery, "TEST_BLOCK", 300)  # many frame buckets
     monkeypatch.setattr(bucket_files.BucketFiles, "__init__", counting)
     got = discover(log, DiscoveryConfig(part_events=800), np.random.default_rng(0))
     _assert_same(got, want)

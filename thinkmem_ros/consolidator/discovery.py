@@ -845,7 +845,9 @@ class _Tested:
     frame_start: np.ndarray  # (P+1,) CSR into the frame rows
     frame_ep: np.ndarray  # frame rows: episode
     frame_m: np.ndarray  # tightest occurrence (nan when absent: never <= a scale)
-    frame_pe: np.ndarray  # (R, S) null probability per frame and scale
+    # (R, L) copies of each code in the frame's episode: with the episode, all the null
+    # needs (``_null_probs``); 12 bytes a frame where the (R, S) probabilities took 152
+    frame_k: np.ndarray
     weight: np.ndarray = field(default_factory=lambda: np.ones(0))  # weighted-BH weights
     # weighted smallest achievable p-values of candidates left out because they cannot be
     # significant (a scan in parts keeps only the others): they still count for Tarone
@@ -871,6 +873,7 @@ class _Frames:
     ep: np.ndarray  # (R,) episode row
     m: np.ndarray  # (R,) tightest occurrence (nan when absent: never <= a scale)
     pe: np.ndarray  # (R, S) null probability per scale
+    k: np.ndarray  # (R, L) copies of each code in the episode (what ``pe`` is made from)
 
 
 def _frame_rows(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray,
@@ -913,20 +916,26 @@ def _null_probs(ctx: _Episodes, f_ep: np.ndarray, k: np.ndarray) -> np.ndarray:
     else:
         falling = n_e * (n_e - 1)
         slots = ctx.t2[f_ep]
-    pe = np.minimum(1.0, kprod[:, None] * slots / np.maximum(falling, 1.0)[:, None])
+    # in place: a test bucket holds a million frames, and each (R, S) temporary is 150 MB
+    pe = slots  # a fresh array (fancy indexing copies), same operations in the same order
+    pe *= kprod[:, None]
+    pe /= np.maximum(falling, 1.0)[:, None]
+    np.minimum(pe, 1.0, out=pe)
     if ctx.exact_infinite() and f_ep.size:
         pe[:, -1] = (_p_order3(k[:, 0], k[:, 1], k[:, 2]) if length == 3
                      else _p_order2(k[:, 0], k[:, 1]))
-    pe = np.clip(pe, 1e-300, 1.0)
+    np.clip(pe, 1e-300, 1.0, out=pe)
     # the true probability grows with the scale: a bound at g also bounds every g' < g
-    return np.minimum.accumulate(pe[:, ::-1], axis=1)[:, ::-1]
+    flipped = pe[:, ::-1]
+    np.minimum.accumulate(flipped, axis=1, out=flipped)
+    return pe
 
 
 def _frames(ctx: _Episodes, rows: dict, length: int, keys: np.ndarray, codes: np.ndarray,
             set_ep: np.ndarray, set_row_key: np.ndarray) -> _Frames:
     """Frames of the candidates ``keys`` in ``ctx``'s episodes, with null probabilities."""
     cand, f_ep, f_m, k = _frame_rows(ctx, rows, length, keys, codes, set_ep, set_row_key)
-    return _Frames(cand, f_ep, f_m, _null_probs(ctx, f_ep, k))
+    return _Frames(cand, f_ep, f_m, _null_probs(ctx, f_ep, k), k.astype(np.int32))
 
 
 STEPS_PER_BIT = 1
@@ -996,6 +1005,9 @@ class _Sums:
             self.support[:, s] += np.bincount(f.cand, weights=f.m <= scales[s],
                                               minlength=n_cand)
             self.expected[:, s] += np.bincount(f.cand, weights=f.pe[:, s], minlength=n_cand)
+        thetas = np.asarray(_THETAS)
+        score_table = np.expm1(np.outer(thetas / STEPS_PER_BIT, np.arange(SCORE_CAP + 1)))
+        level_table = np.expm1(np.outer(np.arange(1, scales.size + 1), thetas))  # (S, T)
         # the score's temporaries are (frames, scales) each: bounded by taking rows in chunks
         for lo in range(0, f.cand.size, SUM_CHUNK):
             rows = slice(lo, lo + SUM_CHUNK)
@@ -1007,14 +1019,16 @@ class _Sums:
             tails = pe[:, ::-1]  # tails[:, l-1] = P(level >= l)
             exact = tails - np.concatenate((tails[:, 1:], np.zeros((tails.shape[0], 1))),
                                            axis=1)
-            levels = np.arange(1, tails.shape[1] + 1)
-            for t, theta in enumerate(_THETAS):
-                # E[exp(theta Z_e)] = P(level 0) + sum_l P(level = l) exp(theta score_l)
-                mgf = 1.0 + (exact * np.expm1(theta / STEPS_PER_BIT * scores)).sum(axis=1)
+            # E[exp(theta Z_e)] = P(level 0) + sum_l P(level = l) exp(theta score_l); the
+            # exponentials of whole scores come from a table (a gather, not an expm1 per
+            # frame and scale: this loop is most of a fleet log's test pass)
+            mgf_levels = 1.0 + exact @ level_table
+            for t in range(len(_THETAS)):
+                mgf = 1.0 + np.einsum("ij,ij->i", exact, score_table[t][scores])
                 self.log_mgf[:, t] += np.bincount(cand, weights=np.log(mgf),
                                                   minlength=n_cand)
-                mgf = 1.0 + exact @ np.expm1(theta * levels)
-                self.log_mgf_levels[:, t] += np.bincount(cand, weights=np.log(mgf),
+                self.log_mgf_levels[:, t] += np.bincount(cand,
+                                                         weights=np.log(mgf_levels[:, t]),
                                                          minlength=n_cand)
         self.log_min += np.bincount(f.cand, weights=np.log(f.pe[:, 0]), minlength=n_cand)
         self.width += np.bincount(f.cand, minlength=n_cand)
@@ -1056,7 +1070,7 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
                         cfg.accept_support, np.isfinite(ctx.scales))
     return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
                    expected=sums.expected, frame_start=frame_start, frame_ep=frames.ep,
-                   frame_m=frames.m, frame_pe=frames.pe)
+                   frame_m=frames.m, frame_k=frames.k)
 
 
 def _refine(p: np.ndarray, z: np.ndarray, bits: bool, frames: _Frames,
@@ -1542,6 +1556,11 @@ def _first_table(ctx: _Episodes, codes: tuple[int, int, int], g: float,
     rules share B...C this keeps X's cases from counting as "B...C without A" (which would
     credit neither rule with C); it also takes them from A's side, so a code that merely
     rides along with X's rule keeps no evidence of its own.
+
+    Not stratified by where the B sits in its episode: quarters of the episode's span
+    were tried against codes planted at a fixed mission phase (the rounds' histories) and
+    left strata without unexposed Bs, where the element then stood on nothing; more such
+    riders passed (3 of 9 replayed histories against 1).
     """
     a, b, c = codes
     rows = ctx.rows_of(b)
@@ -1829,6 +1848,10 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
 
 
 FRAME_BLOCK = 1_000_000  # frames built at once in a partitioned scan (~100 MB)
+TEST_BLOCK = 250_000
+"""Frames tested at once: a bucket's (frames, scales) probabilities and their temporaries
+are its peak (~40 MB each on the sqrt(2) ladder; a million frames made 3x10^6 events
+peak at 1.44 GB)."""
 
 
 def _set_index(cand_sets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -2025,7 +2048,7 @@ class _FrameSpill:
     A candidate's test needs all of its frames at once, and a part holds only some of
     them; rather than keep per-candidate sums for every candidate in memory (tens of
     millions of pairs on a fleet log), each part's frames go to the file of their
-    candidate's bucket: consecutive candidates holding about ``FRAME_BLOCK`` frames
+    candidate's bucket: consecutive candidates holding about ``TEST_BLOCK`` frames
     together (a candidate's frames are its code set's episodes, known from the set counts).
     A bucket is then tested alone, and only candidates that can still be significant keep
     their frames; the others leave only their smallest achievable p-value (for Tarone).
@@ -2037,8 +2060,8 @@ class _FrameSpill:
         self.ctx, self.length = ctx, length
         ends = np.cumsum(width)
         # bucket b holds candidates bounds[b] .. bounds[b + 1] - 1
-        cuts = np.searchsorted(ends, np.arange(FRAME_BLOCK, int(ends[-1]) if ends.size
-                                               else 0, FRAME_BLOCK), side="right")
+        cuts = np.searchsorted(ends, np.arange(TEST_BLOCK, int(ends[-1]) if ends.size
+                                               else 0, TEST_BLOCK), side="right")
         self.bounds = np.unique(np.concatenate(([0], cuts, [keys.size])))
         index = np.int32 if max(keys.size, ctx.n_ep) < 2 ** 31 else np.int64
         self.files = BucketFiles(max(self.bounds.size - 1, 1), np.dtype(
@@ -2059,7 +2082,7 @@ class _FrameSpill:
             rec = rec[np.argsort(rec["cand"], kind="stable")]  # parts in order: episodes too
             ep = rec["ep"].astype(np.int64)
             frames = _Frames(rec["cand"].astype(np.int64) - lo, ep, rec["m"],
-                             _null_probs(ctx, ep, rec["k"]))
+                             _null_probs(ctx, ep, rec["k"]), rec["k"])
             del rec
             sums = _Sums.zeros(hi - lo, ctx.scales.size)
             sums.add(frames, ctx.scales)
@@ -2088,7 +2111,7 @@ def _subset(t: _Tested, keep: np.ndarray) -> _Tested:
                    scale=t.scale[idx], support=t.support[idx], expected=t.expected[idx],
                    frame_start=np.concatenate(([0], np.cumsum(hi - lo))),
                    frame_ep=t.frame_ep[rows], frame_m=t.frame_m[rows],
-                   frame_pe=t.frame_pe[rows])
+                   frame_k=t.frame_k[rows])
 
 
 def _concat_tested(parts: list[_Tested], length: int, n_scales: int) -> _Tested:
@@ -2098,7 +2121,8 @@ def _concat_tested(parts: list[_Tested], length: int, n_scales: int) -> _Tested:
         return _Tested(keys=z, codes=np.zeros((0, length), np.int64), p=np.zeros(0),
                        minp=np.zeros(0), scale=z, support=np.zeros((0, n_scales)),
                        expected=np.zeros((0, n_scales)), frame_start=np.zeros(1, np.int64),
-                       frame_ep=z, frame_m=np.zeros(0), frame_pe=np.zeros((0, n_scales)))
+                       frame_ep=z, frame_m=np.zeros(0),
+                       frame_k=np.zeros((0, length), np.int32))
     offsets = np.cumsum([0] + [t.frame_ep.size for t in parts[:-1]])
     return _Tested(
         keys=np.concatenate([t.keys for t in parts]),
@@ -2111,7 +2135,7 @@ def _concat_tested(parts: list[_Tested], length: int, n_scales: int) -> _Tested:
                                             for t, o in zip(parts, offsets)]),
         frame_ep=np.concatenate([t.frame_ep for t in parts]),
         frame_m=np.concatenate([t.frame_m for t in parts]),
-        frame_pe=np.concatenate([t.frame_pe for t in parts]))
+        frame_k=np.concatenate([t.frame_k for t in parts]))
 
 
 MUTUAL_SHIELD_BELOW = 0.15
@@ -2172,6 +2196,42 @@ def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
         checks[i] = replace(ch, p_contrast=(p_first,) + ch.p_contrast[1:])
 
 
+def _holm(p: np.ndarray) -> np.ndarray:
+    """Holm-adjusted p-values (step-down, monotone) of one family."""
+    order = np.argsort(p, kind="stable")
+    m = p.size
+    adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def _pair_rivals(tested: _Tested, significant: list[int], checks: dict[int, _Check]) -> None:
+    """Holm over the bindings of significant pairs that share their consequence.
+
+    A pair's binding (C follows A in A's episodes more often than C turns up without A) is
+    its only element evidence, and every code X that happens to precede a frequent C is
+    one more try at it: of ~20 such riders one passes at the per-check level by chance,
+    and an accepted pair X...C makes the robot consider C after every X. The pairs ending
+    in the same C are therefore one family, Holm-adjusted, so a rider needs the evidence
+    its number of rivals asks for; a pair alone in its family keeps its p-value.
+
+    Triples are not adjusted this way: their first contrast is weak by design where a
+    rule's own counter-evidence holds B...C without A (exp6's worlds: 0.01 at 16
+    repetitions), and Holm over the codes tried in front of B...C lost planted rules
+    there (zipf at 16 repetitions, F1 1.0 -> 0.9 on 2 seeds).
+    """
+    families: dict[int, list[int]] = {}
+    for i in significant:
+        if checks[i].p_contrast:
+            families.setdefault(int(tested.codes[i][1]), []).append(i)
+    for members in families.values():
+        if len(members) > 1:
+            adjusted = _holm(np.array([checks[i].p_contrast[0] for i in members]))
+            for i, q in zip(members, adjusted.tolist(), strict=True):
+                checks[i] = replace(checks[i], p_contrast=(q,))
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -2188,6 +2248,8 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         checks[i] = _check(ctx, tuple(int(c) for c in tested.codes[i]), g, held)
     if length == 3:
         _reconsider_shared(ctx, tested, significant, checks)
+    else:
+        _pair_rivals(tested, significant, checks)
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
     # A...B makes every X near it significant in step 2, so this family is mostly such
     # riders; controlling its family-wise error keeps them from leaking through by chance
@@ -2292,7 +2354,8 @@ def _self_sufficient(ctx: _Episodes, tested: _Tested, relations: list[Relation],
         """Weighted p-value and support of candidate i without the ``explained`` episodes."""
         lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
         keep = ~np.isin(tested.frame_ep[lo:hi], np.fromiter(explained, np.int64))
-        m, pe = tested.frame_m[lo:hi][keep], tested.frame_pe[lo:hi][keep]
+        m = tested.frame_m[lo:hi][keep]
+        pe = _null_probs(ctx, tested.frame_ep[lo:hi][keep], tested.frame_k[lo:hi][keep])
         obs = int((m <= ctx.scales[-1]).sum())
         if obs < ctx.cfg.accept_support:
             return 1.0, obs
