@@ -345,6 +345,19 @@ def test_tarone_family_and_bh_cutoff():
     assert math.isfinite(cutoff)
 
 
+def test_left_out_hypotheses_count_for_tarone_only():
+    """Hypotheses a scan in parts dropped (p cannot pass) give the cutoff they would give
+    as p = inf rows beside the others; their array is sorted in place, not copied."""
+    rng = np.random.default_rng(3)
+    p = 10 ** rng.uniform(-9, 0, 50)
+    minp = p * 10 ** rng.uniform(-6, 0, 50)
+    other = 10 ** rng.uniform(-8, 0, 400)
+    want = tarone_bh(np.concatenate((p, np.full(other.size, np.inf))),
+                     np.concatenate((minp, other)), family=5_000, q=0.02)
+    assert tarone_bh(p, minp, 5_000, 0.02, other) == want
+    assert np.all(np.diff(other) >= 0)
+
+
 def test_bad_config_rejected():
     with pytest.raises(ValueError, match="alpha"):
         DiscoveryConfig(alpha=1.5)
@@ -501,3 +514,15 @@ def test_pairs_sharing_a_consequence_share_one_family():
     assert checks[1].p_contrast[0] == pytest.approx(0.021)  # 3 rivals left: over alpha
     assert checks[4].p_contrast[0] == pytest.approx(0.007)
     assert checks[2].p_contrast[0] == pytest.approx(0.3)  # monotone: at least the 0.05's 0.1
+
+
+def test_column_sums_match_a_bincount_per_scale():
+    from thinkmem_ros.consolidator.discovery import _column_sums
+
+    rng = np.random.default_rng(5)
+    values = rng.uniform(0, 1, (300, 7))
+    for cand in (np.sort(rng.integers(0, 40, 300)), rng.integers(0, 40, 300)):
+        want = np.stack([np.bincount(cand, weights=values[:, s], minlength=45)
+                         for s in range(7)], axis=1)
+        assert np.allclose(_column_sums(cand, values, 45), want)
+    assert _column_sums(np.zeros(0, np.int64), np.zeros((0, 7)), 3).shape == (3, 7)
