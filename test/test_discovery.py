@@ -526,3 +526,41 @@ def test_column_sums_match_a_bincount_per_scale():
                          for s in range(7)], axis=1)
         assert np.allclose(_column_sums(cand, values, 45), want)
     assert _column_sums(np.zeros(0, np.int64), np.zeros((0, 7)), 3).shape == (3, 7)
+
+
+def test_riders_whose_first_code_cannot_be_bound_share_one_family():
+    """X...B...C whose X cannot be judged bound to B (B is everywhere) stand on their first
+    contrast alone: those sharing B...C are Holm-adjusted together; a first element with a
+    judged binding, an untestable contrast (0) and another B...C keep their p-values."""
+    from types import SimpleNamespace
+
+    from thinkmem_ros.consolidator.discovery import _Check, _unbound_riders
+
+    def check(p, unbound):
+        return _Check(p_order=0.0, p_adds=(0.0,) * 3, lift=1.0, antecedent=1, reverse=0,
+                      episodes=np.zeros(0, np.int64), gaps=(), p_contrast=(p, 0.001),
+                      first_unbound=unbound)
+
+    tested = SimpleNamespace(codes=np.array([[0, 8, 9], [1, 8, 9], [2, 8, 9], [3, 8, 9],
+                                             [4, 8, 9], [5, 6, 7]]))
+    checks = {0: check(0.007, True), 1: check(0.2, True), 2: check(0.5, True),
+              3: check(0.01, False), 4: check(0.0, True), 5: check(0.007, True)}
+    _unbound_riders(tested, list(checks), checks)
+    assert checks[0].p_contrast == pytest.approx((0.021, 0.001))  # 3 riders: over alpha
+    assert checks[3].p_contrast[0] == pytest.approx(0.01)  # binding judged: left alone
+    assert checks[4].p_contrast[0] == 0.0  # nothing to judge it by: stands as it was
+    assert checks[5].p_contrast[0] == pytest.approx(0.007)  # alone on its B...C
+
+
+def test_lookup_in_blocks_gives_the_same(monkeypatch):
+    from thinkmem_ros.consolidator import discovery
+
+    rng = np.random.default_rng(6)
+    keys = np.unique(rng.integers(0, 10**6, 100_000))
+    values = rng.uniform(0, 1, keys.size)
+    query = rng.integers(0, 10**6, 30_000)
+    want = discovery._lookup(keys, values, query, 1.0)
+    monkeypatch.setattr(discovery, "LOOKUP_BLOCK", 4096)
+    assert np.array_equal(discovery._lookup(keys, values, query, 1.0), want)
+    assert np.array_equal(discovery._lookup(keys, keys, query, 0) == query,
+                          np.isin(query, keys))

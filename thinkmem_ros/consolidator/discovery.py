@@ -486,13 +486,26 @@ def _counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return keys[starts], np.diff(np.concatenate((starts, [keys.size])))
 
 
+LOOKUP_BLOCK = 1 << 21
+"""Queries looked up at once: a fleet log's ~2x10^7 candidates at once made five
+temporaries of their size (0.7 GB), the peak of its whole discovery."""
+
+
 def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default=0):
     """values[key] for each query key (keys sorted), ``default`` where absent."""
     query = np.asarray(query)
+    values = np.asarray(values)
     if keys.size == 0:
-        return np.full(query.shape, default, dtype=np.asarray(values).dtype)
-    pos = _positions(keys, query)
-    return np.where(keys[pos] == query, values[pos], default)
+        return np.full(query.shape, default, dtype=values.dtype)
+    if query.ndim != 1 or query.size <= LOOKUP_BLOCK:
+        pos = _positions(keys, query)
+        return np.where(keys[pos] == query, values[pos], default)
+    out = np.empty(query.size, np.result_type(values.dtype, np.asarray(default).dtype))
+    for lo in range(0, query.size, LOOKUP_BLOCK):
+        block = query[lo:lo + LOOKUP_BLOCK]
+        pos = _positions(keys, block)
+        out[lo:lo + block.size] = np.where(keys[pos] == block, values[pos], default)
+    return out
 
 
 BITMAP_KEYS = 1 << 26  # key ranges up to this are looked up in a bitmap (<= 64 MB)
@@ -1354,6 +1367,8 @@ class _Check:
     dominated: bool = False  # the rival fits at least as well as forward, summed
     p_rival: float = 1.0  # sign-flip test of forward against the rival
     p_contrast: tuple[float, ...] = ()  # each element against the pattern without it
+    # the first element's binding to B could not be judged: its contrast is all it has
+    first_unbound: bool = False
 
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
@@ -1423,10 +1438,12 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
     gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
     p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None)
+    unbound = length == 3 and not _pair_binding(ctx, (codes[0], codes[1]))[1]
     return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
                   reverse=reverse, episodes=support_rows, gaps=gaps,
                   rival=tuple(codes[i] for i in others[closest]) if margins else (),
-                  dominated=dominated, p_rival=p_pair, p_contrast=p_contrast)
+                  dominated=dominated, p_rival=p_pair, p_contrast=p_contrast,
+                  first_unbound=unbound)
 
 
 def _fisher_greater(k1: int, n1: int, k0: int, n0: int, alpha: float
@@ -2019,7 +2036,12 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         pair_support.add(counted[0], counted[1])
         pair_sets.add(counted[2], counted[3])
     frequent = pair_support.at_least(cfg.candidate_support)
-    co_frequent = pair_sets.at_least(cfg.accept_support)
+    # what pass 3 needs of the pair tallies, taken now so the tallies (hundreds of MB of
+    # keys and counts on a fleet log) are gone before pass 2 builds its own
+    pair_keys = pair_support.at_least(cfg.accept_support)
+    pair_set_keys, pair_set_counts = pair_sets.counted(cfg.accept_support)
+    co_frequent = pair_set_keys
+    del pair_support, pair_sets
     ctx.pass_s["pairs"], started = clock() - started, clock()
     triple_support, triple_sets = KeyTally(span=ctx.v ** 3), KeyTally(span=ctx.v ** 3)
     for support_keys, set_keys_part in engine.map(_part_triples, log, parts, cfg, whole,
@@ -2029,16 +2051,18 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         del support_keys, set_keys_part
     candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
     del co_frequent
-    support = {2: pair_support, 3: triple_support}
-    sets = {2: pair_sets, 3: triple_sets}
-    keys = {n: support[n].at_least(cfg.accept_support) for n in lengths}
-    set_keys, set_counts, cand_sets, weights, spills = {}, {}, {}, {}, {}
+    triple_set_keys, triple_set_counts = triple_sets.counted(cfg.accept_support)
+    keys = {2: pair_keys, 3: triple_support.at_least(cfg.accept_support)}
+    set_keys = {2: pair_set_keys, 3: triple_set_keys}
+    set_counts = {2: pair_set_counts, 3: triple_set_counts}
+    del pair_keys, pair_set_keys, pair_set_counts, triple_support, triple_sets
+    del triple_set_keys, triple_set_counts
+    keys = {n: keys[n] for n in lengths}  # without pairs, pass 3 builds no pair frames
+    cand_sets, weights, spills = {}, {}, {}
     for n in lengths:
-        set_keys[n], set_counts[n] = sets[n].counted(cfg.accept_support)
         cand_sets[n] = _candidate_set_keys(keys[n], n, ctx.v)
         weights[n] = _lookup(set_keys[n], _cooccurrence_weights(
             ctx, set_keys[n], set_counts[n], n), cand_sets[n], 1.0)
-    del sets, support, pair_sets, pair_support, triple_sets, triple_support
     # later passes only rebuild what the candidates are made of: the pairs inside them
     inner = _inner_pairs(_candidate_codes(keys[3], 3, ctx.v), set_keys[3], ctx.v) \
         if 3 in lengths else None
@@ -2260,6 +2284,35 @@ def _pair_rivals(tested: _Tested, significant: list[int], checks: dict[int, _Che
                 checks[i] = replace(checks[i], p_contrast=(q,))
 
 
+def _unbound_riders(tested: _Tested, significant: list[int], checks: dict[int, _Check]
+                    ) -> None:
+    """Holm over the first contrasts of triples X...B...C whose X cannot be bound to B.
+
+    Where B turns up in nearly every episode, whether X binds B cannot be judged, every
+    code that happens to precede a natural B...C becomes a significant X...B...C, and each
+    X's first contrast is its only element evidence: one of ~20 such riders passes at the
+    per-check level by chance. The rounds' histories show it: ``dust_alert`` (planted at
+    a fixed phase of its missions) before the natural ``payload_change ...
+    vibration_normal``, contrast p 0.007, promoted for three rounds. Those contrasts,
+    among triples sharing B...C, are one family, Holm-adjusted. A first element whose
+    binding could be judged has two kinds of evidence and is left as it is: a planted
+    rule's first contrast is weak by design where its own counter-evidence holds B...C
+    without A (0.01 at 16 repetitions in exp6), and Holm over every code tried in front
+    of B...C lost such a rule (``zipf``, 16 repetitions, F1 1.0 -> 0.9).
+    """
+    families: dict[tuple[int, int], list[int]] = {}
+    for i in significant:
+        ch = checks[i]
+        if ch.first_unbound and ch.p_contrast and ch.p_contrast[0] > 0:
+            families.setdefault((int(tested.codes[i][1]), int(tested.codes[i][2])),
+                                []).append(i)
+    for members in families.values():
+        if len(members) > 1:
+            adjusted = _holm(np.array([checks[i].p_contrast[0] for i in members]))
+            for i, q in zip(members, adjusted.tolist(), strict=True):
+                checks[i] = replace(checks[i], p_contrast=(q,) + checks[i].p_contrast[1:])
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -2276,6 +2329,7 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         checks[i] = _check(ctx, tuple(int(c) for c in tested.codes[i]), g, held)
     if length == 3:
         _reconsider_shared(ctx, tested, significant, checks)
+        _unbound_riders(tested, significant, checks)
     else:
         _pair_rivals(tested, significant, checks)
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
