@@ -1437,8 +1437,9 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     middle = 1 if length == 3 else length - 1
     lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
     gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
-    p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None)
-    unbound = length == 3 and not _pair_binding(ctx, (codes[0], codes[1]))[1]
+    ab = _pair_binding(ctx, (codes[0], codes[1])) if length == 3 else None
+    p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None, ab)
+    unbound = ab is not None and not ab[1]
     return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
                   reverse=reverse, episodes=support_rows, gaps=gaps,
                   rival=tuple(codes[i] for i in others[closest]) if margins else (),
@@ -1682,8 +1683,8 @@ def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> float:
     return _rate_greater(ab, n_a, n_b - int(both.size), ctx.n_ep - n_a, ctx.cfg.alpha)
 
 
-def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None
-                ) -> tuple[float, ...]:
+def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None,
+                ab: tuple[float, bool] | None = None) -> tuple[float, ...]:
     """Per element, the evidence that it adds to the rest of the pattern (a p-value).
 
     Two kinds of evidence, either enough (Bonferroni over the two: twice the smaller
@@ -1703,7 +1704,7 @@ def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contr
         p, ok = _pair_binding(ctx, (codes[0], codes[1]))
         return (p if ok else 1.0,)
     a, b, c = codes
-    ab = _pair_binding(ctx, (a, b))
+    ab = _pair_binding(ctx, (a, b)) if ab is None else ab  # the caller may have it already
     first = _rate_greater(*_first_table(ctx, (a, b, c), g, ()), ctx.cfg.alpha)
     middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
                                  ctx.cfg.alpha)
@@ -2269,22 +2270,25 @@ def _pair_rivals(tested: _Tested, significant: list[int], checks: dict[int, _Che
     one more try at it: of ~20 such riders one passes at the per-check level by chance,
     and an accepted pair X...C makes the robot consider C after every X. The pairs ending
     in the same C are therefore one family, Holm-adjusted, so a rider needs the evidence
-    its number of rivals asks for; a pair alone in its family keeps its p-value.
-
-    Triples are not adjusted this way: their first contrast is weak by design where a
-    rule's own counter-evidence holds B...C without A (exp6's worlds: 0.01 at 16
-    repetitions), and Holm over the codes tried in front of B...C lost planted rules
-    there (zipf at 16 repetitions, F1 1.0 -> 0.9 on 2 seeds).
+    its number of rivals asks for; a pair alone in its family keeps its p-value. Triples
+    get the same only where their first element has no other evidence
+    (``_unbound_riders``).
     """
-    families: dict[int, list[int]] = {}
+    families: dict[tuple[int, ...], list[int]] = {}
     for i in significant:
         if checks[i].p_contrast:
-            families.setdefault(int(tested.codes[i][1]), []).append(i)
+            families.setdefault((int(tested.codes[i][1]),), []).append(i)
+    _holm_first_element(families, checks)
+
+
+def _holm_first_element(families: dict[tuple[int, ...], list[int]],
+                        checks: dict[int, _Check]) -> None:
+    """Holm-adjust the first element's evidence within each family (of two or more)."""
     for members in families.values():
         if len(members) > 1:
             adjusted = _holm(np.array([checks[i].p_contrast[0] for i in members]))
             for i, q in zip(members, adjusted.tolist(), strict=True):
-                checks[i] = replace(checks[i], p_contrast=(q,))
+                checks[i] = replace(checks[i], p_contrast=(q,) + checks[i].p_contrast[1:])
 
 
 def _unbound_riders(tested: _Tested, significant: list[int], checks: dict[int, _Check]
@@ -2303,17 +2307,13 @@ def _unbound_riders(tested: _Tested, significant: list[int], checks: dict[int, _
     without A (0.01 at 16 repetitions in exp6), and Holm over every code tried in front
     of B...C lost such a rule (``zipf``, 16 repetitions, F1 1.0 -> 0.9).
     """
-    families: dict[tuple[int, int], list[int]] = {}
+    families: dict[tuple[int, ...], list[int]] = {}
     for i in significant:
         ch = checks[i]
         if ch.first_unbound and ch.p_contrast and ch.p_contrast[0] > 0:
             families.setdefault((int(tested.codes[i][1]), int(tested.codes[i][2])),
                                 []).append(i)
-    for members in families.values():
-        if len(members) > 1:
-            adjusted = _holm(np.array([checks[i].p_contrast[0] for i in members]))
-            for i, q in zip(members, adjusted.tolist(), strict=True):
-                checks[i] = replace(checks[i], p_contrast=(q,) + checks[i].p_contrast[1:])
+    _holm_first_element(families, checks)
 
 
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
