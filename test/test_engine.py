@@ -5,7 +5,14 @@ import pytest
 from test_discovery_parts import _assert_same, _world_log
 
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
-from thinkmem_ros.consolidator.engine import EmbeddedEngine, EngineError, RayEngine, make_engine
+from thinkmem_ros.consolidator.engine import (
+    EmbeddedEngine,
+    EngineError,
+    RayEngine,
+    make_engine,
+    ordered_map,
+    release_free_memory,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +31,60 @@ def test_ray_and_embedded_engines_accept_the_same_patterns(ray_engine, name):
     assert embedded.notes["parts"] > 4 and embedded.accepted
     _assert_same(distributed, embedded)
     assert distributed.accepted_patterns() == embedded.accepted_patterns()
+
+
+@pytest.mark.parametrize("name", ["shared", "zipf"])
+def test_embedded_threads_change_nothing_but_the_time(monkeypatch, name):
+    from thinkmem_ros.consolidator import discovery
+
+    monkeypatch.setattr(discovery, "TEST_BLOCK", 200)  # many test buckets, on threads too
+    log = _world_log(name)
+    cfg = DiscoveryConfig(part_events=600)
+    one = discover(log, cfg, np.random.default_rng(0), engine=EmbeddedEngine(threads=1))
+    three = discover(log, cfg, np.random.default_rng(0), engine=EmbeddedEngine(threads=3))
+    assert one.notes["parts"] > 4
+    assert three.notes["parts"] > 2 * one.notes["parts"]  # parts side by side are smaller
+    _assert_same(three, one)
+    assert three.accepted_patterns() == one.accepted_patterns()
+
+
+def test_ordered_map_keeps_order_runs_at_once_and_bounds_what_waits():
+    import threading
+    import time
+
+    lock, started, names = threading.Lock(), [], set()
+
+    def work(i):
+        with lock:
+            started.append(i)
+            names.add(threading.current_thread().name)
+        time.sleep(0.02 * (i % 3 == 0))  # every third item finishes last
+        return i * i
+
+    got = []
+    for value in ordered_map(work, range(12), threads=3):
+        with lock:  # items started but not yet handed over: at most the thread count
+            assert len(started) - len(got) <= 3 + 1
+        got.append(value)
+    assert got == [i * i for i in range(12)]
+    assert len(names) > 1  # really on several threads
+    assert list(ordered_map(work, range(4), threads=1)) == [0, 1, 4, 9]
+
+
+def test_ordered_map_raises_the_first_failure_and_the_engine_refuses_no_threads():
+    def work(i):
+        if i == 2:
+            raise ValueError("part 2 is bad")
+        return i
+
+    with pytest.raises(ValueError, match="part 2"):
+        list(ordered_map(work, range(8), threads=2))
+    with pytest.raises(EngineError, match="threads"):
+        EmbeddedEngine(threads=0)
+    assert make_engine("embedded", threads=1).threads == 1
+    release_free_memory()  # glibc's malloc_trim here; a no-op elsewhere, never an error
+    with pytest.raises(EngineError, match="threads"):
+        make_engine("embedded", threads=0)
 
 
 def test_ray_tasks_ran_in_other_processes(ray_engine):
@@ -109,6 +170,13 @@ def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "thinkmem consolidator: no Ray cluster answers at 127.0.0.1:1: [Errno 111] "
         "Connection refused"]
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkmem_ros.consolidator.service", "--once", "--db",
+         str(tmp_path / "c.db"), "--signing-key", str(key), "--threads", "-1"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "thinkmem consolidator: ConsolidatorConfig.engine_threads must be >= 0, got -1"]
 
 
 def test_the_engines_build_the_same_material(ray_engine):

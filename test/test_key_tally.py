@@ -23,16 +23,19 @@ def _expected(seed: int, floor: int):
     return uniq[sums >= floor], sums[sums >= floor]
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("span", [None, 2**40])
 @pytest.mark.parametrize("memory_rows", [10**9, 700, 1])
-def test_counts_are_exact_whether_or_not_they_spill(tmp_path, memory_rows, span):
-    tally = KeyTally(memory_rows=memory_rows, buckets=16, directory=str(tmp_path), span=span)
+def test_counts_are_exact_whether_or_not_they_spill(tmp_path, memory_rows, span, threads):
+    tally = KeyTally(memory_rows=memory_rows, buckets=16, directory=str(tmp_path), span=span,
+                     threads=threads)
     for keys, counts in _parts(3):
         tally.add(keys, counts)
     assert tally.spilled == (memory_rows < 10**9)
     keys, counts = tally.counted(3)
     want_keys, want_counts = _expected(3, 3)
     assert np.array_equal(keys, want_keys) and np.array_equal(counts, want_counts)
+    assert not keys.flags.writeable  # at the floor: the kept arrays, shared, not copied
     # a higher floor is served from what was kept; the files are gone
     assert np.array_equal(tally.at_least(5), _expected(3, 5)[0])
     assert list(tmp_path.iterdir()) == []

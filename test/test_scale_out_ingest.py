@@ -206,6 +206,8 @@ def _receive_cli(*args, timeout=20):
      "/nonexistent"),
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--flush-rows", "-1"],
      "flush_rows must be >= 0"),
+    (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--threads", "2"],
+     "rounds only: --threads"),
 ])
 def test_receive_refuses_bad_input_in_one_line(tmp_path, args, says):
     done = _receive_cli("--db", str(tmp_path / "s.db"), *args)

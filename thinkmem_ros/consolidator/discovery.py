@@ -89,6 +89,11 @@ from functools import cache
 import numpy as np
 
 from thinkmem_ros.consolidator.bucket_files import BucketFiles
+from thinkmem_ros.consolidator.engine import (
+    EmbeddedEngine,
+    ordered_map,
+    release_free_memory,
+)
 from thinkmem_ros.consolidator.key_tally import KeyTally
 
 
@@ -1211,7 +1216,8 @@ def _cooccurrence_weights(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarr
             expected += count * prod
         z = (frames[lo:lo + step] - expected) / np.sqrt(np.maximum(expected, 1.0))
         weight[lo:lo + step] = np.exp(COOCCURRENCE_TILT * np.clip(z, -3.0, 3.0))
-    return weight / weight.mean()
+    weight /= weight.mean()  # in place: ~2 x 10^7 sets on a fleet log, the peak's moment
+    return weight
 
 
 def tarone_bh(p: np.ndarray, minp: np.ndarray, family: int, q: float,
@@ -1819,6 +1825,11 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     if len(parts) < 2:
         ctx, candidates, by_length = _scan_whole(log, cfg, parts)
     else:
+        engine = engine or EmbeddedEngine()
+        # parts that run side by side in this process are smaller, so that together they
+        # hold what one part did (the sums do not depend on where parts are cut)
+        share = max(1, getattr(engine, "concurrent_parts", 1))
+        parts = _parts(log, max(1, cfg.part_events // share))
         ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
     v = ctx.v
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
@@ -2019,32 +2030,38 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     (``_FrameSpill``), which are then tested a bucket at a time. Memory: one part's rows,
     one bucket's frames, the counted keys above their floors, and the candidates that can
     still be significant; key counts past ``key_tally.MEMORY_ROWS`` go to disk too.
-    ``engine`` (``consolidator/engine.py``) runs each pass's parts: in this process, or as
-    Ray tasks; the sums and the tests stay here, so both give the same result.
+    ``engine`` (``consolidator/engine.py``) runs each pass's parts: on this process's
+    threads, or as Ray tasks; the sums and the tests stay here (the key counts and the test
+    buckets on this process's threads, in order), so every engine gives the same result.
     """
-    from thinkmem_ros.consolidator.engine import EmbeddedEngine
-
     engine = engine or EmbeddedEngine()
+    threads = getattr(engine, "threads", 1)  # for the work that stays in this process
     ctx = _Episodes(log, cfg, pairs=False)
     whole = _WholeScale(ctx.delta, ctx.complete)
     lengths = (3, 2) if cfg.pairs else (3,)
     clock = _time.perf_counter
     started = clock()
-    pair_support, pair_sets = KeyTally(span=ctx.v ** 2), KeyTally(span=ctx.v ** 2)
+    pair_support, pair_sets = (KeyTally(span=ctx.v ** 2, threads=threads),
+                               KeyTally(span=ctx.v ** 2, threads=threads))
     for (first, last), (t2, t3, *counted) in zip(parts, engine.map(
             _part_pairs, log, parts, cfg, whole)):
         ctx.t2[first:last], ctx.t3[first:last] = t2, t3
         pair_support.add(counted[0], counted[1])
         pair_sets.add(counted[2], counted[3])
-    frequent = pair_support.at_least(cfg.candidate_support)
+    frequent, frequent_counts = pair_support.counted(cfg.candidate_support)
     # what pass 3 needs of the pair tallies, taken now so the tallies (hundreds of MB of
     # keys and counts on a fleet log) are gone before pass 2 builds its own
-    pair_keys = pair_support.at_least(cfg.accept_support)
+    # (the pairs pass 3 tests, as a mask over the frequent ones: an int64 copy of ~2 x 10^7
+    # keys held through pass 2 was 0.16 GB of a 10^7 log's peak)
+    pair_tested = frequent_counts >= cfg.accept_support
+    del frequent_counts
     pair_set_keys, pair_set_counts = pair_sets.counted(cfg.accept_support)
     co_frequent = pair_set_keys
     del pair_support, pair_sets
+    release_free_memory()
     ctx.pass_s["pairs"], started = clock() - started, clock()
-    triple_support, triple_sets = KeyTally(span=ctx.v ** 3), KeyTally(span=ctx.v ** 3)
+    triple_support, triple_sets = (KeyTally(span=ctx.v ** 3, threads=threads),
+                                   KeyTally(span=ctx.v ** 3, threads=threads))
     for support_keys, set_keys_part in engine.map(_part_triples, log, parts, cfg, whole,
                                                   frequent, co_frequent):
         triple_support.add(support_keys, np.ones(support_keys.size, np.int64))
@@ -2053,11 +2070,14 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
     del co_frequent
     triple_set_keys, triple_set_counts = triple_sets.counted(cfg.accept_support)
-    keys = {2: pair_keys, 3: triple_support.at_least(cfg.accept_support)}
+    keys = {3: triple_support.at_least(cfg.accept_support)}
     set_keys = {2: pair_set_keys, 3: triple_set_keys}
     set_counts = {2: pair_set_counts, 3: triple_set_counts}
-    del pair_keys, pair_set_keys, pair_set_counts, triple_support, triple_sets
+    del pair_set_keys, pair_set_counts, triple_support, triple_sets
     del triple_set_keys, triple_set_counts
+    release_free_memory()
+    keys[2] = frequent[pair_tested]  # once the triple tallies are gone
+    del pair_tested
     keys = {n: keys[n] for n in lengths}  # without pairs, pass 3 builds no pair frames
     cand_sets, weights, spills = {}, {}, {}
     for n in lengths:
@@ -2071,7 +2091,7 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     try:
         for n in lengths:
             spills[n] = _FrameSpill(ctx, keys[n], n, _lookup(set_keys[n], set_counts[n],
-                                                             cand_sets[n], 0))
+                                                             cand_sets[n], 0), threads)
         set_index = {n: _set_index(cand_sets[n]) for n in lengths}
         del cand_sets
         for frames in engine.map(_part_frames, log, parts, cfg, whole, keys, set_index,
@@ -2082,9 +2102,11 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         # the candidates' set index (two arrays per candidate) and the inner pairs served
         # pass 3 only; held through the tests they were ~0.3 GB of a 10^7 log's peak
         del set_index, inner
+        release_free_memory()
         ctx.pass_s["frames"], started = clock() - started, clock()
-        by_length = {n: (spills[n].tested(keys[n], weights[n], cfg.alpha), set_keys[n],
-                         set_counts[n]) for n in lengths}
+        by_length = {n: (spills[n].tested(keys[n], weights[n], cfg.alpha, threads),
+                         set_keys[n], set_counts[n]) for n in lengths}
+        release_free_memory()
         ctx.pass_s["tests"] = clock() - started
         ctx.pass_s["frames_spilled"] = sum(spill.files.rows for spill in spills.values())
     finally:
@@ -2105,14 +2127,19 @@ class _FrameSpill:
     their frames; the others leave only their smallest achievable p-value (for Tarone).
     """
 
-    def __init__(self, ctx: _Episodes, keys: np.ndarray, length: int, width: np.ndarray
-                 ) -> None:
-        """``keys``: the candidates of ``length`` codes; ``width``: each one's frames."""
+    def __init__(self, ctx: _Episodes, keys: np.ndarray, length: int, width: np.ndarray,
+                 threads: int = 1) -> None:
+        """Buckets for ``keys``, the candidates of ``length`` codes.
+
+        ``width``: each candidate's frames; ``threads``: buckets tested at once (each is
+        that many times smaller, so the buckets in flight hold what one did).
+        """
         self.ctx, self.length = ctx, length
         ends = np.cumsum(width)
+        block = max(1, TEST_BLOCK // max(1, threads))
         # bucket b holds candidates bounds[b] .. bounds[b + 1] - 1
-        cuts = np.searchsorted(ends, np.arange(TEST_BLOCK, int(ends[-1]) if ends.size
-                                               else 0, TEST_BLOCK), side="right")
+        cuts = np.searchsorted(ends, np.arange(block, int(ends[-1]) if ends.size
+                                               else 0, block), side="right")
         self.bounds = np.unique(np.concatenate(([0], cuts, [keys.size])))
         index = np.int32 if max(keys.size, ctx.n_ep) < 2 ** 31 else np.int64
         self.files = BucketFiles(max(self.bounds.size - 1, 1), np.dtype(
@@ -2123,33 +2150,48 @@ class _FrameSpill:
         bucket = np.searchsorted(self.bounds, cand, side="right") - 1
         self.files.append(bucket, cand=cand, ep=ep, m=m, k=k)
 
-    def tested(self, keys: np.ndarray, weight: np.ndarray, alpha: float) -> _Tested:
-        """Test each bucket's candidates; keep those that may be significant."""
-        ctx, kept = self.ctx, []
+    def tested(self, keys: np.ndarray, weight: np.ndarray, alpha: float, threads: int = 1
+               ) -> _Tested:
+        """Test each bucket's candidates; keep those that may be significant.
+
+        ``threads`` buckets are tested at once and gathered in order, so the result is the
+        same for any thread count.
+        """
+        kept = []
         # the left-out candidates' minp, filled in place (a list of parts concatenated at
         # the end held them twice: tens of millions of values on a fleet log)
         other, n_other = np.empty(keys.size), 0
-        for b in range(self.bounds.size - 1):
-            lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
-            rec = self.files.read(b)
-            self.files.drop(b)
-            rec = rec[np.argsort(rec["cand"], kind="stable")]  # parts in order: episodes too
-            ep = rec["ep"].astype(np.int64)
-            frames = _Frames(rec["cand"].astype(np.int64) - lo, ep, rec["m"],
-                             _null_probs(ctx, ep, rec["k"]), rec["k"])
-            del rec
-            sums = _Sums.zeros(hi - lo, ctx.scales.size)
-            sums.add(frames, ctx.scales)
-            t = _tested(ctx, keys[lo:hi], _candidate_codes(keys[lo:hi], self.length, ctx.v),
-                        sums, frames)
-            w = weight[lo:hi]
-            keep = (t.p <= alpha) | (t.p / w <= alpha)
-            kept.append(_subset(t, keep))
-            dropped = t.minp[~keep] / w[~keep]
+        for t, dropped in ordered_map(lambda b: self._test_bucket(b, keys, weight, alpha),
+                                      range(self.bounds.size - 1), threads):
+            kept.append(t)
             other[n_other:n_other + dropped.size] = dropped
             n_other += dropped.size
-        out = _concat_tested(kept, self.length, ctx.scales.size)
+        out = _concat_tested(kept, self.length, self.ctx.scales.size)
         out.other_minp = other[:n_other]
+        return out
+
+    def _test_bucket(self, b: int, keys: np.ndarray, weight: np.ndarray, alpha: float
+                     ) -> tuple[_Tested, np.ndarray]:
+        """Bucket ``b``'s candidates that may be significant, and the others' minp."""
+        ctx = self.ctx
+        lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
+        rec = self.files.read(b)
+        self.files.drop(b)
+        rec = rec[np.argsort(rec["cand"], kind="stable")]  # parts in order: episodes too
+        ep = rec["ep"].astype(np.int64)
+        frames = _Frames(rec["cand"].astype(np.int64) - lo, ep, rec["m"],
+                         _null_probs(ctx, ep, rec["k"]), rec["k"])
+        del rec
+        sums = _Sums.zeros(hi - lo, ctx.scales.size)
+        sums.add(frames, ctx.scales)
+        t = _tested(ctx, keys[lo:hi], _candidate_codes(keys[lo:hi], self.length, ctx.v),
+                    sums, frames)
+        del frames, sums
+        w = weight[lo:hi]
+        keep = (t.p <= alpha) | (t.p / w <= alpha)
+        out = _subset(t, keep), t.minp[~keep] / w[~keep]
+        del t
+        release_free_memory()  # this thread's arena would keep the bucket's temporaries
         return out
 
     def close(self) -> None:

@@ -8,12 +8,22 @@ once and runs each part as a Ray task (``ray.remote``) on whatever cluster ``add
 names (``None``: a local one started for this process), keeping at most ``in_flight``
 parts' results pending so the caller's memory stays bounded. Both give the same numbers:
 the functions are the same and the sums are taken in the same order.
+
+``EmbeddedEngine`` runs up to ``threads`` parts at once on threads of this process: the
+passes are numpy sorts, gathers and ufuncs, which release the GIL, so a second core
+nearly halves a fleet log's passes while the memory stays one process's (one more part's
+rows per thread, not a copy of the log per worker process). ``ordered_map`` is that
+pool; discovery's tests use it for their buckets too.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 ENGINES = ("embedded", "ray")
 
@@ -22,15 +32,82 @@ class EngineError(RuntimeError):
     """An engine could not start (Ray missing, no cluster at the address)."""
 
 
+MAX_THREADS = 4
+"""Default ceiling on threads: each holds one part's or one bucket's temporaries (~0.1-0.2
+GB on a fleet log), and past a few cores the shared sums in the caller are the limit."""
+
+
+def default_threads() -> int:
+    """The cores this process may run on, at most ``MAX_THREADS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_THREADS))
+
+
+def ordered_map(fn: Callable, items: Iterable, threads: int) -> Iterator:
+    """``fn(item)`` for each item on ``threads`` threads, yielded in the items' order.
+
+    At most ``threads`` results wait beside the one the caller holds, so memory is bounded
+    by the thread count, not by the number of items. One thread: a plain loop (no pool).
+    An exception in ``fn`` is raised here; work not yet started is cancelled.
+    """
+    todo = iter(items)
+    if threads <= 1:
+        for item in todo:
+            yield fn(item)
+        return
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="thinkmem-part")
+    try:
+        pending = deque(pool.submit(fn, item) for _, item in zip(range(threads), todo))
+        while pending:
+            result = pending.popleft().result()
+            for item in todo:
+                pending.append(pool.submit(fn, item))
+                break
+            yield result
+            del result
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def release_free_memory() -> None:
+    """Give the heap pages freed so far back to the operating system (glibc only).
+
+    glibc keeps freed blocks below its mmap threshold (which grows to 32 MB) in the heap
+    of the thread arena that freed them; with parts running on several threads, each
+    arena kept a part's worth of freed temporaries and a 10^7-event discovery peaked
+    0.7 GB higher than on one thread. ``malloc_trim`` returns them; elsewhere a no-op.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator is its own business
+        pass
+
+
 class EmbeddedEngine:
-    """Every part in this process, one after the other."""
+    """Every part in this process, up to ``threads`` at once (see the module docstring)."""
 
     name = "embedded"
 
+    def __init__(self, threads: int | None = None) -> None:
+        if threads is not None and threads < 1:
+            raise EngineError(f"threads must be >= 1, got {threads}")
+        self.threads = threads or default_threads()
+        # parts in flight at once in this process: smaller parts keep their sum one part's
+        self.concurrent_parts = self.threads
+
     def map(self, fn: Callable, log, parts: list[tuple[int, int]], *args) -> Iterator:
-        """``fn(log, first, last, *args)`` for each part, in order."""
-        for first, last in parts:
-            yield fn(log, first, last, *args)
+        """``fn(log, first, last, *args)`` for each part, results in part order."""
+        def one(part: tuple[int, int]):
+            out = fn(log, part[0], part[1], *args)
+            if self.threads > 1:  # see release_free_memory: each thread's arena keeps a part
+                release_free_memory()
+            return out
+
+        return ordered_map(one, parts, self.threads)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -42,7 +119,7 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
-                 in_flight: int | None = None) -> None:
+                 in_flight: int | None = None, threads: int | None = None) -> None:
         try:
             import ray
         except ImportError:
@@ -63,6 +140,8 @@ class RayEngine:
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.in_flight = in_flight or max(2, cpus)
+        self.threads = threads or default_threads()  # for what stays in the driver
+        self.concurrent_parts = 1  # the parts run in other processes
         self._remote: dict[Callable, object] = {}
 
     def map(self, fn: Callable, log, parts: list[tuple[int, int]], *args) -> Iterator:
@@ -109,12 +188,19 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise EngineError(f"no Ray cluster answers at {address}: {exc}") from None
 
 
-def make_engine(name: str, address: str | None = None, num_cpus: int | None = None):
-    """The engine called ``name`` (one of ``ENGINES``)."""
+def make_engine(name: str, address: str | None = None, num_cpus: int | None = None,
+                threads: int | None = None):
+    """The engine called ``name`` (one of ``ENGINES``).
+
+    ``num_cpus``: the cores of a local Ray instance; ``threads``: this process's threads
+    (the embedded engine's parts and both engines' tests; ``None``: ``default_threads``).
+    """
+    if threads is not None and threads < 1:
+        raise EngineError(f"threads must be >= 1, got {threads}")
     if name == "embedded":
         if address:
             raise EngineError("--address only applies to --engine ray")
-        return EmbeddedEngine()
+        return EmbeddedEngine(threads=threads)
     if name == "ray":
-        return RayEngine(address=address, num_cpus=num_cpus)
+        return RayEngine(address=address, num_cpus=num_cpus, threads=threads)
     raise EngineError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from thinkmem_ros.consolidator.bucket_files import BucketFiles
+from thinkmem_ros.consolidator.engine import ordered_map
 
 MEMORY_ROWS = 1 << 22  # ~64 MB of keys and counts before a tally spills to disk
 BUCKETS = 256
@@ -36,13 +37,19 @@ class KeyTally:
     """Counts per key (int64 >= 0) summed over ``add`` calls; see the module docstring."""
 
     def __init__(self, memory_rows: int | None = None, buckets: int = BUCKETS,
-                 directory: str | None = None, span: int | None = None) -> None:
+                 directory: str | None = None, span: int | None = None, threads: int = 1
+                 ) -> None:
         """Spill past ``memory_rows`` keys into ``buckets`` files under ``directory``.
 
         ``span``: keys lie in [0, span) when given; buckets are then ranges of keys, so
         the kept keys come out sorted without a final sort (half the peak on ~10^7 kept
         keys), at the price of uneven buckets when keys cluster. Without it, a hash.
+        ``threads``: spilled buckets counted at once by ``finish``; each thread gets
+        ``buckets`` of its own (the buckets are that many times smaller: the thread count
+        rounded up to a power of two), so several threads hold no more at once than one.
         """
+        self._threads = max(1, threads)
+        buckets <<= (self._threads - 1).bit_length()
         memory_rows = MEMORY_ROWS if memory_rows is None else memory_rows
         self._width = None if span is None else -(-int(span) // buckets)
         if memory_rows < 1 or buckets < 1 or buckets & (buckets - 1):
@@ -119,15 +126,11 @@ class KeyTally:
         else:
             kept_keys, kept_counts = [], []
             try:
-                for b in range(self._buckets):
-                    records = self._spill.read(b)
-                    self._spill.drop(b)
-                    keys, counts = sum_by_key(records["key"], records["count"])
-                    del records
-                    keep = counts >= floor
-                    kept_keys.append(keys[keep])
-                    kept_counts.append(counts[keep].astype(np.int32))
-                    del keys, counts, keep
+                for keys, counts in ordered_map(lambda b: self._kept_in(b, floor),
+                                                range(self._buckets), self._threads):
+                    kept_keys.append(keys)
+                    kept_counts.append(counts)
+                    del keys, counts
             finally:
                 self.close()
             keys = np.concatenate(kept_keys) if kept_keys else np.zeros(0, np.int64)
@@ -140,6 +143,15 @@ class KeyTally:
             self._keys, self._counts = keys, counts
         self._floor = floor
 
+    def _kept_in(self, bucket: int, floor: int) -> tuple[np.ndarray, np.ndarray]:
+        """One spilled bucket's keys counted at least ``floor`` times (file then deleted)."""
+        records = self._spill.read(bucket)
+        self._spill.drop(bucket)
+        keys, counts = sum_by_key(records["key"], records["count"])
+        del records
+        keep = counts >= floor
+        return keys[keep], counts[keep].astype(np.int32)
+
     def at_least(self, minimum: int) -> np.ndarray:
         """Keys counted ``minimum`` times or more (sorted)."""
         keys, _ = self.counted(minimum)
@@ -151,6 +163,10 @@ class KeyTally:
             self.finish(minimum)
         elif minimum < self._floor:
             raise RuntimeError(f"tally finished at floor {self._floor}; asked for {minimum}")
+        if minimum <= self._floor:  # everything kept: the arrays themselves, no copy (the
+            # keys of a fleet log's triples seen twice are its largest array), read-only
+            self._keys.flags.writeable = self._counts.flags.writeable = False
+            return self._keys, self._counts
         keep = self._counts >= minimum
         return self._keys[keep], self._counts[keep]
 

@@ -118,6 +118,9 @@ class ConsolidatorConfig:
     # engine_address; None = a local one)
     engine: str = "embedded"
     engine_address: str | None = None
+    # threads of this process that discovery's passes and tests use (0 = the cores it may
+    # run on, at most 4); each holds one part's or bucket's temporaries
+    engine_threads: int = 0
     train_workers: int = 2  # with engine "ray": Ray Train workers (torch DDP) that retrain
     # when the gate refuses the retrained candidate, gate the running policy with the
     # round's rules and artefacts instead (``RoundReport.policy``)
@@ -136,8 +139,9 @@ class ConsolidatorConfig:
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
+        # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
-                          ("round_experiences", 0)):  # flush_rows, round_experiences: 0 = off
+                          ("round_experiences", 0), ("engine_threads", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
@@ -304,7 +308,8 @@ class ConsolidatorService:
     def _discovery_engine(self):
         """The engine discovery's passes run on, started on first use (Ray takes seconds)."""
         if self._engine is None:
-            self._engine = make_engine(self.config.engine, self.config.engine_address)
+            self._engine = make_engine(self.config.engine, self.config.engine_address,
+                                       threads=self.config.engine_threads or None)
         return self._engine
 
     def close(self) -> None:
@@ -678,6 +683,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None,
                         help="with --engine ray: the Ray cluster to join (e.g. "
                         "ray://head:10001 or host:6379; default: start a local one)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads of the consolidator process for discovery's passes "
+                        "and tests (0 = the cores it may use, at most 4); each holds one "
+                        "part's temporaries")
     parser.add_argument("--train-workers", type=int, default=2,
                         help="with --engine ray: Ray Train workers that retrain the policy "
                         "(torch DDP)")
@@ -705,7 +714,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             max_wait_s=args.canary_max_wait_s),
         recall_bind=args.recall_bind, flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
-        engine_address=args.address, train_workers=args.train_workers)
+        engine_address=args.address, engine_threads=args.threads,
+        train_workers=args.train_workers)
 
 
 def run(args: argparse.Namespace) -> int:
