@@ -2161,8 +2161,9 @@ class _FrameSpill:
         # the left-out candidates' minp, filled in place (a list of parts concatenated at
         # the end held them twice: tens of millions of values on a fleet log)
         other, n_other = np.empty(keys.size), 0
-        for t, dropped in ordered_map(lambda b: self._test_bucket(b, keys, weight, alpha),
-                                      range(self.bounds.size - 1), threads):
+        for t, dropped in ordered_map(
+                lambda b: self._test_bucket(b, keys, weight, alpha, trim=threads > 1),
+                range(self.bounds.size - 1), threads):
             kept.append(t)
             other[n_other:n_other + dropped.size] = dropped
             n_other += dropped.size
@@ -2170,9 +2171,13 @@ class _FrameSpill:
         out.other_minp = other[:n_other]
         return out
 
-    def _test_bucket(self, b: int, keys: np.ndarray, weight: np.ndarray, alpha: float
-                     ) -> tuple[_Tested, np.ndarray]:
-        """Bucket ``b``'s candidates that may be significant, and the others' minp."""
+    def _test_bucket(self, b: int, keys: np.ndarray, weight: np.ndarray, alpha: float,
+                     trim: bool = False) -> tuple[_Tested, np.ndarray]:
+        """Bucket ``b``'s candidates that may be significant, and the others' minp.
+
+        ``trim``: hand the bucket's freed temporaries back to the OS (on several threads
+        each thread's heap arena would otherwise keep a bucket's worth).
+        """
         ctx = self.ctx
         lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
         rec = self.files.read(b)
@@ -2191,7 +2196,8 @@ class _FrameSpill:
         keep = (t.p <= alpha) | (t.p / w <= alpha)
         out = _subset(t, keep), t.minp[~keep] / w[~keep]
         del t
-        release_free_memory()  # this thread's arena would keep the bucket's temporaries
+        if trim:
+            release_free_memory()
         return out
 
     def close(self) -> None:
