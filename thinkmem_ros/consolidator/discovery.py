@@ -1839,9 +1839,10 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     scored: list[Relation] = []
     accepted_triples: list[Relation] = []
     for length, (tested, set_keys, set_counts) in by_length.items():
-        set_weight = _cooccurrence_weights(ctx, set_keys, set_counts, length)
-        tested.weight = _lookup(set_keys, set_weight, _sorted_set_key(tested.codes, v), 1.0) \
-            if tested.keys.size else np.ones(0)
+        if tested.weight.size != tested.keys.size:  # a scan in parts brings them looked up
+            set_weight = _cooccurrence_weights(ctx, set_keys, set_counts, length)
+            tested.weight = _lookup(set_keys, set_weight, _sorted_set_key(tested.codes, v),
+                                    1.0) if tested.keys.size else np.ones(0)
         family = math.factorial(length) * int(set_keys.size)
         cutoff, k_star, m = tarone_bh(tested.p / tested.weight, tested.minp / tested.weight,
                                       family, cfg.alpha, tested.other_minp)
@@ -2195,6 +2196,7 @@ class _FrameSpill:
         w = weight[lo:hi]
         keep = (t.p <= alpha) | (t.p / w <= alpha)
         out = _subset(t, keep), t.minp[~keep] / w[~keep]
+        out[0].weight = w[keep]  # the weights travel with the candidates (no second lookup)
         del t
         if trim:
             release_free_memory()
@@ -2239,7 +2241,8 @@ def _concat_tested(parts: list[_Tested], length: int, n_scales: int) -> _Tested:
                                             for t, o in zip(parts, offsets)]),
         frame_ep=np.concatenate([t.frame_ep for t in parts]),
         frame_m=np.concatenate([t.frame_m for t in parts]),
-        frame_k=np.concatenate([t.frame_k for t in parts]))
+        frame_k=np.concatenate([t.frame_k for t in parts]),
+        weight=np.concatenate([t.weight for t in parts]))
 
 
 MUTUAL_SHIELD_BELOW = 0.15
