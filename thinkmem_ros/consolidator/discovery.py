@@ -2057,19 +2057,17 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     pair_tested = frequent_counts >= cfg.accept_support
     del frequent_counts
     pair_set_keys, pair_set_counts = pair_sets.counted(cfg.accept_support)
-    co_frequent = pair_set_keys
     del pair_support, pair_sets
     release_free_memory()
     ctx.pass_s["pairs"], started = clock() - started, clock()
     triple_support, triple_sets = (KeyTally(span=ctx.v ** 3, threads=threads),
                                    KeyTally(span=ctx.v ** 3, threads=threads))
     for support_keys, set_keys_part in engine.map(_part_triples, log, parts, cfg, whole,
-                                                  frequent, co_frequent):
+                                                  frequent, pair_set_keys):
         triple_support.add(support_keys, np.ones(support_keys.size, np.int64))
         triple_sets.add(set_keys_part, np.ones(set_keys_part.size, np.int64))
         del support_keys, set_keys_part
     candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
-    del co_frequent
     triple_set_keys, triple_set_counts = triple_sets.counted(cfg.accept_support)
     keys = {3: triple_support.at_least(cfg.accept_support)}
     set_keys = {2: pair_set_keys, 3: triple_set_keys}
@@ -2077,9 +2075,9 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     del pair_set_keys, pair_set_counts, triple_support, triple_sets
     del triple_set_keys, triple_set_counts
     release_free_memory()
-    keys[2] = frequent[pair_tested]  # once the triple tallies are gone
+    if 2 in lengths:  # without pairs, pass 3 builds no pair frames
+        keys[2] = frequent[pair_tested]  # once the triple tallies are gone
     del pair_tested
-    keys = {n: keys[n] for n in lengths}  # without pairs, pass 3 builds no pair frames
     cand_sets, weights, spills = {}, {}, {}
     for n in lengths:
         cand_sets[n] = _candidate_set_keys(keys[n], n, ctx.v)

@@ -25,6 +25,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 ENGINES = ("embedded", "ray")
 
@@ -82,11 +83,22 @@ def release_free_memory() -> None:
     peaked at 1.52 GB, 1.12 GB with this after each part and pass (and smaller parts).
     ``malloc_trim`` returns them; elsewhere a no-op.
     """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@cache
+def _malloc_trim():
+    """The C library's ``malloc_trim``, looked up once; None where it has none.
+
+    Once: ``find_library`` reads the loader cache (~1 ms), and a trim runs after every
+    part and test bucket of a fleet log (thousands).
+    """
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: its allocator is its own business
-        pass
+        return None
 
 
 class EmbeddedEngine:
