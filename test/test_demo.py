@@ -64,6 +64,20 @@ def test_missed_ticks_counts_only_skipped_periods():
     assert missed_ticks(np.array([7]), period) == 0
 
 
+def test_ticks_after_the_last_frame_are_not_late():
+    from thinkmem_ros.demo.ros import late_and_after_end
+
+    period = 100.0
+    ready = np.array([0, 100, 200, 300])
+    stamps = np.array([10, 350, 110, 320, 450, 550])
+    frames = match_frames(stamps, ready)  # 0, 3, 1, 3, 3, 3
+    late, after_end = late_and_after_end(stamps, frames, ready, period)
+    assert late.tolist() == [False] * 6  # frame 1 at 350 would be late, but frame 3 is newer
+    assert after_end.tolist() == [False, False, False, False, False, True]
+    late, _ = late_and_after_end(np.array([330]), np.array([0]), ready, period)
+    assert late.tolist() == [True]  # an old frame assessed long after a newer one was ready
+
+
 def test_percentiles_and_empty():
     cell = percentiles(np.arange(1, 101), scale=2.0)
     assert cell["p50"] == pytest.approx(101.0) and cell["max"] == 200.0 and cell["count"] == 100
