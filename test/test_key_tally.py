@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from thinkmem_ros.consolidator.bucket_files import BucketFiles
+from thinkmem_ros.consolidator.bucket_files import BucketFiles, ParkedArray
 from thinkmem_ros.consolidator.key_tally import KeyTally
 
 
@@ -73,4 +73,16 @@ def test_bucket_files_keep_append_order_per_bucket(tmp_path):
         assert files.rows == 18
         files.drop(1)
         assert files.read(1).size == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("array", [np.arange(5, dtype=np.int64) * 7_000_000_001,
+                                   np.zeros(0, np.int64), np.linspace(0, 1, 9)])
+def test_a_parked_array_comes_back_as_it_was_and_leaves_no_file(tmp_path, array):
+    parked = ParkedArray(array, str(tmp_path))
+    assert len(list(tmp_path.rglob("*.bin"))) == 1  # on disk, not in this object
+    back = parked.load()
+    assert back.dtype == array.dtype and np.array_equal(back, array)
+    assert list(tmp_path.iterdir()) == []
+    ParkedArray(array, str(tmp_path)).close()
     assert list(tmp_path.iterdir()) == []

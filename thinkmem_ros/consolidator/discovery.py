@@ -88,7 +88,7 @@ from functools import cache
 
 import numpy as np
 
-from thinkmem_ros.consolidator.bucket_files import BucketFiles
+from thinkmem_ros.consolidator.bucket_files import BucketFiles, ParkedArray
 from thinkmem_ros.consolidator.engine import (
     EmbeddedEngine,
     ordered_map,
@@ -2067,7 +2067,7 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
         triple_support.add(support_keys, np.ones(support_keys.size, np.int64))
         triple_sets.add(set_keys_part, np.ones(set_keys_part.size, np.int64))
         del support_keys, set_keys_part
-    candidates = {2: frequent, 3: triple_support.at_least(cfg.candidate_support)}
+    candidates = {3: triple_support.at_least(cfg.candidate_support)}
     triple_set_keys, triple_set_counts = triple_sets.counted(cfg.accept_support)
     keys = {3: triple_support.at_least(cfg.accept_support)}
     set_keys = {2: pair_set_keys, 3: triple_set_keys}
@@ -2078,6 +2078,8 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     if 2 in lengths:  # without pairs, pass 3 builds no pair frames
         keys[2] = frequent[pair_tested]  # once the triple tallies are gone
     del pair_tested
+    # the frequent pairs are the caller's from here on: on disk through pass 3's peak
+    parked, frequent = ParkedArray(frequent), None
     cand_sets, weights, spills = {}, {}, {}
     for n in lengths:
         cand_sets[n] = _candidate_set_keys(keys[n], n, ctx.v)
@@ -2111,6 +2113,7 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     finally:
         for spill in spills.values():
             spill.close()
+    candidates[2] = parked.load()  # on a failure its file goes with the object
     return ctx, candidates, by_length
 
 
