@@ -71,10 +71,10 @@ def test_ticks_after_the_last_frame_are_not_late():
     ready = np.array([0, 100, 200, 300])
     stamps = np.array([10, 350, 110, 320, 450, 550])
     frames = match_frames(stamps, ready)  # 0, 3, 1, 3, 3, 3
-    late, after_end = late_and_after_end(stamps, frames, ready, period)
+    late, after_end = late_and_after_end(frames, stamps - ready[frames], ready.size, period)
     assert late.tolist() == [False] * 6  # frame 1 at 350 would be late, but frame 3 is newer
     assert after_end.tolist() == [False, False, False, False, False, True]
-    late, _ = late_and_after_end(np.array([330]), np.array([0]), ready, period)
+    late, _ = late_and_after_end(np.array([0]), np.array([330]), ready.size, period)
     assert late.tolist() == [True]  # an old frame assessed long after a newer one was ready
 
 

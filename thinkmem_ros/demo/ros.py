@@ -255,7 +255,7 @@ def match_step(ctx: DemoContext) -> None:
         "end_to_end_ms": percentiles(receipt[used] - frame_ready[frames[used]], 1e-6),
         "stamp_to_receipt_ms": percentiles(receipt[used] - stamp_ns[used], 1e-6),
     }
-    late, after_end = late_and_after_end(stamp_ns, frames, frame_ready, period_ns)
+    late, after_end = late_and_after_end(frames, lag, frames_n, period_ns)
     ctx.summary["matching"] = {"activations": len(acts), "matched": int(used.sum()),
                                "before_window_full_or_unmatched": int((~used).sum()),
                                "frames_without_truth": int((~have_truth).sum()),
@@ -263,18 +263,19 @@ def match_step(ctx: DemoContext) -> None:
                                "missed_ticks": missed_ticks(stamp_ns[used], period_ns)}
 
 
-def late_and_after_end(stamp_ns: np.ndarray, frames: np.ndarray, frame_ready: np.ndarray,
+def late_and_after_end(frames: np.ndarray, lag_ns: np.ndarray, frames_n: int,
                        period_ns: float) -> tuple[np.ndarray, np.ndarray]:
     """Split the activations that came too long after their frame into late and after-end.
 
-    The node's timer keeps ticking after the bag's last frame (while the demo settles), and
-    each of those ticks is matched to the last frame with a lag that grows by a period per
-    tick. They are not late, there was simply nothing newer to assess: counting them as late
-    charged every run about ``settle_s * rate`` load losses that no load caused.
+    ``frames``: each activation's matched frame (-1: none yet); ``lag_ns``: its stamp minus
+    that frame's ready time. The node's timer keeps ticking after the bag's last frame
+    (while the demo settles), and each of those ticks is matched to the last frame with a
+    lag that grows by a period per tick. They are not late, there was simply nothing newer
+    to assess: counting them as late charged every run about ``settle_s * rate`` load
+    losses that no load caused.
     """
-    overdue = (frames >= 0) & (stamp_ns - frame_ready[np.clip(frames, 0, None)]
-                               > LATE_FACTOR * period_ns)
-    after_end = overdue & (frames == len(frame_ready) - 1)
+    overdue = (frames >= 0) & (lag_ns > LATE_FACTOR * period_ns)
+    after_end = overdue & (frames == frames_n - 1)
     return overdue & ~after_end, after_end
 
 
