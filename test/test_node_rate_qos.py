@@ -257,6 +257,25 @@ def test_rate_monitor_flags_a_span_more_than_5_percent_off(rate_hz, mismatch):
     assert not monitor.check(samples_trigger=True).mismatch  # nothing measured yet
 
 
+def test_rate_monitor_names_the_driver_while_watchdog_frames_fill_the_frame_ring():
+    """Before the sensors start, the 'samples' watchdog emits frames at half the rate; the
+    frame ring fills with those plus the first sample-driven frames, so the mismatch shows
+    while each sensor has fewer samples than a window. The driver is still named."""
+    from thinkmem_ros.robot.diagnostics import RateMonitor
+
+    monitor = RateMonitor(("a", "b"), bundle_rate_hz=10.0, window=64)
+    for k in range(20):  # 4 s of watchdog frames at 5 Hz, no samples yet
+        monitor.frame(k * 0.2)
+    for k in range(45):  # then 30 Hz samples, each driving a frame
+        t = 4.0 + k / 30.0
+        monitor.sample(0, t)
+        monitor.frame(t)
+    check = monitor.check(samples_trigger=True)
+    assert check.mismatch and check.fast_signals == ("a",)
+    assert check.signal_rates_hz == {"a": pytest.approx(30.0)}
+    assert "driven by a" in check.reason()
+
+
 def test_rate_monitor_averages_bursts_of_a_busy_executor():
     from thinkmem_ros.robot.diagnostics import RateMonitor
 

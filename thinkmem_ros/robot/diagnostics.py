@@ -48,6 +48,11 @@ RATE_TOLERANCE = 0.05
 """Relative difference of the window span from the bundle's that is reported (5 %)."""
 STAMP_NOTE_S = 10.0
 """A header stamp further behind the node's clock than this is noted (never refused)."""
+SIGNAL_MIN_INTERVALS = 16
+"""Intervals a signal's rate needs before it is reported. Fewer than a frame verdict needs:
+the frame ring also holds the 'samples' watchdog's frames from before the sensors started,
+so it can fill (and show a mismatch) while the sensors driving it have fewer samples than
+a window; the driver is named as soon as its own rate is measurable."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class RateMonitor:
         # loading must not read as another rate.
         self.min_intervals = (min(self.window, keep - 1) if min_intervals is None
                               else min_intervals)
+        self.signal_min_intervals = min(self.min_intervals, SIGNAL_MIN_INTERVALS)
         self._lock = threading.Lock()
         self._frames: deque[float] = deque(maxlen=keep)
         self._samples = [deque(maxlen=keep) for _ in signals]
@@ -115,8 +121,8 @@ class RateMonitor:
             for ring in self._samples:
                 ring.clear()
 
-    def _rate(self, ring: deque) -> float:
-        if len(ring) <= self.min_intervals:
+    def _rate(self, ring: deque, min_intervals: int) -> float:
+        if len(ring) <= min_intervals:
             return float("nan")
         spanned = ring[-1] - ring[0]
         return (len(ring) - 1) / spanned if spanned > 0 else float("nan")
@@ -124,8 +130,8 @@ class RateMonitor:
     def check(self, samples_trigger: bool) -> RateCheck:
         """Judge the current rates; a mismatch is a span more than ``tolerance`` off."""
         with self._lock:
-            frame_rate = self._rate(self._frames)
-            rates = {name: self._rate(ring) for name, ring in zip(
+            frame_rate = self._rate(self._frames, self.min_intervals)
+            rates = {name: self._rate(ring, self.signal_min_intervals) for name, ring in zip(
                 self.signals, self._samples, strict=True)}
         expected = self.window / self.bundle_rate_hz
         span = self.window / frame_rate if frame_rate > 0 else float("nan")
