@@ -150,6 +150,7 @@ def _discovery_child(n_events: int, n_codes: int, seed: int, engine_name: str, o
                  "false_relations": score["fp"], "accepted": len(result.accepted),
                  "engine": engine_name, "engine_start_s": round(engine_start_s, 2),
                  "pass_s": {k: round(v, 1) for k, v in result.notes.get("pass_s", {}).items()},
+                 "family_budget": result.notes.get("family_budget") or None,
                  "patterns": sorted(">".join(r.pattern) for r in result.accepted)})
     except Exception as exc:  # noqa: BLE001 - reported as the size's outcome
         where = traceback.extract_tb(exc.__traceback__)[-3:]

@@ -120,6 +120,12 @@ class DiscoveryConfig:
     # the candidate tests then hold one part's pairs and triples at a time, not the log's;
     # 0 = always one pass over the whole log
     part_events: int = 50_000
+    # the pair family's frames (episodes x orders each code pair's test reads), at most
+    # this many per event of the log, and never fewer than ``min_family_frames``: past it
+    # the pairs whose co-occurrence is most surprising are kept (a statistic the null
+    # holds fixed, so the error control stays valid); 0 = every co-occurring pair
+    family_frames_per_event: float = 2.0
+    min_family_frames: int = 2_000_000
 
     def __post_init__(self) -> None:
         if self.min_gap < 0 or self.max_gap < self.min_gap:
@@ -145,6 +151,9 @@ class DiscoveryConfig:
             raise ValueError(f"scales must be > 0, got {self.scales}")
         if self.part_events < 0:
             raise ValueError(f"part_events must be >= 0, got {self.part_events}")
+        if self.family_frames_per_event < 0 or self.min_family_frames < 0:
+            raise ValueError(f"family_frames_per_event and min_family_frames must be >= 0, "
+                             f"got {self.family_frames_per_event}, {self.min_family_frames}")
         if self.max_lookback < 1 or self.max_checked < 1:
             raise ValueError(f"max_lookback and max_checked must be >= 1, got "
                              f"{self.max_lookback}, {self.max_checked}")
@@ -573,6 +582,7 @@ class _Episodes:
         """
         self.log, self.cfg = log, cfg
         self.pass_s: dict[str, float] = {}  # seconds per pass of a scan in parts
+        self.family: dict[str, float] = {}  # the pair family's budget, when it bound
         self.n_ep = len(log.episode_ids)
         self.v = log.n_codes
         ep, t = log.episode, log.time
@@ -821,18 +831,22 @@ def _copresent_triples(ctx: _Episodes, frequent: np.ndarray) -> tuple[np.ndarray
     return ep[third[ok]], (a[ok] * v + b[ok]) * v + c[ok]
 
 
-def _copresent_sets(ctx: _Episodes, length: int, minimum: int) -> tuple[np.ndarray, ...]:
+def _copresent_sets(ctx: _Episodes, length: int, minimum: int,
+                    pairs: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Code sets present together in >= ``minimum`` episodes.
 
     Returns the sorted set keys, their episode counts and the (episode, key) rows; triples
-    are only built from pairs that co-occur that often.
+    are only built from pairs that co-occur that often (or from ``pairs``, sorted pair
+    set keys, when given: the pair family after its budget).
     """
     pair_ep, pair_key = _copresent_pairs(ctx)
-    pk, pc = _counts(pair_key)
     if length == 2:
         set_ep, set_key = pair_ep, pair_key
     else:
-        set_ep, set_key = _copresent_triples(ctx, pk[pc >= minimum])
+        if pairs is None:
+            pk, pc = _counts(pair_key)
+            pairs = pk[pc >= minimum]
+        set_ep, set_key = _copresent_triples(ctx, pairs)
     keys, counts = _counts(set_key)
     keep = counts >= minimum
     sel = _member(keys[keep], set_key)
@@ -1201,9 +1215,20 @@ def _cooccurrence_weights(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarr
     """
     if set_keys.size == 0:
         return np.ones(0)
+    weight = _cooccurrence_z(ctx, set_keys, frames, length)
+    np.clip(weight, -3.0, 3.0, out=weight)  # in place: ~2 x 10^7 sets on a fleet log
+    weight *= COOCCURRENCE_TILT
+    np.exp(weight, out=weight)
+    weight /= weight.mean()
+    return weight
+
+
+def _cooccurrence_z(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarray,
+                    length: int) -> np.ndarray:
+    """Co-occurrence excess of each code set in standard units (see the weights above)."""
     v = ctx.v
     lengths, per_length = np.unique(ctx.n, return_counts=True)
-    weight = np.empty(set_keys.size)
+    z = np.empty(set_keys.size)
     step = 1 << 20  # a slice of sets at a time: a fleet log has ~10^7 of them
     for lo in range(0, set_keys.size, step):
         keys = set_keys[lo:lo + step]
@@ -1214,10 +1239,43 @@ def _cooccurrence_weights(ctx: _Episodes, set_keys: np.ndarray, frames: np.ndarr
             for x in codes:
                 prod *= 1.0 - (1.0 - ctx.freq[x]) ** n_e
             expected += count * prod
-        z = (frames[lo:lo + step] - expected) / np.sqrt(np.maximum(expected, 1.0))
-        weight[lo:lo + step] = np.exp(COOCCURRENCE_TILT * np.clip(z, -3.0, 3.0))
-    weight /= weight.mean()  # in place: ~2 x 10^7 sets on a fleet log, the peak's moment
-    return weight
+        z[lo:lo + step] = (frames[lo:lo + step] - expected) / np.sqrt(
+            np.maximum(expected, 1.0))
+    return z
+
+
+def _family_budget(cfg: DiscoveryConfig, n_events: int) -> int:
+    """Frames the pair family may hold (0: no limit)."""
+    if cfg.family_frames_per_event <= 0:
+        return 0
+    return max(cfg.min_family_frames, int(cfg.family_frames_per_event * n_events))
+
+
+def _surprising_sets(ctx: _Episodes, set_keys: np.ndarray, set_counts: np.ndarray,
+                     budget: int) -> np.ndarray | None:
+    """Which code pairs stay in the family when their frames exceed ``budget``.
+
+    Independent filtering (Bourgon, Gentleman & Huber 2010): the family may be chosen by
+    any statistic the null holds fixed, and the within-episode null holds every episode's
+    code multiset fixed, so which codes co-occur, and how surprisingly often, says nothing
+    about the order and timing the tests read; the error control over the chosen family
+    stays valid. Without a bound a fleet log tests every code pair it holds (~2 x 10^7 at
+    10^7 events, 8 frames each, and every triple built on them): the cost grows faster
+    than the log until the vocabulary saturates. Kept: the pairs whose co-occurrence
+    excess ``z`` is largest (more frames, then the key, at ties), as many as fit; a pair's
+    two orders read its co-occurring episodes each. Returns a mask over ``set_keys``, or
+    None when every pair fits.
+    """
+    frames = 2 * set_counts.astype(np.int64)
+    if budget <= 0 or int(frames.sum()) <= budget:
+        return None
+    z = _cooccurrence_z(ctx, set_keys, set_counts, 2)
+    order = np.lexsort((set_keys, -frames, -z))
+    del z
+    fits = int(np.searchsorted(np.cumsum(frames[order]), budget, side="right"))
+    keep = np.zeros(set_keys.size, bool)
+    keep[order[:fits]] = True
+    return keep
 
 
 def tarone_bh(p: np.ndarray, minp: np.ndarray, family: int, q: float,
@@ -1833,7 +1891,8 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
     v = ctx.v
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
-                   "parts": len(parts), "pass_s": dict(ctx.pass_s)}
+                   "parts": len(parts), "pass_s": dict(ctx.pass_s),
+                   "family_budget": dict(ctx.family)}
     if progress is not None:
         progress()
     scored: list[Relation] = []
@@ -1885,6 +1944,14 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
     del parts
     ctx = _Episodes(log, cfg)
     pair_rows = _pair_rows(ctx)
+    pair_sets = _copresent_sets(ctx, 2, cfg.accept_support)
+    keep = _surprising_sets(ctx, pair_sets[0], pair_sets[1],
+                            _family_budget(cfg, log.code.size))
+    if keep is not None:
+        pair_sets = _within_budget(ctx, keep, *pair_sets)
+        inside = _member(pair_sets[0], _candidate_set_keys(pair_rows["uk"], 2, ctx.v))
+        pair_rows["uk"], pair_rows["support"] = (pair_rows["uk"][inside],
+                                                 pair_rows["support"][inside])
     frequent = pair_rows["uk"][pair_rows["support"] >= cfg.candidate_support]
     left, right = _neighbours(ctx, frequent)
     triple_rows = _triple_rows(ctx, left, right)
@@ -1893,11 +1960,25 @@ def _scan_whole(log: EventLog, cfg: DiscoveryConfig, parts: list) -> _Scan:
     by_length = {}
     for length, rows in ({3: triple_rows, 2: pair_rows} if cfg.pairs
                          else {3: triple_rows}).items():
-        set_keys, set_counts, set_ep, set_row_key = _copresent_sets(ctx, length,
-                                                                    cfg.accept_support)
+        set_keys, set_counts, set_ep, set_row_key = (
+            pair_sets if length == 2 else
+            _copresent_sets(ctx, 3, cfg.accept_support, pairs=pair_sets[0]))
         by_length[length] = (_test_candidates(ctx, rows, length, set_ep, set_row_key),
                              set_keys, set_counts)
     return ctx, candidates, by_length
+
+
+def _within_budget(ctx: _Episodes, keep: np.ndarray, keys: np.ndarray, counts: np.ndarray,
+                   *rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The pair sets ``keep`` selects (and their (episode, key) rows); noted in ``ctx``."""
+    ctx.family = {"budget_frames": _family_budget(ctx.cfg, ctx.log.code.size),
+                  "sets": int(keys.size), "sets_kept": int(keep.sum()),
+                  "frames": int(2 * counts.sum()), "frames_kept": int(2 * counts[keep].sum())}
+    kept = keys[keep], counts[keep]
+    if not rows:
+        return kept
+    sel = _member(kept[0], rows[1])
+    return (*kept, rows[0][sel], rows[1][sel])
 
 
 FRAME_BLOCK = 1_000_000  # frames built at once in a partitioned scan (~100 MB)
@@ -2059,6 +2140,15 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     pair_set_keys, pair_set_counts = pair_sets.counted(cfg.accept_support)
     del pair_support, pair_sets
     release_free_memory()
+    keep = _surprising_sets(ctx, pair_set_keys, pair_set_counts,
+                            _family_budget(cfg, log.code.size))
+    if keep is not None:  # triples, frames and tests only on the pairs within the budget
+        pair_set_keys, pair_set_counts = _within_budget(ctx, keep, pair_set_keys,
+                                                        pair_set_counts)
+        inside = _member(pair_set_keys, _candidate_set_keys(frequent, 2, ctx.v))
+        frequent, pair_tested = frequent[inside], pair_tested[inside]
+        del inside
+    del keep
     ctx.pass_s["pairs"], started = clock() - started, clock()
     triple_support, triple_sets = (KeyTally(span=ctx.v ** 3, threads=threads),
                                    KeyTally(span=ctx.v ** 3, threads=threads))
