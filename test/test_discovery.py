@@ -530,8 +530,10 @@ def test_column_sums_match_a_bincount_per_scale():
 
 def test_riders_whose_first_code_cannot_be_bound_share_one_family():
     """X...B...C whose X cannot be judged bound to B (B is everywhere) stand on their first
-    contrast alone: those sharing B...C are Holm-adjusted together; a first element with a
-    judged binding, an untestable contrast (0) and another B...C keep their p-values."""
+    contrast alone, read at a scale chosen among the ladder's finite ones: it pays for that
+    choice (x the number of finite scales) and is Holm-adjusted over every nominal rider
+    of the same B...C; a first element with a judged binding, an untestable contrast (0)
+    keep their p-values."""
     from types import SimpleNamespace
 
     from thinkmem_ros.consolidator.discovery import _Check, _unbound_riders
@@ -541,15 +543,19 @@ def test_riders_whose_first_code_cannot_be_bound_share_one_family():
                       episodes=np.zeros(0, np.int64), gaps=(), p_contrast=(p, 0.001),
                       first_unbound=unbound)
 
+    ctx = SimpleNamespace(scales=np.array([1.0, 2.0, 4.0, 8.0, np.inf]))  # 4 finite
     tested = SimpleNamespace(codes=np.array([[0, 8, 9], [1, 8, 9], [2, 8, 9], [3, 8, 9],
-                                             [4, 8, 9], [5, 6, 7]]))
-    checks = {0: check(0.007, True), 1: check(0.2, True), 2: check(0.5, True),
-              3: check(0.01, False), 4: check(0.0, True), 5: check(0.007, True)}
-    _unbound_riders(tested, list(checks), checks)
-    assert checks[0].p_contrast == pytest.approx((0.021, 0.001))  # 3 riders: over alpha
+                                             [4, 8, 9], [5, 6, 7], [6, 8, 9], [7, 8, 9]]))
+    checks = {0: check(0.001, True), 1: check(0.2, True), 2: check(0.5, True),
+              3: check(0.01, False), 4: check(0.0, True), 5: check(0.001, True)}
+    nominal = list(range(8))  # 6 and 7: two more riders of 8...9 that were not examined
+    _unbound_riders(ctx, tested, list(checks), checks, nominal)
+    # 0.001 x 4 scales, then Holm over the 7 nominal X...8...9 (every X tried in front of
+    # that pair, bound or not): rank 1 of 7
+    assert checks[0].p_contrast == pytest.approx((0.028, 0.001))
     assert checks[3].p_contrast[0] == pytest.approx(0.01)  # binding judged: left alone
     assert checks[4].p_contrast[0] == 0.0  # nothing to judge it by: stands as it was
-    assert checks[5].p_contrast[0] == pytest.approx(0.007)  # alone on its B...C
+    assert checks[5].p_contrast[0] == pytest.approx(0.004)  # alone on its B...C: x 4 only
 
 
 def test_lookup_in_blocks_gives_the_same(monkeypatch):
