@@ -69,6 +69,24 @@ def test_promotion_demotion_retirement_and_reactivation():
     assert [h[0] for h in unit.history] == list(range(7))
 
 
+def test_a_promoted_pair_gives_way_to_the_triple_that_contains_it():
+    # the pair B...C promoted first (A not yet seen often enough), the rule A...B...C later:
+    # the pair must stop making the robot consider C after every B
+    pair = ("E002", "E003")
+    units = consolidate({}, _result([_rel(pattern=pair, episodes=(1,))]), 1, CFG)
+    assert units["E002>E003"].active
+    consolidate(units, _result([_rel(), _rel(pattern=pair, episodes=(2,))]), 2, CFG)
+    assert units["E001>E002>E003"].active
+    assert units["E002>E003"].status == "demoted"
+    assert units["E002>E003"].history[-1] == (2, 0.8, pytest.approx(0.8), "demoted")
+    other = ("E004", "E003")  # same consequence, not inside the triple: left alone
+    consolidate(units, _result([_rel(), _rel(pattern=other)]), 3, CFG)
+    assert units["E004>E003"].active
+    for r in range(4, 7):  # the triple fades: the pair, seen again, comes back
+        consolidate(units, _result([_rel(pattern=pair)]), r, CFG)
+    assert not units["E001>E002>E003"].active and units["E002>E003"].active
+
+
 def test_weak_relation_stays_candidate():
     units = consolidate({}, _result([_rel(support=4, antecedent=10)]), 0, CFG)
     assert units["E001>E002>E003"].status == "candidate"
