@@ -2665,13 +2665,17 @@ def _weakest_link(rel: Relation) -> float:
     return max(p for p in parts if not math.isnan(p))
 
 
+def pairs_inside(triples: Iterable[tuple[str, ...]]) -> set[tuple[str, ...]]:
+    """The ordered pairs the given triples contain (A...B, B...C, A...C of each)."""
+    covered: set[tuple[str, ...]] = set()
+    for a, b, c in triples:
+        covered |= {(a, b), (b, c), (a, c)}
+    return covered
+
+
 def _fold(accepted: list[Relation]) -> list[Relation]:
     """Drop accepted pairs that an accepted triple already contains (in the same order)."""
-    covered = set()
-    for r in accepted:
-        if len(r.pattern) == 3:
-            a, b, c = r.pattern
-            covered |= {(a, b), (b, c), (a, c)}
+    covered = pairs_inside(r.pattern for r in accepted if len(r.pattern) == 3)
     kept = [r for r in accepted if len(r.pattern) == 3 or r.pattern not in covered]
     return sorted(kept, key=lambda r: (-len(r.pattern), r.p_value, -r.support, r.pattern))
 

@@ -24,7 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thinkmem_ros.consolidator.discovery import DiscoveryConfig, DiscoveryResult, Relation
+from thinkmem_ros.consolidator.discovery import (
+    DiscoveryConfig,
+    DiscoveryResult,
+    Relation,
+    pairs_inside,
+)
 from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
 
 STATUSES: tuple[str, ...] = ("candidate", "promoted", "demoted", "retired")
@@ -165,11 +170,8 @@ def _fold_into_triples(units: dict[str, KnowledgeUnit], round_index: int) -> Non
     then refused every candidate (``consider:pump_trip`` on 65 % of histories without
     valve_stuck). The pair is kept, demoted, and comes back if the triple goes.
     """
-    covered = set()
-    for unit in units.values():
-        if unit.active and len(unit.pattern) == 3:
-            a, b, c = unit.pattern
-            covered |= {(a, b), (b, c), (a, c)}
+    covered = pairs_inside(u.pattern for u in units.values()
+                           if u.active and len(u.pattern) == 3)
     for unit in units.values():
         if unit.active and len(unit.pattern) == 2 and unit.pattern in covered:
             unit.status = "demoted"
