@@ -38,6 +38,12 @@ def test_rows_cover_round_zero_and_every_round(fleet):
         if row["published"]:
             # what a published round ships: rules, values and memory-control artefacts
             assert set(row["artefacts"]) >= {"rules", "values", "memctl"}
+    # round 1 runs on the shipped bundle (no mark in this store): it reads every row
+    assert rows[1]["read"]["since_id"] == 0 and rows[1]["read"]["reservoir"] == 0
+    assert rows[1]["read"]["new"] == rows[1]["experiences_shipped"]
+    if rows[1]["published"]:  # round 2 reads the new rows and a reservoir of older ones
+        assert rows[2]["read"]["since_id"] == rows[1]["read"]["through_id"] > 0
+        assert rows[2]["read"]["new"] == rows[2]["experiences_shipped"]
 
 
 def test_summary_has_every_pinned_key_with_its_meaning(fleet):
@@ -51,6 +57,7 @@ def test_summary_has_every_pinned_key_with_its_meaning(fleet):
     assert results["min_base_f1_delta"] == pytest.approx(min(f1[1:]) - f1[0], abs=1e-3)
     assert 0.0 <= results["rule_recall_final"] <= 1.0
     assert 0 <= results["rounds_published"] <= 2
+    assert len(results["round_s_by_round"]) == len(results["experiences_read_by_round"]) == 2
     json.dumps(results)  # JSON-ready
 
 

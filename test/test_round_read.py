@@ -99,3 +99,74 @@ def test_the_consolidator_refuses_a_negative_cap(tmp_path):
 
     with pytest.raises(ValueError, match="round_experiences"):
         ConsolidatorConfig(signing_key=tmp_path / "k", round_experiences=-1)
+
+
+def _episode_counts(experiences):
+    counts = {}
+    for e in experiences:
+        counts[(e.robot_id, e.episode_id)] = counts.get((e.robot_id, e.episode_id), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("flush_rows", [0, 100])  # the tail alone, and lake plus tail
+def test_a_marked_round_reads_the_new_rows_and_a_reservoir_of_whole_older_episodes(
+        tmp_path, flush_rows):
+    with ExperienceStore(tmp_path / "s.db", flush_rows=flush_rows) as store:
+        old_total = _fill(store)  # 3 robots x 10 episodes x 12
+        mark = store.last_id()
+        batch = [exp(10_000 + i, robot="r0", episode="new") for i in range(30)]
+        store.insert_many(batch)
+        read = read_round(store, cap=0, seed=0, since_id=mark, reservoir=50)
+        assert (read.since_id, read.through_id) == (mark, store.last_id())
+        assert read.new == 30 and read.stored == old_total + 30
+        assert [e.seq for e in read.experiences[-30:]] == [10_000 + i for i in range(30)]
+        older = _episode_counts(read.experiences[:-30])
+        assert read.reservoir == sum(older.values()) == 48  # 4 whole episodes of 12 fit 50
+        assert set(older.values()) == {12} and ("r0", "new") not in older
+        again = read_round(store, cap=0, seed=0, since_id=mark, reservoir=50)
+        assert [e.seq for e in again.experiences] == [e.seq for e in read.experiences]
+        none = read_round(store, cap=0, seed=0, since_id=mark, reservoir=0)
+        assert [e.seq for e in none.experiences] == [10_000 + i for i in range(30)]
+
+
+def test_the_reservoir_keeps_its_episodes_as_the_history_grows(tmp_path):
+    """A prefix of a fixed priority order: later rounds keep earlier picks unless newer
+    episodes rank lower, and the sample spreads over the whole history."""
+    with ExperienceStore(tmp_path / "s.db", flush_rows=0) as store:
+        _fill(store, robots=2, episodes=20, per_episode=3)
+        first_mark = store.last_id()
+        first = _episode_counts(read_round(store, cap=0, seed=1, since_id=first_mark,
+                                           reservoir=30).experiences)
+        _fill_more = [exp(50_000 + i, robot="r9", episode=f"late{i // 3}") for i in range(60)]
+        store.insert_many(_fill_more)
+        later = _episode_counts(read_round(store, cap=0, seed=1, since_id=store.last_id(),
+                                           reservoir=30).experiences)
+        assert len(first) == len(later) == 10
+        newcomers = set(later) - set(first)
+        assert all(r == "r9" for r, _ in newcomers)  # only newer episodes can displace
+        assert len({r for r, _ in later}) >= 2
+
+
+def test_a_mark_past_the_store_reads_everything(tmp_path):
+    """A mark from another store (ids beyond this one's newest row) is not trusted."""
+    with ExperienceStore(tmp_path / "s.db", flush_rows=0) as store:
+        total = _fill(store, robots=1, episodes=3, per_episode=4)
+        read = read_round(store, cap=0, seed=0, since_id=store.last_id() + 100)
+        assert read.since_id == 0 and len(read.experiences) == total == read.new
+
+
+def test_the_new_rows_obey_the_cap_as_whole_episodes(tmp_path):
+    with ExperienceStore(tmp_path / "s.db", flush_rows=0) as store:
+        _fill(store, robots=1, episodes=2, per_episode=5)
+        mark = store.last_id()
+        store.insert_many([exp(1000 + i, robot="r5", episode=f"n{i // 10}") for i in range(100)])
+        read = read_round(store, cap=35, seed=2, since_id=mark, reservoir=0)
+        counts = _episode_counts(read.experiences)
+        assert read.new == 30 and set(counts.values()) == {10}
+
+
+def test_the_consolidator_refuses_a_negative_reservoir(tmp_path):
+    from thinkmem_ros.consolidator.service import ConsolidatorConfig
+
+    with pytest.raises(ValueError, match="round_reservoir"):
+        ConsolidatorConfig(signing_key=tmp_path / "k", round_reservoir=-1)

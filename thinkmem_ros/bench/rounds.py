@@ -350,6 +350,8 @@ def run_fleet(size: dict, seed: int, progress=None, bundle: Path | str | None = 
                    "round_artefacts": report.artefacts,
                    "gate_reasons": list(report.gate.reasons) if report.gate else [],
                    "round_s": round(time.perf_counter() - t0, 1),
+                   "consolidation_s": round(report.seconds, 1), "timings": report.timings,
+                   "read": report.read,
                    **score_bundle(running, streams, base_labels, planted_now, natural)}
             rows.append(row)
             if progress is not None:
@@ -399,6 +401,15 @@ def summarise(fleets: list[dict]) -> dict:
                                                 for f in fleets])),
         "rounds": len(fleets[0]["rows"]) - 1,
         "artefacts_attached": bool(attached),
+        # the consolidator's own time per round (index 0 = round 1) and what it decoded:
+        # rounds after the first read the rows new to the running bundle and a reservoir
+        "round_s_by_round": [round(float(np.mean([f["rows"][r]["consolidation_s"]
+                                                  for f in fleets])), 1)
+                             for r in range(1, len(fleets[0]["rows"]))],
+        "experiences_read_by_round": [
+            round(float(np.mean([f["rows"][r]["read"]["new"] + f["rows"][r]["read"]["reservoir"]
+                                 for f in fleets])), 1)
+            for r in range(1, len(fleets[0]["rows"]))],
     }
 
 
@@ -444,7 +455,7 @@ def plot(result: dict, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     curves = result["curves"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     xs = sorted(int(k) for k in curves["base_f1"])
     axes[0].errorbar(xs, [curves["base_f1"][str(x)]["mean"] for x in xs],
                      yerr=[curves["base_f1"][str(x)]["std"] for x in xs], marker="o")
@@ -461,6 +472,15 @@ def plot(result: dict, path: str | Path) -> None:
     axes[1].set(xlabel="round", ylim=(-0.02, 1.02), title="anticipation of promoted rules")
     axes[1].legend()
     r = result["results"]
+    xs = list(range(1, len(r["round_s_by_round"]) + 1))
+    axes[2].plot(xs, r["round_s_by_round"], marker="o", c="C3", label="round time (s)")
+    axes[2].set(xlabel="round", ylabel="seconds", title="consolidation time per round")
+    twin = axes[2].twinx()
+    twin.plot(xs, r["experiences_read_by_round"], marker="^", c="grey",
+              label="experiences read")
+    twin.set(ylabel="experiences read")
+    axes[2].legend(loc="upper left")
+    twin.legend(loc="lower right")
     fig.suptitle(f"{r['rounds']} rounds, published {r['rounds_published']:.1f}, rule recall "
                  f"{r['rule_recall_final']:.2f}, spurious {r['spurious_promoted']:.1f}")
     fig.tight_layout()

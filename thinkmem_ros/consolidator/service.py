@@ -5,7 +5,9 @@ ACK) feeds ``ExperienceStore`` and, through its ``on_stored`` hook, the
 ``ConsolidationTrigger``'s temporary buffer. When the trigger fires (period, buffer size,
 novelty, repeated failure) -- or when ``run_round()`` is called directly -- a round runs:
 
-1. read the store: every experience and each episode's event history;
+1. read the store: each episode's event history, and the experiences that are new to the
+   running bundle (rows after its mark, ``round_marks``; every row for a bundle without
+   one) plus a bounded reservoir of older episodes (``round_read``);
 2. discovery over the episodes (``discovery.discover``), folded into the persistent
    knowledge units (``knowledge.consolidate`` + ``KnowledgeStore``, same SQLite file);
 3. material D U D_dir U D_disc: D is the training set behind the published bundle
@@ -23,7 +25,7 @@ novelty, repeated failure) -- or when ``run_round()`` is called directly -- a ro
    gated with the round's rules instead, so a round whose retraining would cost base
    skills still ships what it learned (rules, values, memory control) without making the
    robot worse (``RoundReport.policy`` / ``attempts`` say so);
-5. on pass, the artefacts the bundle ships with are fitted from the store in the
+5. on pass, the artefacts the bundle ships with are fitted from what the round read in the
    candidate's embedding and attached to it (values.npz from the rewards, memctl.npz from
    the hindsight labels; a kind the store cannot fit carries the running bundle's copy
    over, ``RoundReport.artefacts`` says which); the new D (held-out slice included) moves
@@ -67,7 +69,12 @@ from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore,
 from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
-from thinkmem_ros.consolidator.round_read import DEFAULT_ROUND_EXPERIENCES, read_round
+from thinkmem_ros.consolidator.round_marks import RoundMarks
+from thinkmem_ros.consolidator.round_read import (
+    DEFAULT_RESERVOIR,
+    DEFAULT_ROUND_EXPERIENCES,
+    read_round,
+)
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.data import SituationSet
@@ -113,6 +120,11 @@ class ConsolidatorConfig:
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
     round_experiences: int = DEFAULT_ROUND_EXPERIENCES
+    # a round on a bundle this store trained reads the rows after its mark plus at most
+    # this many experiences of older episodes (``round_read``); False: every round reads
+    # the whole store (within round_experiences), as a first round does
+    incremental_rounds: bool = True
+    round_reservoir: int = DEFAULT_RESERVOIR
     # where discovery's passes over the log's parts, material building and retraining run:
     # "embedded" (this process) or "ray" (tasks and Ray Train workers on the Ray cluster at
     # engine_address; None = a local one)
@@ -141,7 +153,8 @@ class ConsolidatorConfig:
                              f"tcp://host:port, got {self.recall_bind!r}")
         # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
-                          ("round_experiences", 0), ("engine_threads", 0)):
+                          ("round_experiences", 0), ("engine_threads", 0),
+                          ("round_reservoir", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
@@ -165,6 +178,8 @@ class RoundReport:
 
     reason: str
     experiences: int = 0  # what the round read (at most round_experiences)
+    # how it read: {"since_id", "through_id", "new", "reservoir"} (``round_read.RoundRead``)
+    read: dict = field(default_factory=dict)
     episodes: int = 0
     stored_experiences: int = 0  # what the store held (every signal set)
     engine: str = ""  # where retraining ran: "embedded", or "ray (N Ray Train workers)"
@@ -430,13 +445,19 @@ class ConsolidatorService:
 
         cfg = self.config
         t = time.perf_counter()
+        current = self.publisher.current()
+        previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         with ExperienceStore(cfg.db_path) as store:
             read = read_round(store, cfg.round_experiences, cfg.seed,
-                              lambda e: self.accept.reason(e) is None)  # another line's
+                              lambda e: self.accept.reason(e) is None,  # another line's
+                              since_id=self._mark(current, previous),
+                              reservoir=cfg.round_reservoir)
             experiences = read.experiences
             log_, _ = event_log(store, cfg.partitions)
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
         report.stored_experiences = read.stored
+        report.read = {"since_id": read.since_id, "through_id": read.through_id,
+                       "new": read.new, "reservoir": read.reservoir}
         report.timings["read_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
@@ -455,8 +476,6 @@ class ConsolidatorService:
         report.timings["discovery_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()
-        current = self.publisher.current()
-        previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         try:
             material = assemble(experiences, promoted, current, cfg.retrain,
                                 rehearsal=previous.data,
@@ -539,9 +558,23 @@ class ConsolidatorService:
         else:
             publication = self.publisher.publish(candidate, push=push)
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
+        with RoundMarks(cfg.db_path) as marks:  # D now covers the rows this round read
+            marks.record(sha, read.through_id, publication.version)
         self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published" if report.canaries is None else "published to canaries"
+
+    def _mark(self, current, previous) -> int:
+        """The row id the running bundle learned through (0: read the whole store).
+
+        Only a bundle whose D this store's rounds saved (``previous.source == "saved"``)
+        has one: D is what carries the older rows' direct material into the round.
+        """
+        if not self.config.incremental_rounds or previous.source != "saved":
+            return 0
+        sha = ((current.manifest.extras or {}).get("rehearsal") or {}).get("sha256")
+        with RoundMarks(self.config.db_path) as marks:
+            return marks.through(sha)
 
     def _artefacts(self, experiences: list[Experience], candidate, current, staging: Path,
                    rules: RuleSet) -> dict:
@@ -552,7 +585,8 @@ class ConsolidatorService:
         previous bundle's.
 
         Both are learned in the candidate's embedding (the robot keys them with the policy
-        it runs) from everything the store holds. A kind the store cannot fit (too few
+        it runs) from what the round read: the rows new to the running bundle and the
+        reservoir of older episodes (``round_read``). A kind the store cannot fit (too few
         rewards or judged experiences, one class only, a failed fit) carries the running
         bundle's copy over when it has one, with the reason in the report: the robot keeps
         what it had rather than losing it with the swap. A carried table was learned in the
@@ -677,6 +711,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-experiences", type=int, default=DEFAULT_ROUND_EXPERIENCES,
                         help="experiences a round decodes at most: beyond that, a seeded "
                         "sample of whole episodes (0 = every stored experience)")
+    parser.add_argument("--round-reservoir", type=int, default=DEFAULT_RESERVOIR,
+                        help="a round on a bundle this store trained reads the experiences "
+                        "new to it plus at most this many of older episodes")
+    parser.add_argument("--whole-store-rounds", action="store_true",
+                        help="every round reads the whole store (within "
+                        "--round-experiences) instead of what is new to the running bundle")
     parser.add_argument("--engine", choices=ENGINES, default="embedded",
                         help="where discovery's passes over the log's parts run: this "
                         "process, or Ray tasks (ray: pip install ray==2.60.0)")
@@ -714,6 +754,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             max_wait_s=args.canary_max_wait_s),
         recall_bind=args.recall_bind, flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
+        round_reservoir=args.round_reservoir, incremental_rounds=not args.whole_store_rounds,
         engine_address=args.address, engine_threads=args.threads,
         train_workers=args.train_workers)
 

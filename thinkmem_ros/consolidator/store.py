@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,12 +204,25 @@ class ExperienceStore:
         rows = tail or lake
         return None if not rows else decode_experience(rows[0][0])
 
-    def episodes(self, robot_id: str | None = None) -> list[EpisodeInfo]:
-        """Every episode with its size and time span, ordered by robot then first stamp."""
-        where, params = ("", ()) if robot_id is None else ("WHERE robot_id = ?", (robot_id,))
+    def episodes(self, robot_id: str | None = None, after_id: int = 0,
+                 through_id: int | None = None) -> list[EpisodeInfo]:
+        """Every episode with its size and time span, ordered by robot then first stamp.
+
+        ``after_id`` < row id <= ``through_id`` limits the rows counted (an episode that
+        spans the bounds is counted with its rows inside them): what arrived since a mark,
+        or what had arrived by it. The query reads ids and stamps, never payloads.
+        """
+        clauses, params = ["id > ?"], [after_id]
+        if through_id is not None:
+            clauses.append("id <= ?")
+            params.append(through_id)
+        if robot_id is not None:
+            clauses.append("robot_id = ?")
+            params.append(robot_id)
         lake, tail = self._both(
             "SELECT robot_id, episode_id, COUNT(*), MIN(stamp), MAX(stamp) FROM {src} "
-            f"{where} GROUP BY robot_id, episode_id", params, robot_id)
+            f"WHERE {' AND '.join(clauses)} GROUP BY robot_id, episode_id", params, robot_id,
+            after_id, through_id)
         merged: dict[tuple[str, str], list] = {}
         for r in lake + tail:
             have = merged.get((r[0], r[1]))
@@ -260,6 +273,35 @@ class ExperienceStore:
             (robot_id, episode_id), robot_id)
         rows = sorted(lake + tail, key=lambda r: (r[0], r[1]))
         return _decode_all([r[2] for r in rows])
+
+    def episodes_through(self, keys: Iterable[tuple[str, str]], through_id: int
+                         ) -> list[Experience]:
+        """The rows of episodes ``keys`` (robot, episode) with id <= ``through_id``.
+
+        One query per robot over that robot's files (the lake is partitioned by robot), so
+        a round re-reads a sample of older episodes without scanning every payload.
+        Episodes come in ``keys`` order, each in time order (stamp, then seq).
+        """
+        keys = list(keys)
+        by_robot: dict[str, list[str]] = {}
+        for robot_id, episode_id in keys:
+            by_robot.setdefault(robot_id, []).append(episode_id)
+        rows: dict[tuple[str, str], list[tuple]] = {}
+        for robot_id, episodes in by_robot.items():
+            for lo in range(0, len(episodes), 500):  # SQLite's bound-parameter limit
+                chunk = episodes[lo:lo + 500]
+                marks = ", ".join("?" * len(chunk))
+                lake, tail = self._both(
+                    "SELECT episode_id, stamp, seq, payload FROM {src} WHERE robot_id = ?"
+                    f" AND id <= ? AND episode_id IN ({marks})",
+                    (robot_id, through_id, *chunk), robot_id, through_id=through_id)
+                for r in lake + tail:
+                    rows.setdefault((robot_id, r[0]), []).append(r[1:])
+        out: list[Experience] = []
+        for key in keys:
+            got = sorted(rows.get(key, []), key=lambda r: (r[0], r[1]))
+            out += _decode_all([r[2] for r in got])
+        return out
 
     def episode_events(self) -> dict[tuple[str, str], list[str]]:
         """Event sequence per (robot_id, episode_id), for cross-experience discovery.
@@ -316,14 +358,15 @@ class ExperienceStore:
         self.close()
 
     def _both(self, sql: str, params: Sequence, robot_id: str | None = None,
-              after_id: int = 0) -> tuple[list[tuple], list[tuple]]:
+              after_id: int = 0, through_id: int | None = None
+              ) -> tuple[list[tuple], list[tuple]]:
         """Run one query (``{src}`` = the rows) over the lake and the tail of one snapshot.
 
         The manifest and the tail are read in one SQLite read transaction, so a flush
         committed meanwhile cannot show a row twice or hide it; listed files never change.
         """
         with self._snapshot():
-            files = self._lake_files(robot_id, after_id)
+            files = self._lake_files(robot_id, after_id, through_id)
             tail = self._conn.execute(sql.format(src="experiences"), params).fetchall()
         return self._lake_query(sql, files, params), tail
 
@@ -333,8 +376,12 @@ class ExperienceStore:
         except LakeError as exc:
             raise StoreError(str(exc)) from exc
 
-    def _lake_files(self, robot_id: str | None = None, after_id: int = 0) -> list[str]:
+    def _lake_files(self, robot_id: str | None = None, after_id: int = 0,
+                    through_id: int | None = None) -> list[str]:
         sql, params = "SELECT path FROM lake_files WHERE max_id > ?", [after_id]
+        if through_id is not None:
+            sql += " AND min_id <= ?"
+            params.append(through_id)
         if robot_id is not None:
             sql += " AND robot_id = ?"
             params.append(robot_id)

@@ -1,0 +1,70 @@
+"""Rounds after the first read what is new to the running bundle, plus a bounded reservoir."""
+
+from dataclasses import replace
+
+import consolidator_world as world
+import pytest
+import torch
+
+from thinkmem_ros.consolidator.retrain import RetrainConfig
+from thinkmem_ros.consolidator.round_marks import RoundMarks
+from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.link.experience import encode_experience
+from thinkmem_ros.link.security import write_signing_keypair
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def _store(path, robot, episodes, seed):
+    records = [replace(e, seq=i) for i, e in
+               enumerate(world.experiences(robot, episodes, 5, seed=seed))]
+    with ExperienceStore(path) as store:
+        store.insert_many([(e, encode_experience(e)) for e in records])
+        return store.last_id()
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, incremental):
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    db = tmp_path / "c.db"
+    first_mark = _store(db, "r1", 40, seed=1)
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
+        initial_bundle=world.running_bundle(tmp_path / "running"),
+        retrain=RetrainConfig(epochs=2, distill_margin=0.1), round_reservoir=50,
+        incremental_rounds=incremental))
+    first = service.run_round("first")
+    assert first.published_version == 2, first.to_dict()
+    # the shipped bundle has no mark in this store: the first round reads every row
+    assert first.read == {"since_id": 0, "through_id": first_mark, "new": 200,
+                          "reservoir": 0}
+    sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
+    with RoundMarks(db) as marks:
+        assert marks.through(sha) == first_mark
+    second_mark = _store(db, "r2", 20, seed=2)
+    second = service.run_round("second")
+    if incremental:
+        assert second.read == {"since_id": first_mark, "through_id": second_mark,
+                               "new": 100, "reservoir": 50}
+        assert second.experiences == 150
+    else:
+        assert second.read["since_id"] == 0 and second.experiences == 300
+    assert second.stored_experiences == 300 and second.episodes == 60
+    assert "EA>EB>EC" in second.promoted
+    if second.published_version is not None:  # the mark moves with the published D
+        sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
+        with RoundMarks(db) as marks:
+            assert marks.through(sha) == second_mark
+
+
+def test_a_mark_belongs_to_one_rehearsal_set(tmp_path):
+    with RoundMarks(tmp_path / "c.db") as marks:
+        marks.record("a" * 64, 120, 2)
+        marks.record("b" * 64, 480, 3)
+        assert marks.through("a" * 64) == 120  # a rollback to v2 reads from v2's mark
+        assert marks.through("b" * 64) == 480
+        assert marks.through("c" * 64) == 0 and marks.through(None) == 0
