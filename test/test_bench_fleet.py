@@ -47,3 +47,21 @@ def test_the_ray_run_is_compared_with_the_embedded_one_of_the_same_size():
     out = _ray_results(ray, [embedded])
     assert out["same_patterns"] is True and out["discovery_s_1e7"] is None
     assert out["discovery_s_1e6"] == ray["seconds"] and out["error"] is None
+
+
+def test_a_rounds_read_is_measured_whole_and_incremental_on_the_same_stores(tmp_path):
+    from thinkmem_ros.bench.round_read import read_scaling
+
+    out = read_scaling((800, 1600), new=200, reservoir=500)
+    small, large = out["rows"]
+    for row in out["rows"]:  # the whole store, and the new rows plus whole old episodes
+        assert row["whole_decoded"] == row["stored_before"] + 200
+        assert row["new"] == 200 and 0 < row["reservoir"] <= 500
+        assert row["incremental_decoded"] == row["new"] + row["reservoir"]
+    assert out["growth_whole"] is not None and out["growth_incremental"] is not None
+    report = {"curves": {"discovery": []}, "round_read": out,
+              "results": {"rule_recall_1e7": None, "false_relations_1e7": None,
+                          "ingest_per_s_1": 1.0, "ingest_per_s_2": 2.0,
+                          "receiver_kill": {"lost": 0}}}
+    plot(report, tmp_path / "fleet.png")
+    assert (tmp_path / "fleet.png").stat().st_size > 10_000

@@ -68,3 +68,26 @@ def test_a_mark_belongs_to_one_rehearsal_set(tmp_path):
         assert marks.through("a" * 64) == 120  # a rollback to v2 reads from v2's mark
         assert marks.through("b" * 64) == 480
         assert marks.through("c" * 64) == 0 and marks.through(None) == 0
+
+
+def test_a_refused_round_leaves_the_mark_so_its_rows_are_read_again(tmp_path):
+    from thinkmem_ros.consolidator.gate import GateConfig
+
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    db = tmp_path / "c.db"
+    first_mark = _store(db, "r1", 40, seed=1)
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
+        initial_bundle=world.running_bundle(tmp_path / "running"),
+        retrain=RetrainConfig(epochs=2, distill_margin=0.1), round_reservoir=0))
+    assert service.run_round("first").published_version == 2
+    _store(db, "r2", 10, seed=2)
+    gate = service.config.gate
+    service.config.gate = GateConfig(min_heldout=10**9)  # nothing can be judged: refused
+    refused = service.run_round("refused")
+    assert refused.published_version is None and refused.read["since_id"] == first_mark
+    service.config.gate = gate
+    third_mark = _store(db, "r3", 10, seed=3)
+    third = service.run_round("third")
+    assert third.read == {"since_id": first_mark, "through_id": third_mark, "new": 100,
+                          "reservoir": 0}

@@ -43,6 +43,9 @@ BACKGROUND = 20.0
 SIZES = (100_000, 300_000, 1_000_000, 3_000_000, 10_000_000)
 QUICK_SIZES = (100_000, 300_000, 1_000_000)
 RAY_SIZE, QUICK_RAY_SIZE = 10_000_000, 1_000_000  # the Ray engine's run, against embedded's
+# stored experiences before a round (``bench.round_read``), then 5,000 new ones arrive
+READ_SIZES, QUICK_READ_SIZES = (50_000, 200_000, 800_000), (20_000, 80_000)
+READ_NEW = 5_000
 SMALL_VOCABULARY = 48
 SMALL_VOCABULARY_EVENTS = 300_000  # 48 codes cost ~1 ms per event: 10^6 takes ~20 min
 
@@ -226,12 +229,14 @@ def run(quick: bool, seeds: int) -> dict:
     """Discovery over the sizes (one seed: each size is one long run), then ingest."""
     from thinkmem_ros.bench import fleet_ingest
     from thinkmem_ros.bench.common import bench_progress
+    from thinkmem_ros.bench.round_read import read_scaling
+    from thinkmem_ros.consolidator.round_read import DEFAULT_RESERVOIR
 
     del seeds  # each discovery size is a single run; ingest repeats are its own
     sizes = QUICK_SIZES if quick else SIZES
     rows: list[dict] = []
     with bench_progress() as progress:
-        task = progress.add_task("fleet", total=len(sizes) + 6)
+        task = progress.add_task("fleet", total=len(sizes) + 7)
         for n in sizes:
             rows.append(discovery_at(n, timeout_s=SIZE_TIMEOUT_S.get(n, 3600.0)))
             progress.advance(task)
@@ -249,6 +254,9 @@ def run(quick: bool, seeds: int) -> dict:
         kill = fleet_ingest.receiver_kill(robots=4, records=records)
         progress.advance(task)
         wire = fleet_ingest.bytes_per_experience(records=2000, ship_every=1)
+        progress.advance(task)
+        reads = read_scaling(QUICK_READ_SIZES if quick else READ_SIZES, READ_NEW,
+                             DEFAULT_RESERVOIR)
         progress.advance(task)
     big = next((r for r in rows if r["n_events"] >= 9_000_000), None)
     top = big if big is not None and "seconds" in big else None
@@ -271,12 +279,19 @@ def run(quick: bool, seeds: int) -> dict:
                                  "after": round(wire["after"], 1),
                                  "ratio": round(wire["ratio"], 2)},
         "small_vocabulary": small,
+        # a round's read: the whole store against the rows after the running bundle's
+        # mark plus the reservoir; time at the largest store over time at the smallest
+        "round_read": {"growth_whole": reads["growth_whole"],
+                       "growth_incremental": reads["growth_incremental"],
+                       "store_growth": round(reads["rows"][-1]["stored_before"]
+                                             / reads["rows"][0]["stored_before"], 1)},
     }
     return {
         "results": results,
         "curves": {"discovery": rows, "ray": [ray_row]},
         "ingest": {"one_receiver": one, "two_receivers": two, "receiver_kill": kill,
                    "bytes": wire},
+        "round_read": reads,
         "settings": {"sizes": list(sizes), "robots": ROBOTS, "n_codes": N_CODES,
                      "n_rules": N_RULES, "background_per_episode": BACKGROUND,
                      "discovery": {k: (list(v) if isinstance(v, tuple) else
@@ -295,7 +310,7 @@ def plot(report: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["curves"]["discovery"] if "seconds" in r]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right, reads) = plt.subplots(1, 3, figsize=(15, 4))
     if rows:
         n = [r["n_events"] for r in rows]
         left.loglog(n, [r["seconds"] for r in rows], "o-", label="embedded (parts)")
@@ -314,6 +329,17 @@ def plot(report: dict, path) -> None:
                        label=f"{r['n_events']:.0e} failed: {r['error'].split(':')[0]}")
     left.axhline(600, color="r", linestyle="--", label="target at 1e7: 600 s")
     right.axhline(2.0, color="r", linestyle="--", label="target: 2 GB")
+    read_rows = (report.get("round_read") or {}).get("rows", [])
+    if read_rows:
+        stored = [r["stored_before"] for r in read_rows]
+        reads.plot(stored, [r["whole_s"] for r in read_rows], "o-",
+                   label="whole store (what every round read before)")
+        reads.plot(stored, [r["incremental_s"] for r in read_rows], "s-",
+                   label=f"new rows + reservoir ({read_rows[0]['new']:,} new)")
+        reads.set(xlabel="experiences stored before the round", ylabel="seconds",
+                  title="a round's read", ylim=(0, None))
+        reads.legend(fontsize=8)
+        reads.grid(True, alpha=0.3)
     left.set(xlabel="events", ylabel="discovery seconds", title="time")
     right.set(xlabel="events", ylabel="GB", title="memory")
     for ax in (left, right):

@@ -583,6 +583,9 @@ class _Episodes:
         self.log, self.cfg = log, cfg
         self.pass_s: dict[str, float] = {}  # seconds per pass of a scan in parts
         self.family: dict[str, float] = {}  # the pair family's budget, when it bound
+        # each ordered code pair's binding test (``_pair_binding``), asked for by every
+        # triple that holds the pair: hundreds of checks share a few dozen pairs
+        self.bindings: dict[tuple[int, int], tuple[float, bool]] = {}
         self.n_ep = len(log.episode_ids)
         self.v = log.n_codes
         ep, t = log.episode, log.time
@@ -1729,12 +1732,18 @@ def _stratified_greater(k1: np.ndarray, n1: np.ndarray, k0: np.ndarray, n0: np.n
     return float(min(1.0, dist[observed:].sum())), True
 
 
-def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> float:
+def _pair_binding(ctx: _Episodes, codes: tuple[int, int]) -> tuple[float, bool]:
     """A...B in A's episodes against B's presence in the episodes without A (Fisher).
 
     With whether the table can reach the level at all (not when A is in nearly every
-    episode, or B too rare).
+    episode, or B too rare). It reads only the log, so it is worked out once per pair.
     """
+    if codes not in ctx.bindings:
+        ctx.bindings[codes] = _pair_binding_of(ctx, codes)
+    return ctx.bindings[codes]
+
+
+def _pair_binding_of(ctx: _Episodes, codes: tuple[int, int]) -> tuple[float, bool]:
     a, b = codes
     n_a = int(ctx.code_start[a + 1] - ctx.code_start[a])
     n_b = int(ctx.code_start[b + 1] - ctx.code_start[b])

@@ -1,0 +1,80 @@
+"""What a round decodes as the store grows: the whole store, or what is new plus a reservoir.
+
+Why: a round used to decode every stored experience, so its read (and the retraining,
+gate and artefacts that work on what it read) grew with the fleet's whole history. A round
+on top of a bundle this store trained reads the rows after that bundle's mark and a
+bounded reservoir of older episodes (``consolidator/round_read.py``). This measures both
+reads side by side on the same stores: realistic records (32 x 7 windows, masks, ten
+labels, events; ``fleet_ingest._experiences``) from 8 robots, 500 per episode, written
+through the store's real ingest (SQLite tail, 20,000-row flushes into the Parquet lake).
+Each size is the store before a round; ``new`` more rows arrive after the mark; both reads
+then run on the same files, the whole-store one within an unlimited cap.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROBOTS = 8
+
+
+def _fill(store, rows: int, start: int, rng: np.random.Generator) -> None:
+    """``rows`` more records, spread over the robots, numbered after ``start`` per robot."""
+    from thinkmem_ros.bench.fleet_ingest import _experiences
+    from thinkmem_ros.link.experience import encode_experience
+
+    per_robot = rows // ROBOTS
+    for r in range(ROBOTS):
+        records = _experiences(f"robot{r}", start + per_robot, "t", rng)[start:]
+        for lo in range(0, len(records), 2000):
+            batch = [e.with_seq(start + lo + i) for i, e in enumerate(records[lo:lo + 2000])]
+            store.insert_many([(e, encode_experience(e)) for e in batch])
+
+
+def read_scaling(sizes: tuple[int, ...], new: int, reservoir: int, progress=None) -> dict:
+    """Seconds and experiences decoded by both reads, per store size."""
+    from thinkmem_ros.consolidator.round_read import read_round
+    from thinkmem_ros.consolidator.store import ExperienceStore
+
+    rows = []
+    for size in sizes:
+        with tempfile.TemporaryDirectory(prefix="round-read-") as tmp:
+            rng = np.random.default_rng(size)
+            with ExperienceStore(Path(tmp) / "c.db") as store:
+                _fill(store, size, 0, rng)
+                mark = store.last_id()
+                _fill(store, new, size // ROBOTS, rng)
+                t = time.perf_counter()
+                whole = read_round(store, cap=0, seed=0)
+                whole_s = time.perf_counter() - t
+                decoded_whole = len(whole.experiences)
+                del whole
+                t = time.perf_counter()
+                incremental = read_round(store, cap=0, seed=0, since_id=mark,
+                                         reservoir=reservoir)
+                incremental_s = time.perf_counter() - t
+            rows.append({"stored_before": size, "new": incremental.new,
+                         "reservoir": incremental.reservoir,
+                         "whole_s": round(whole_s, 2), "whole_decoded": decoded_whole,
+                         "incremental_s": round(incremental_s, 2),
+                         "incremental_decoded": len(incremental.experiences)})
+            del incremental
+        if progress is not None:
+            progress()
+    return {"rows": rows, "robots": ROBOTS, "new": new, "reservoir": reservoir,
+            "growth_whole": _ratio(rows, "whole_s"),
+            "growth_incremental": _ratio(rows, "incremental_s")}
+
+
+def _ratio(rows: list[dict], key: str) -> float | None:
+    """Time at the largest store over time at the smallest.
+
+    The stores grow by ``stored_before`` of the last row over the first's.
+    """
+    if len(rows) < 2 or rows[0][key] <= 0:
+        return None
+    return round(rows[-1][key] / rows[0][key], 2)
