@@ -406,6 +406,8 @@ def summarise(fleets: list[dict]) -> dict:
         "round_s_by_round": [round(float(np.mean([f["rows"][r]["consolidation_s"]
                                                   for f in fleets])), 1)
                              for r in range(1, len(fleets[0]["rows"]))],
+        "discovery_s_by_round": [round(float(np.mean([f["rows"][r]["timings"].get(
+            "discovery_s", 0.0) for f in fleets])), 1) for r in range(1, len(fleets[0]["rows"]))],
         "experiences_read_by_round": [
             round(float(np.mean([f["rows"][r]["read"]["new"] + f["rows"][r]["read"]["reservoir"]
                                  for f in fleets])), 1)
@@ -474,6 +476,8 @@ def plot(result: dict, path: str | Path) -> None:
     r = result["results"]
     xs = list(range(1, len(r["round_s_by_round"]) + 1))
     axes[2].plot(xs, r["round_s_by_round"], marker="o", c="C3", label="round time (s)")
+    axes[2].plot(xs, r["discovery_s_by_round"], marker="s", c="C4",
+                 label="of which discovery (s)")
     axes[2].set(xlabel="round", ylabel="seconds", title="consolidation time per round")
     twin = axes[2].twinx()
     twin.plot(xs, r["experiences_read_by_round"], marker="^", c="grey",
