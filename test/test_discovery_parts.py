@@ -121,3 +121,28 @@ def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
     assert len(tallies) == 4 and all(f.rows > 0 for f in tallies)
     assert len(frames) == 2 and all(f.buckets > 3 for f in frames)
     assert list(tmp_path.iterdir()) == []  # every spill folder removed
+
+
+def test_the_python_loops_for_a_few_slots_agree_with_the_gap_matrices(monkeypatch):
+    """``_tightest`` and ``_fits_any`` loop in Python below SMALL_SLOTS; the numpy path
+    (gap matrices) must give the same answer on every episode, gap bound and lookback."""
+    from thinkmem_ros.consolidator import discovery as d
+
+    rng = np.random.default_rng(7)
+    cases = []
+    for _ in range(400):
+        n = int(rng.integers(2, 10))
+        t = np.sort(rng.choice([0.0, 0.5, 1.0, 2.0, 3.5, 7.0, 11.0], n) + rng.integers(0, 3, n))
+        pos = [np.sort(rng.choice(n, int(rng.integers(1, min(n, 3) + 1)), replace=False))
+               for _ in range(int(rng.integers(2, 4)))]
+        cfg = d.DiscoveryConfig(min_gap=float(rng.choice([0.0, 0.5])),
+                                max_gap=float(rng.choice([np.inf, 3.0])),
+                                max_lookback=int(rng.choice([1, 2, 256])))
+        g = float(rng.choice([0.5, 2.0, 5.0, np.inf]))
+        cases.append((t, pos, cfg, g, d._tightest(t, pos, cfg),
+                      d._fits_any(t, pos[0], pos[1], g, cfg)))
+    monkeypatch.setattr(d, "SMALL_SLOTS", 0)  # every case through the gap matrices
+    for t, pos, cfg, g, tight, fits in cases:
+        assert d._tightest(t, pos, cfg) == tight
+        assert d._fits_any(t, pos[0], pos[1], g, cfg) == fits
+        assert fits == bool(d._fits(t, pos[0], pos[1], g, cfg).any())

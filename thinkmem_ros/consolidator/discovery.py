@@ -1341,6 +1341,26 @@ def _fits(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
     return later & span & (d >= cfg.min_gap) & (d <= g)
 
 
+SMALL_SLOTS = 12
+"""Slots below which ``_tightest`` and ``_fits_any`` loop in Python: the per-pattern
+checks ask them about one episode's few copies of two or three codes ~10^5 times a round,
+where building gap matrices with numpy cost ~40 us a call, mostly call overhead (the
+result is the same: the same float subtractions and comparisons)."""
+
+
+def _fits_any(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
+              cfg: DiscoveryConfig) -> bool:
+    """``_fits(...).any()``: some copy of ``second`` follows some copy of ``first`` at g."""
+    if first.size + second.size > SMALL_SLOTS:
+        return bool(_fits(t, first, second, g, cfg).any())
+    back, lo = cfg.max_lookback, cfg.min_gap
+    for i in first.tolist():
+        for j in second.tolist():
+            if i < j and j - i <= back and lo <= float(t[j]) - float(t[i]) <= g:
+                return True
+    return False
+
+
 def _holds(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> bool:
     return _tightest(t, pos, cfg) <= g
 
@@ -1358,11 +1378,35 @@ def _tightest(t: np.ndarray, pos: list[np.ndarray], cfg: DiscoveryConfig) -> flo
     """Smallest largest-step gap over the pattern's occurrences (inf when it is absent)."""
     if any(p.size == 0 for p in pos):
         return math.inf
+    if sum(p.size for p in pos) <= SMALL_SLOTS:
+        return _tightest_small(t, [p.tolist() for p in pos], cfg)
     ab = _step_gaps(t, pos[0], pos[1], cfg)
     if len(pos) == 2:
         return float(ab.min())
     bc = _step_gaps(t, pos[1], pos[2], cfg)
     return float(np.maximum(ab.min(axis=0), bc.min(axis=1)).min())
+
+
+def _tightest_small(t: np.ndarray, pos: list[list[int]], cfg: DiscoveryConfig) -> float:
+    """``_tightest`` for a few slots, step by step as ``_step_gaps`` allows them."""
+    at = {i: float(t[i]) for p in pos for i in p}
+    lo, hi, back = cfg.min_gap, cfg.max_gap, cfg.max_lookback
+
+    def step(i: int, j: int) -> float:
+        if j <= i or j - i > back:
+            return math.inf
+        d = at[j] - at[i]
+        return d if lo <= d <= hi else math.inf
+
+    if len(pos) == 2:
+        return min(step(i, j) for i in pos[0] for j in pos[1])
+    best = math.inf
+    for j in pos[1]:
+        into = min(step(i, j) for i in pos[0])
+        if into >= best:
+            continue
+        best = min(best, max(into, min(step(j, k) for k in pos[2])))
+    return best
 
 
 def _order_p_e(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> float:
@@ -1462,12 +1506,12 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
         t, _, pos = _episode_slots(ctx, e, codes)
         n = t.size
         if length == 3:
-            antecedent += bool(_fits(t, pos[0], pos[1], g, cfg).any())
-            reverse += bool(_fits(t, pos[1], pos[0], g, cfg).any())
+            antecedent += _fits_any(t, pos[0], pos[1], g, cfg)
+            reverse += _fits_any(t, pos[1], pos[0], g, cfg)
             contrast.add(t, pos, g, cfg)
         elif pos[0].size:
             antecedent += 1
-            reverse += bool(pos[1].size and _fits(t, pos[1], pos[0], g, cfg).any())
+            reverse += bool(pos[1].size and _fits_any(t, pos[1], pos[0], g, cfg))
         present = all(p.size for p in pos)
         held = e in supp
         if present and _order_relevant(t, pos, g, cfg):
@@ -1752,7 +1796,7 @@ def _pair_binding_of(ctx: _Episodes, codes: tuple[int, int]) -> tuple[float, boo
     ab = 0
     for e in both.tolist():
         t, _, pos = _episode_slots(ctx, e, codes)
-        ab += bool(_fits(t, pos[0], pos[1], g, ctx.cfg).any())
+        ab += _fits_any(t, pos[0], pos[1], g, ctx.cfg)
     return _rate_greater(ab, n_a, n_b - int(both.size), ctx.n_ep - n_a, ctx.cfg.alpha)
 
 
