@@ -1,5 +1,6 @@
 """Rounds after the first read what is new to the running bundle, plus a bounded reservoir."""
 
+import logging
 from dataclasses import replace
 
 import consolidator_world as world
@@ -28,7 +29,7 @@ def _store(path, robot, episodes, seed):
 
 
 @pytest.mark.parametrize("incremental", [True, False])
-def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, incremental):
+def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, incremental, caplog):
     _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
     db = tmp_path / "c.db"
     first_mark = _store(db, "r1", 40, seed=1)
@@ -46,13 +47,16 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     with RoundMarks(db) as marks:
         assert marks.through(sha) == first_mark
     second_mark = _store(db, "r2", 20, seed=2)
-    second = service.run_round("second")
+    with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
+        second = service.run_round("second")
     if incremental:
         assert second.read == {"since_id": first_mark, "through_id": second_mark,
                                "new": 100, "reservoir": 50}
         assert second.experiences == 150
+        assert f"(100 after row {first_mark} + 50 reservoir)" in caplog.text
     else:
         assert second.read["since_id"] == 0 and second.experiences == 300
+        assert "(whole store)" in caplog.text
     assert second.stored_experiences == 300 and second.episodes == 60
     assert "EA>EB>EC" in second.promoted
     if second.published_version is not None:  # the mark moves with the published D

@@ -637,11 +637,14 @@ class ConsolidatorService:
     def _log(report: RoundReport) -> None:
         gate = "n/a" if report.gate is None else (
             "pass" if report.gate.passed else "REJECT: " + "; ".join(report.gate.reasons))
-        log.info("round (trigger %s): %d of %d stored experiences read, %d episodes; %d "
+        read = report.read or {}
+        how = (f"{read.get('new', 0)} after row {read['since_id']} + "
+               f"{read.get('reservoir', 0)} reservoir" if read.get("since_id") else "whole store")
+        log.info("round (trigger %s): %d of %d stored experiences read (%s), %d episodes; %d "
                  "candidates, %d "
                  "accepted, promoted %s; material %s; gate %s (policy %s); artefacts %s; "
                  "%s%s in %.2f s",
-                 report.reason, report.experiences, report.stored_experiences,
+                 report.reason, report.experiences, report.stored_experiences, how,
                  report.episodes, report.candidates,
                  report.accepted, report.promoted or "none", report.material or "none", gate,
                  report.policy or "n/a",
