@@ -139,10 +139,15 @@ def test_the_python_loops_for_a_few_slots_agree_with_the_gap_matrices(monkeypatc
                                 max_gap=float(rng.choice([np.inf, 3.0])),
                                 max_lookback=int(rng.choice([1, 2, 256])))
         g = float(rng.choice([0.5, 2.0, 5.0, np.inf]))
+        disjoint = [np.setdiff1d(p, np.concatenate(pos[:i]) if i else []) for i, p in
+                    enumerate(pos)]  # an episode's slots hold one code each
+        eligible = [d._eligible(t, disjoint, w, n, g, cfg) for w in range(len(pos))]
         cases.append((t, pos, cfg, g, d._tightest(t, pos, cfg),
-                      d._fits_any(t, pos[0], pos[1], g, cfg)))
+                      d._fits_any(t, pos[0], pos[1], g, cfg), disjoint, eligible))
     monkeypatch.setattr(d, "SMALL_SLOTS", 0)  # every case through the gap matrices
-    for t, pos, cfg, g, tight, fits in cases:
+    for t, pos, cfg, g, tight, fits, disjoint, eligible in cases:
         assert d._tightest(t, pos, cfg) == tight
         assert d._fits_any(t, pos[0], pos[1], g, cfg) == fits
+        assert [d._eligible(t, disjoint, w, t.size, g, cfg)
+                for w in range(len(pos))] == eligible
         assert fits == bool(d._fits(t, pos[0], pos[1], g, cfg).any())

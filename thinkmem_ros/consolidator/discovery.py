@@ -1342,10 +1342,11 @@ def _fits(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
 
 
 SMALL_SLOTS = 12
-"""Slots below which ``_tightest`` and ``_fits_any`` loop in Python: the per-pattern
-checks ask them about one episode's few copies of two or three codes ~10^5 times a round,
-where building gap matrices with numpy cost ~40 us a call, mostly call overhead (the
-result is the same: the same float subtractions and comparisons)."""
+"""Slots below which ``_tightest`` and ``_fits_any`` loop in Python (``_eligible``: an
+episode of up to twice as many events). The per-pattern checks ask them about one
+episode's few copies of two or three codes ~10^5 times a round, where building gap
+matrices with numpy cost ~40 us a call, mostly call overhead; the loops give the same
+result (the same float subtractions and comparisons)."""
 
 
 def _fits_any(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
@@ -1440,6 +1441,8 @@ def _order_p_e(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryCon
 def _eligible(t: np.ndarray, pos: list[np.ndarray], which: int, n: int, g: float,
               cfg: DiscoveryConfig) -> int:
     """Slots (not holding the other codes) where the element ``which`` completes it."""
+    if n <= 2 * SMALL_SLOTS:
+        return _eligible_small(t, [p.tolist() for p in pos], which, n, g, cfg)
     taken = np.zeros(n, bool)
     for i, p in enumerate(pos):
         if i != which:
@@ -1463,6 +1466,31 @@ def _eligible(t: np.ndarray, pos: list[np.ndarray], which: int, n: int, g: float
     else:  # B between A and C
         ok = _fits(t, a, free, g, cfg).any(axis=0) & _fits(t, free, c, g, cfg).any(axis=1)
     return int(np.count_nonzero(ok))
+
+
+def _eligible_small(t: np.ndarray, pos: list[list[int]], which: int, n: int, g: float,
+                    cfg: DiscoveryConfig) -> int:
+    """``_eligible`` for a short episode, slot by slot as ``_fits`` allows the steps."""
+    at = t.tolist()
+    lo, back = cfg.min_gap, cfg.max_lookback
+
+    def fits(i: int, j: int) -> bool:
+        return i < j and j - i <= back and lo <= at[j] - at[i] <= g
+
+    taken = {s for i, p in enumerate(pos) if i != which for s in p}
+    free = [s for s in range(n) if s not in taken]
+    if len(pos) == 2:
+        if which == 1:
+            return sum(any(fits(i, f) for i in pos[0]) for f in free)
+        return sum(any(fits(f, j) for j in pos[1]) for f in free)
+    a, b, c = pos
+    if which == 2:  # C after a valid A..B
+        mids = [j for j in b if any(fits(i, j) for i in a)]
+        return sum(any(fits(m, f) for m in mids) for f in free)
+    if which == 0:  # A before a valid B..C
+        mids = [j for j in b if any(fits(j, k) for k in c)]
+        return sum(any(fits(f, m) for m in mids) for f in free)
+    return sum(any(fits(i, f) for i in a) and any(fits(f, k) for k in c) for f in free)
 
 
 @dataclass
