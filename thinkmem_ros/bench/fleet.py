@@ -338,6 +338,7 @@ def plot(report: dict, path) -> None:
                    label=f"new rows + reservoir ({read_rows[0]['new']:,} new)")
         reads.set(xlabel="experiences stored before the round", ylabel="seconds",
                   title="a round's read", ylim=(0, None))
+        reads.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")
         reads.legend(fontsize=8)
         reads.grid(True, alpha=0.3)
     left.set(xlabel="events", ylabel="discovery seconds", title="time")
