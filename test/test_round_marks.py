@@ -95,3 +95,28 @@ def test_a_refused_round_leaves_the_mark_so_its_rows_are_read_again(tmp_path):
     third = service.run_round("third")
     assert third.read == {"since_id": first_mark, "through_id": third_mark, "new": 100,
                           "reservoir": 0}
+
+
+def test_a_marks_table_that_cannot_be_used_costs_speed_not_the_round(tmp_path, caplog):
+    """A ``round_marks`` table of another shape (a real SQLite error, no mock): the round
+    publishes, warns, and the next one reads the whole store."""
+    import sqlite3
+
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    db = tmp_path / "c.db"
+    _store(db, "r1", 40, seed=1)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE round_marks (something_else TEXT)")
+    service = ConsolidatorService(ConsolidatorConfig(
+        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
+        initial_bundle=world.running_bundle(tmp_path / "running"),
+        retrain=RetrainConfig(epochs=2, distill_margin=0.1)))
+    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.consolidator.service"):
+        first = service.run_round("first")
+    assert first.published_version == 2, first.to_dict()
+    assert "cannot record a round mark" in caplog.text
+    _store(db, "r2", 10, seed=2)
+    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.consolidator.service"):
+        second = service.run_round("second")
+    assert "cannot read round marks" in caplog.text
+    assert second.read["since_id"] == 0 and second.experiences == 250

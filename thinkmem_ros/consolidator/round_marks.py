@@ -56,6 +56,9 @@ class RoundMarks:
         """The mark of the bundle whose D has this sha256; 0 when this store has none."""
         if not rehearsal_sha256:
             return 0
-        row = self._conn.execute("SELECT through_id FROM round_marks WHERE rehearsal_sha256 = ?",
-                                 (rehearsal_sha256,)).fetchone()
+        try:
+            row = self._conn.execute("SELECT through_id FROM round_marks WHERE "
+                                     "rehearsal_sha256 = ?", (rehearsal_sha256,)).fetchone()
+        except sqlite3.Error as err:
+            raise RoundMarkError(f"{self.path}: cannot read round marks: {err}") from err
         return 0 if row is None else int(row[0])

@@ -69,7 +69,7 @@ from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore,
 from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
-from thinkmem_ros.consolidator.round_marks import RoundMarks
+from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
 from thinkmem_ros.consolidator.round_read import (
     DEFAULT_RESERVOIR,
     DEFAULT_ROUND_EXPERIENCES,
@@ -558,8 +558,11 @@ class ConsolidatorService:
         else:
             publication = self.publisher.publish(candidate, push=push)
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
-        with RoundMarks(cfg.db_path) as marks:  # D now covers the rows this round read
-            marks.record(sha, read.through_id, publication.version)
+        try:  # D now covers the rows this round read
+            with RoundMarks(cfg.db_path) as marks:
+                marks.record(sha, read.through_id, publication.version)
+        except RoundMarkError as exc:  # published all the same; the next round reads it all
+            log.warning("%s: the next round reads the whole store", exc)
         self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published" if report.canaries is None else "published to canaries"
@@ -573,8 +576,12 @@ class ConsolidatorService:
         if not self.config.incremental_rounds or previous.source != "saved":
             return 0
         sha = ((current.manifest.extras or {}).get("rehearsal") or {}).get("sha256")
-        with RoundMarks(self.config.db_path) as marks:
-            return marks.through(sha)
+        try:
+            with RoundMarks(self.config.db_path) as marks:
+                return marks.through(sha)
+        except RoundMarkError as exc:  # reading everything is slower, never wrong
+            log.warning("%s: this round reads the whole store", exc)
+            return 0
 
     def _artefacts(self, experiences: list[Experience], candidate, current, staging: Path,
                    rules: RuleSet) -> dict:
