@@ -28,16 +28,20 @@ def _store(path, robot, episodes, seed):
         return store.last_id()
 
 
+def _service(tmp_path, **config):
+    """A consolidator on ``tmp_path/c.db`` over the test world's running bundle."""
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    return ConsolidatorService(ConsolidatorConfig(
+        db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=key,
+        initial_bundle=world.running_bundle(tmp_path / "running"),
+        retrain=RetrainConfig(epochs=2, distill_margin=0.1), **config))
+
+
 @pytest.mark.parametrize("incremental", [True, False])
 def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, incremental, caplog):
-    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
     db = tmp_path / "c.db"
     first_mark = _store(db, "r1", 40, seed=1)
-    service = ConsolidatorService(ConsolidatorConfig(
-        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
-        initial_bundle=world.running_bundle(tmp_path / "running"),
-        retrain=RetrainConfig(epochs=2, distill_margin=0.1), round_reservoir=50,
-        incremental_rounds=incremental))
+    service = _service(tmp_path, round_reservoir=50, incremental_rounds=incremental)
     first = service.run_round("first")
     assert first.published_version == 2, first.to_dict()
     # the shipped bundle has no mark in this store: the first round reads every row
@@ -77,13 +81,9 @@ def test_a_mark_belongs_to_one_rehearsal_set(tmp_path):
 def test_a_refused_round_leaves_the_mark_so_its_rows_are_read_again(tmp_path):
     from thinkmem_ros.consolidator.gate import GateConfig
 
-    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
     db = tmp_path / "c.db"
     first_mark = _store(db, "r1", 40, seed=1)
-    service = ConsolidatorService(ConsolidatorConfig(
-        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
-        initial_bundle=world.running_bundle(tmp_path / "running"),
-        retrain=RetrainConfig(epochs=2, distill_margin=0.1), round_reservoir=0))
+    service = _service(tmp_path, round_reservoir=0)
     assert service.run_round("first").published_version == 2
     _store(db, "r2", 10, seed=2)
     gate = service.config.gate
@@ -102,15 +102,11 @@ def test_a_marks_table_that_cannot_be_used_costs_speed_not_the_round(tmp_path, c
     publishes, warns, and the next one reads the whole store."""
     import sqlite3
 
-    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
     db = tmp_path / "c.db"
     _store(db, "r1", 40, seed=1)
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE round_marks (something_else TEXT)")
-    service = ConsolidatorService(ConsolidatorConfig(
-        db_path=db, publish_dir=tmp_path / "pub", signing_key=key,
-        initial_bundle=world.running_bundle(tmp_path / "running"),
-        retrain=RetrainConfig(epochs=2, distill_margin=0.1)))
+    service = _service(tmp_path)
     with caplog.at_level(logging.WARNING, logger="thinkmem_ros.consolidator.service"):
         first = service.run_round("first")
     assert first.published_version == 2, first.to_dict()
