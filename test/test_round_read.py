@@ -170,3 +170,45 @@ def test_the_consolidator_refuses_a_negative_reservoir(tmp_path):
 
     with pytest.raises(ValueError, match="round_reservoir"):
         ConsolidatorConfig(signing_key=tmp_path / "k", round_reservoir=-1)
+
+
+@pytest.mark.parametrize("budget", [7, 40, 400])
+def test_a_carried_reservoir_is_the_one_the_row_counts_would_choose(tmp_path, budget):
+    """Each round chooses the next reservoir from its own reservoir and new episodes only;
+    over rounds whose rows extend older episodes (the stopper's too) it stays the prefix
+    a count over every older row gives."""
+    rng = np.random.default_rng(budget)
+    with ExperienceStore(tmp_path / "s.db", flush_rows=150) as store:
+        seq, episodes, mark, carried = 0, [], 0, None
+        for _ in range(6):
+            batch = []
+            for _ in range(int(rng.integers(20, 60))):
+                if episodes and rng.random() < 0.4:  # an older episode goes on
+                    robot, episode = episodes[int(rng.integers(len(episodes)))]
+                else:
+                    robot, episode = f"r{rng.integers(3)}", f"e{len(episodes)}"
+                    episodes.append((robot, episode))
+                seq += 1
+                batch.append(exp(seq, robot=robot, episode=episode))
+            store.insert_many(batch)
+            with_carried = read_round(store, cap=0, seed=5, since_id=mark, reservoir=budget,
+                                      carried=carried)
+            counted = read_round(store, cap=0, seed=5, since_id=mark, reservoir=budget)
+            assert [e.seq for e in with_carried.experiences] == \
+                [e.seq for e in counted.experiences]
+            assert with_carried.next_reservoir == counted.next_reservoir
+            if mark:
+                assert with_carried.reservoir > 0 or budget < 10
+            mark, carried = with_carried.through_id, with_carried.next_reservoir
+        assert sum(n for _, _, n in carried.episodes) <= budget
+
+
+def test_a_reservoir_round_trips_through_json_and_refuses_garbage():
+    from thinkmem_ros.consolidator.round_read import Reservoir
+
+    kept = Reservoir((("r1", "e1", 4), ("r2", "e9", 2)), ("r1", "e3", 50))
+    assert Reservoir.from_json(kept.to_json()) == kept
+    assert Reservoir.from_json(Reservoir(()).to_json()) == Reservoir(())
+    for garbage in (None, [], [[["r", "e"]], None], [[["r", "e", "x"]], None], "abc"):
+        with pytest.raises(ValueError, match="not a recorded reservoir"):
+            Reservoir.from_json(garbage)

@@ -8,13 +8,20 @@ store's own SQLite file, keyed by D's sha256: row ids belong to that file, so a 
 trained on another store (or whose D is missing and had to be rebuilt) finds no mark here,
 and its round reads the whole store as a first round does. A bundle rolled back to, or a
 robot pinned to, an older version finds that version's own mark.
+
+Beside the mark goes the reservoir the next round reads (``round_read.Reservoir``, chosen
+from the recording round's reservoir and new episodes), with the budget and seed it was
+chosen for: a round with another budget or seed chooses its own from the row counts.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
+
+from thinkmem_ros.consolidator.round_read import Reservoir
 
 
 class RoundMarkError(RuntimeError):
@@ -32,7 +39,7 @@ class RoundMarks:
                 self._conn.execute(
                     "CREATE TABLE IF NOT EXISTS round_marks (rehearsal_sha256 TEXT PRIMARY KEY,"
                     " through_id INTEGER NOT NULL, version INTEGER NOT NULL,"
-                    " created_at REAL NOT NULL)")
+                    " created_at REAL NOT NULL, reservoir TEXT)")
         except sqlite3.Error as err:
             raise RoundMarkError(f"{self.path}: cannot open round marks: {err}") from err
 
@@ -42,13 +49,20 @@ class RoundMarks:
     def __exit__(self, *exc) -> None:
         self._conn.close()
 
-    def record(self, rehearsal_sha256: str, through_id: int, version: int) -> None:
-        """The bundle whose D has this sha256 learned from rows up to ``through_id``."""
+    def record(self, rehearsal_sha256: str, through_id: int, version: int,
+               reservoir: Reservoir | None = None, budget: int = 0, seed: int = 0) -> None:
+        """The bundle whose D has this sha256 learned from rows up to ``through_id``.
+
+        ``reservoir``: what a round on top of it reads of the older rows, chosen for
+        ``budget`` experiences and ``seed``.
+        """
+        carried = None if reservoir is None else json.dumps(
+            {"budget": int(budget), "seed": int(seed), "reservoir": reservoir.to_json()})
         try:
             with self._conn:
-                self._conn.execute("INSERT OR REPLACE INTO round_marks VALUES (?, ?, ?, ?)",
+                self._conn.execute("INSERT OR REPLACE INTO round_marks VALUES (?, ?, ?, ?, ?)",
                                    (rehearsal_sha256, int(through_id), int(version),
-                                    time.time()))
+                                    time.time(), carried))
         except sqlite3.Error as err:
             raise RoundMarkError(f"{self.path}: cannot record a round mark: {err}") from err
 
@@ -62,3 +76,24 @@ class RoundMarks:
         except sqlite3.Error as err:
             raise RoundMarkError(f"{self.path}: cannot read round marks: {err}") from err
         return 0 if row is None else int(row[0])
+
+    def reservoir(self, rehearsal_sha256: str | None, budget: int, seed: int
+                  ) -> Reservoir | None:
+        """The reservoir recorded with that mark for this budget and seed, or None."""
+        if not rehearsal_sha256:
+            return None
+        try:
+            row = self._conn.execute("SELECT reservoir FROM round_marks WHERE "
+                                     "rehearsal_sha256 = ?", (rehearsal_sha256,)).fetchone()
+        except sqlite3.Error as err:
+            raise RoundMarkError(f"{self.path}: cannot read round marks: {err}") from err
+        if row is None or row[0] is None:
+            return None
+        try:
+            data = json.loads(row[0])
+            if (data.get("budget"), data.get("seed")) != (budget, seed):
+                return None
+            return Reservoir.from_json(data["reservoir"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise RoundMarkError(f"{self.path}: a recorded reservoir is damaged: {err}"
+                                 ) from err

@@ -19,8 +19,16 @@ older episodes, a uniform sample over the history (each episode's priority is a 
 hash of its key, and the lowest priorities are taken while they fit, so the sample is the
 same from round to round except where new episodes rank lower). Values, memory control
 and rule horizons still see the past through it; their cost no longer grows with every
-round's store. Choosing the reservoir counts rows per episode (ids and stamps, not
-payloads): that metadata query is the only part of the read that sees the whole store.
+round's store.
+
+The reservoir is carried, not searched for: a prefix of one priority order over a union is
+the prefix over the prefixes of its parts, so the next round's reservoir is chosen from
+this one's reservoir and this round's new episodes alone (``RoundRead.next_reservoir``:
+episodes with their row counts through this round's newest row, plus the first episode
+that did not fit, whose count decides where the next prefix stops), and recorded with
+the mark. A mark recorded without one (or a reservoir budget that changed) falls back to
+counting rows per episode over the older rows (ids and stamps, not payloads): the only
+query of the read that would see the whole store.
 """
 
 from __future__ import annotations
@@ -39,6 +47,32 @@ DEFAULT_RESERVOIR = 10_000  # experiences of older episodes a round on a marked 
 PAGE = 500  # experiences decoded at a time while reading (a few MB)
 
 
+Counted = tuple[str, str, int]  # (robot, episode, rows)
+
+
+@dataclass(frozen=True)
+class Reservoir:
+    """A reservoir prefix and the first episode past it (None: every episode fitted)."""
+
+    episodes: tuple[Counted, ...]
+    stopper: Counted | None = None
+
+    def to_json(self) -> list:
+        """JSON-ready form (for the marks table)."""
+        return [[list(e) for e in self.episodes], list(self.stopper) if self.stopper else None]
+
+    @classmethod
+    def from_json(cls, data: list) -> Reservoir:
+        """The form ``to_json`` wrote; ValueError for anything else."""
+        try:
+            episodes, stopper = data
+            return cls(tuple((str(r), str(e), int(n)) for r, e, n in episodes),
+                       None if stopper is None else (str(stopper[0]), str(stopper[1]),
+                                                     int(stopper[2])))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"not a recorded reservoir: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class RoundRead:
     """The experiences a round works on, and how many the store held."""
@@ -46,16 +80,18 @@ class RoundRead:
     experiences: list[Experience]
     stored: int  # experiences in the store (every signal set)
     episodes_read: int
-    episodes_stored: int
+    episodes_stored: int | None  # None: an incremental read does not count them
     since_id: int = 0  # rows after this id were new to the running bundle (0: all)
     through_id: int = 0  # the newest row id when the round read (the next round's mark)
     new: int = 0  # experiences read from rows after ``since_id``
     reservoir: int = 0  # experiences read from older episodes (the reservoir)
+    # the reservoir of a round on top of this one (rows counted through through_id)
+    next_reservoir: Reservoir | None = None
 
     @property
     def sampled(self) -> bool:
-        """Whether the round read a sample of the episodes rather than all of them."""
-        return self.episodes_read < self.episodes_stored
+        """Whether a whole-store read took a sample of the episodes rather than all."""
+        return self.episodes_stored is not None and self.episodes_read < self.episodes_stored
 
 
 def choose_episodes(infos: Iterable[EpisodeInfo], cap: int, seed: int
@@ -81,55 +117,70 @@ def choose_episodes(infos: Iterable[EpisodeInfo], cap: int, seed: int
     return chosen
 
 
-def episode_priority(info: EpisodeInfo, seed: int) -> int:
+def episode_priority(robot_id: str, episode_id: str, seed: int) -> int:
     """A seeded, stable pseudo-random rank of an episode (the same in every round)."""
-    text = f"{seed}\n{info.robot_id}\n{info.episode_id}".encode()
+    text = f"{seed}\n{robot_id}\n{episode_id}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
-
-
-def choose_reservoir(infos: Iterable[EpisodeInfo], budget: int, seed: int
-                     ) -> list[tuple[str, str]]:
-    """Whole episodes in priority order while their experiences fit ``budget``.
-
-    Stops at the first episode that does not fit (a prefix of the priority order), so the
-    sample is uniform over episodes and a later round's reservoir keeps this one's episodes
-    unless newer ones rank lower.
-    """
-    chosen, total = [], 0
-    for info in sorted(infos, key=lambda i: episode_priority(i, seed)):
-        if total + info.count > budget:
-            break
-        chosen.append((info.robot_id, info.episode_id))
-        total += info.count
-    return chosen
 
 
 def read_round(store: ExperienceStore, cap: int, seed: int,
                accept: Callable[[Experience], bool] = lambda e: True,
-               since_id: int = 0, reservoir: int = DEFAULT_RESERVOIR) -> RoundRead:
+               since_id: int = 0, reservoir: int = DEFAULT_RESERVOIR,
+               carried: Reservoir | None = None) -> RoundRead:
     """The round's experiences, at most ``cap`` new ones; see the module.
 
     ``since_id`` 0 (a bundle without a mark), or a mark beyond the store's newest row (the
     store was replaced): every episode, or a sample within ``cap``, in arrival order.
-    Otherwise the reservoir's older rows come first, then the new rows in arrival order.
-    Rows that arrive while the round reads are left to the next round.
+    Otherwise the reservoir's older rows come first, then the new rows in arrival order;
+    ``carried`` is the reservoir recorded with the mark (``next_reservoir`` of the round
+    that made it), None to choose it from the older rows' counts. Rows that arrive while
+    the round reads are left to the next round.
     """
     through = store.last_id()
     since = since_id if 0 < since_id <= through else 0
-    infos = store.episodes(through_id=through)
-    new_infos = store.episodes(after_id=since, through_id=through) if since else infos
+    new_infos = store.episodes(after_id=since, through_id=through)
     chosen = choose_episodes(new_infos, cap, seed)
     experiences = [e for e in _rows(store, since, through)
                    if (e.robot_id, e.episode_id) in chosen and accept(e)]
-    new, kept = len(experiences), []
+    new = len(experiences)
+    old = Reservoir(())
     if since and reservoir > 0:
-        kept = choose_reservoir(store.episodes(through_id=since), reservoir, seed)
-        experiences = [e for e in store.episodes_through(kept, since) if accept(e)] \
-            + experiences
-    return RoundRead(experiences=experiences, stored=sum(i.count for i in infos),
-                     episodes_read=len(chosen | set(kept)), episodes_stored=len(infos),
+        old = carried if carried is not None else _prefix(
+            [(i.robot_id, i.episode_id, i.count) for i in store.episodes(through_id=since)],
+            reservoir, seed)
+        experiences = [e for e in store.episodes_through([(r, e) for r, e, _ in
+                                                          old.episodes], since)
+                       if accept(e)] + experiences
+    merged: dict[tuple[str, str], int] = {}
+    for r, e, n in (*old.episodes, *([old.stopper] if old.stopper else [])):
+        merged[(r, e)] = n
+    for info in new_infos:
+        key = (info.robot_id, info.episode_id)
+        merged[key] = merged.get(key, 0) + info.count
+    return RoundRead(experiences=experiences,
+                     stored=store.count() if since else sum(i.count for i in new_infos),
+                     episodes_read=len(chosen | {(r, e) for r, e, _ in old.episodes}),
+                     episodes_stored=None if since else len(new_infos),
                      since_id=since, through_id=through, new=new,
-                     reservoir=len(experiences) - new)
+                     reservoir=len(experiences) - new,
+                     next_reservoir=_prefix([(r, e, n) for (r, e), n in merged.items()],
+                                            reservoir, seed))
+
+
+def _prefix(counted: Iterable[Counted], budget: int, seed: int) -> Reservoir:
+    """Whole episodes in priority order while their rows fit ``budget``.
+
+    Stops at the first episode that does not fit (kept as the stopper): a prefix of the
+    priority order, so the sample is uniform over episodes and a later round's reservoir
+    keeps this one's episodes unless newer ones rank lower.
+    """
+    ranked = sorted(counted, key=lambda c: episode_priority(c[0], c[1], seed))
+    total = 0
+    for k, (_, _, n) in enumerate(ranked):
+        if total + n > budget:
+            return Reservoir(tuple(ranked[:k]), ranked[k])
+        total += n
+    return Reservoir(tuple(ranked))
 
 
 def _rows(store: ExperienceStore, after_id: int, through_id: int):

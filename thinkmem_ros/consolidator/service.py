@@ -73,6 +73,7 @@ from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
 from thinkmem_ros.consolidator.round_read import (
     DEFAULT_RESERVOIR,
     DEFAULT_ROUND_EXPERIENCES,
+    Reservoir,
     read_round,
 )
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
@@ -448,10 +449,10 @@ class ConsolidatorService:
         current = self.publisher.current()
         previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         with ExperienceStore(cfg.db_path) as store:
+            since, carried = self._mark(current, previous)
             read = read_round(store, cfg.round_experiences, cfg.seed,
                               lambda e: self.accept.reason(e) is None,  # another line's
-                              since_id=self._mark(current, previous),
-                              reservoir=cfg.round_reservoir)
+                              since_id=since, reservoir=cfg.round_reservoir, carried=carried)
             experiences = read.experiences
             log_, _ = event_log(store, cfg.partitions)
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
@@ -560,28 +561,37 @@ class ConsolidatorService:
         report.published_version, report.pushed_to = publication.version, publication.pushed_to
         try:  # D now covers the rows this round read
             with RoundMarks(cfg.db_path) as marks:
-                marks.record(sha, read.through_id, publication.version)
+                marks.record(sha, read.through_id, publication.version, read.next_reservoir,
+                             cfg.round_reservoir, cfg.seed)
         except RoundMarkError as exc:  # published all the same; the next round reads it all
             log.warning("%s: the next round reads the whole store", exc)
         self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published" if report.canaries is None else "published to canaries"
 
-    def _mark(self, current, previous) -> int:
-        """The row id the running bundle learned through (0: read the whole store).
+    def _mark(self, current, previous) -> tuple[int, Reservoir | None]:
+        """The running bundle's mark (0: read the whole store) and recorded reservoir.
 
-        Only a bundle whose D this store's rounds saved (``previous.source == "saved"``)
-        has one: D is what carries the older rows' direct material into the round.
+        The mark is the row id it learned through; the reservoir None means: choose one
+        from the row counts. Only a bundle whose D this store's rounds saved
+        (``previous.source == "saved"``) has a mark: D is what carries the older rows'
+        direct material into the round.
         """
-        if not self.config.incremental_rounds or previous.source != "saved":
-            return 0
+        cfg = self.config
+        if not cfg.incremental_rounds or previous.source != "saved":
+            return 0, None
         sha = ((current.manifest.extras or {}).get("rehearsal") or {}).get("sha256")
         try:
-            with RoundMarks(self.config.db_path) as marks:
-                return marks.through(sha)
+            with RoundMarks(cfg.db_path) as marks:
+                since = marks.through(sha)
+                try:
+                    return since, marks.reservoir(sha, cfg.round_reservoir, cfg.seed)
+                except RoundMarkError as exc:  # the mark stands; the reservoir is chosen
+                    log.warning("%s: the reservoir is chosen again", exc)
+                    return since, None
         except RoundMarkError as exc:  # reading everything is slower, never wrong
             log.warning("%s: this round reads the whole store", exc)
-            return 0
+            return 0, None
 
     def _artefacts(self, experiences: list[Experience], candidate, current, staging: Path,
                    rules: RuleSet) -> dict:
