@@ -63,10 +63,12 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
         assert "(whole store)" in caplog.text
     assert second.stored_experiences == 300 and second.episodes == 60
     assert "EA>EB>EC" in second.promoted
-    if second.published_version is not None:  # the mark moves with the published D
-        sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
-        with RoundMarks(db) as marks:
-            assert marks.through(sha) == second_mark
+    assert second.published_version == 3, second.to_dict()
+    sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
+    with RoundMarks(db) as marks:  # the mark moves with the published D
+        assert marks.through(sha) == second_mark
+        carried = marks.reservoir(sha, 50, 0)  # what a third round reads of the past
+    assert carried is not None and 0 < sum(n for _, _, n in carried.episodes) <= 50
 
 
 def test_a_mark_belongs_to_one_rehearsal_set(tmp_path):
@@ -116,3 +118,25 @@ def test_a_marks_table_that_cannot_be_used_costs_speed_not_the_round(tmp_path, c
         second = service.run_round("second")
     assert "cannot read round marks" in caplog.text
     assert second.read["since_id"] == 0 and second.experiences == 250
+
+
+def test_a_reservoir_is_carried_for_its_own_budget_and_seed(tmp_path):
+    import sqlite3
+
+    from thinkmem_ros.consolidator.round_marks import RoundMarkError
+    from thinkmem_ros.consolidator.round_read import Reservoir
+
+    kept = Reservoir((("r1", "e1", 4),), ("r2", "e2", 9))
+    with RoundMarks(tmp_path / "c.db") as marks:
+        marks.record("a" * 64, 120, 2, kept, budget=10, seed=0)
+        marks.record("b" * 64, 130, 3)  # a mark without one
+        assert marks.reservoir("a" * 64, 10, 0) == kept
+        assert marks.reservoir("a" * 64, 20, 0) is None  # another budget chooses its own
+        assert marks.reservoir("a" * 64, 10, 1) is None
+        assert marks.reservoir("b" * 64, 10, 0) is None and marks.reservoir(None, 10, 0) is None
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("UPDATE round_marks SET reservoir = '{\"budget\": 10, \"seed\": 0, "
+                     "\"reservoir\": 5}' WHERE through_id = 120")
+    with RoundMarks(tmp_path / "c.db") as marks, \
+            pytest.raises(RoundMarkError, match="damaged"):
+        marks.reservoir("a" * 64, 10, 0)
