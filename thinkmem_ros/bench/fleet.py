@@ -283,6 +283,7 @@ def run(quick: bool, seeds: int) -> dict:
         # mark plus the reservoir; time at the largest store over time at the smallest
         "round_read": {"growth_whole": reads["growth_whole"],
                        "growth_incremental": reads["growth_incremental"],
+                       "growth_incremental_counted": reads["growth_incremental_counted"],
                        "store_growth": round(reads["rows"][-1]["stored_before"]
                                              / reads["rows"][0]["stored_before"], 1)},
     }
@@ -335,7 +336,10 @@ def plot(report: dict, path) -> None:
         reads.plot(stored, [r["whole_s"] for r in read_rows], "o-",
                    label="whole store (what every round read before)")
         reads.plot(stored, [r["incremental_s"] for r in read_rows], "s-",
-                   label=f"new rows + reservoir ({read_rows[0]['new']:,} new)")
+                   label=f"new rows + carried reservoir ({read_rows[0]['new']:,} new)")
+        if "incremental_counted_s" in read_rows[0]:
+            reads.plot(stored, [r["incremental_counted_s"] for r in read_rows], "^--",
+                       label="new rows + reservoir counted over older rows")
         reads.set(xlabel="experiences stored before the round", ylabel="seconds",
                   title="a round's read", ylim=(0, None))
         reads.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")

@@ -7,8 +7,11 @@ bounded reservoir of older episodes (``consolidator/round_read.py``). This measu
 reads side by side on the same stores: realistic records (32 x 7 windows, masks, ten
 labels, events; ``fleet_ingest._experiences``) from 8 robots, 500 per episode, written
 through the store's real ingest (SQLite tail, 20,000-row flushes into the Parquet lake).
-Each size is the store before a round; ``new`` more rows arrive after the mark; both reads
-then run on the same files, the whole-store one within an unlimited cap.
+Each size is the store before a round; ``new`` more rows arrive after the mark; the reads
+then run on the same files: the whole store (within an unlimited cap), the new rows with
+the reservoir carried from the round at the mark (what the consolidator does), and the new
+rows with a reservoir chosen by counting every older row's episode (what it falls back to
+when a mark has no reservoir recorded).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ def read_scaling(sizes: tuple[int, ...], new: int, reservoir: int, progress=None
             with ExperienceStore(Path(tmp) / "c.db") as store:
                 _fill(store, size, 0, rng)
                 mark = store.last_id()
+                # the round at the mark, on top of a marked bundle: what it carries on
+                carried = read_round(store, cap=0, seed=0, since_id=mark,
+                                     reservoir=reservoir).next_reservoir
                 _fill(store, new, size // ROBOTS, rng)
                 t = time.perf_counter()
                 whole = read_round(store, cap=0, seed=0)
@@ -54,20 +60,26 @@ def read_scaling(sizes: tuple[int, ...], new: int, reservoir: int, progress=None
                 decoded_whole = len(whole.experiences)
                 del whole
                 t = time.perf_counter()
+                counted = read_round(store, cap=0, seed=0, since_id=mark, reservoir=reservoir)
+                counted_s = time.perf_counter() - t
+                del counted
+                t = time.perf_counter()
                 incremental = read_round(store, cap=0, seed=0, since_id=mark,
-                                         reservoir=reservoir)
+                                         reservoir=reservoir, carried=carried)
                 incremental_s = time.perf_counter() - t
             rows.append({"stored_before": size, "new": incremental.new,
                          "reservoir": incremental.reservoir,
                          "whole_s": round(whole_s, 2), "whole_decoded": decoded_whole,
                          "incremental_s": round(incremental_s, 2),
-                         "incremental_decoded": len(incremental.experiences)})
+                         "incremental_decoded": len(incremental.experiences),
+                         "incremental_counted_s": round(counted_s, 2)})
             del incremental
         if progress is not None:
             progress()
     return {"rows": rows, "robots": ROBOTS, "new": new, "reservoir": reservoir,
             "growth_whole": _ratio(rows, "whole_s"),
-            "growth_incremental": _ratio(rows, "incremental_s")}
+            "growth_incremental": _ratio(rows, "incremental_s"),
+            "growth_incremental_counted": _ratio(rows, "incremental_counted_s")}
 
 
 def _ratio(rows: list[dict], key: str) -> float | None:
