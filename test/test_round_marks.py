@@ -68,7 +68,7 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     with RoundMarks(db) as marks:  # the mark moves with the published D
         assert marks.through(sha) == second_mark
         carried = marks.reservoir(sha, 50, 0)  # what a third round reads of the past
-    assert carried is not None and 0 < sum(n for _, _, n in carried.episodes) <= 50
+    assert carried is not None and 0 < sum(c[2] for c in carried.episodes) <= 50
 
 
 def test_a_mark_belongs_to_one_rehearsal_set(tmp_path):
@@ -126,7 +126,7 @@ def test_a_reservoir_is_carried_for_its_own_budget_and_seed(tmp_path):
     from thinkmem_ros.consolidator.round_marks import RoundMarkError
     from thinkmem_ros.consolidator.round_read import Reservoir
 
-    kept = Reservoir((("r1", "e1", 4),), ("r2", "e2", 9))
+    kept = Reservoir((("r1", "e1", 4, 1, 9),), ("r2", "e2", 9, 3, 40))
     with RoundMarks(tmp_path / "c.db") as marks:
         marks.record("a" * 64, 120, 2, kept, budget=10, seed=0)
         marks.record("b" * 64, 130, 3)  # a mark without one

@@ -200,15 +200,16 @@ def test_a_carried_reservoir_is_the_one_the_row_counts_would_choose(tmp_path, bu
             if mark:
                 assert with_carried.reservoir > 0 or budget < 10
             mark, carried = with_carried.through_id, with_carried.next_reservoir
-        assert sum(n for _, _, n in carried.episodes) <= budget
+        assert sum(c[2] for c in carried.episodes) <= budget
 
 
 def test_a_reservoir_round_trips_through_json_and_refuses_garbage():
     from thinkmem_ros.consolidator.round_read import Reservoir
 
-    kept = Reservoir((("r1", "e1", 4), ("r2", "e9", 2)), ("r1", "e3", 50))
+    kept = Reservoir((("r1", "e1", 4, 10, 13), ("r2", "e9", 2, 5, 6)), ("r1", "e3", 50, 1, 99))
     assert Reservoir.from_json(kept.to_json()) == kept
     assert Reservoir.from_json(Reservoir(()).to_json()) == Reservoir(())
-    for garbage in (None, [], [[["r", "e"]], None], [[["r", "e", "x"]], None], "abc"):
+    for garbage in (None, [], [[["r", "e"]], None], [[["r", "e", "x", 1, 2]], None], "abc",
+                    [[["r", "e", 4]], None]):  # the form without row-id spans
         with pytest.raises(ValueError, match="not a recorded reservoir"):
             Reservoir.from_json(garbage)

@@ -242,3 +242,26 @@ def test_a_flush_that_fails_during_ingest_keeps_ingesting(tmp_path, caplog):
         assert store.insert_many([exp(5), exp(6)]) == (2, 0)  # the next try moves them all
         assert store._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0] == 0
         assert [e.seq for e in store.iter_all()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_older_episode_is_read_from_the_files_its_row_ids_span(tmp_path):
+    """``episodes_through`` with the episodes' id spans reads what it reads without them,
+    from the files that hold them only (one episode no longer costs its robot's history)."""
+    with ExperienceStore(tmp_path / "s.db", flush_rows=20) as store:
+        seq = 0
+        for e in range(12):  # one robot, 12 episodes of 10 rows, a flush every 20 rows
+            store.insert_many([exp(seq := seq + 1, episode=f"e{e}") for _ in range(10)])
+        through = store.last_id()
+        infos = {i.episode_id: i for i in store.episodes()}
+        keys = [("r1", "e3"), ("r1", "e10"), ("r1", "e7")]
+        spans = [(infos[e].min_id, infos[e].max_id) for _, e in keys]
+        narrow = store.episodes_through(keys, through, spans)
+        assert [x.seq for x in narrow] == [x.seq for x in store.episodes_through(keys, through)]
+        assert [x.episode_id for x in narrow] == ["e3"] * 10 + ["e10"] * 10 + ["e7"] * 10
+        with store._snapshot():
+            opened = store._files_over("r1", spans, through)
+            every = store._lake_files("r1")
+        assert 0 < len(opened) <= 3 < len(every)
+        # a row-id bound below an episode's end leaves its later rows out
+        assert len(store.episodes_through([("r1", "e3")], infos["e3"].min_id + 4,
+                                          [spans[0]])) == 5

@@ -47,7 +47,7 @@ DEFAULT_RESERVOIR = 10_000  # experiences of older episodes a round on a marked 
 PAGE = 500  # experiences decoded at a time while reading (a few MB)
 
 
-Counted = tuple[str, str, int]  # (robot, episode, rows)
+Counted = tuple[str, str, int, int, int]  # (robot, episode, rows, first row id, last row id)
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,15 @@ class Reservoir:
         """The form ``to_json`` wrote; ValueError for anything else."""
         try:
             episodes, stopper = data
-            return cls(tuple((str(r), str(e), int(n)) for r, e, n in episodes),
-                       None if stopper is None else (str(stopper[0]), str(stopper[1]),
-                                                     int(stopper[2])))
+            return cls(tuple(_counted(e) for e in episodes),
+                       None if stopper is None else _counted(stopper))
         except (TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"not a recorded reservoir: {exc}") from exc
+
+
+def _counted(entry) -> Counted:
+    robot_id, episode_id, rows, first, last = entry
+    return str(robot_id), str(episode_id), int(rows), int(first), int(last)
 
 
 @dataclass(frozen=True)
@@ -146,25 +150,28 @@ def read_round(store: ExperienceStore, cap: int, seed: int,
     old = Reservoir(())
     if since and reservoir > 0:
         old = carried if carried is not None else _prefix(
-            [(i.robot_id, i.episode_id, i.count) for i in store.episodes(through_id=since)],
-            reservoir, seed)
-        experiences = [e for e in store.episodes_through([(r, e) for r, e, _ in
-                                                          old.episodes], since)
-                       if accept(e)] + experiences
-    merged: dict[tuple[str, str], int] = {}
-    for r, e, n in (*old.episodes, *([old.stopper] if old.stopper else [])):
-        merged[(r, e)] = n
+            [_info_counted(i) for i in store.episodes(through_id=since)], reservoir, seed)
+        experiences = [e for e in store.episodes_through(
+            [(c[0], c[1]) for c in old.episodes], since, [(c[3], c[4]) for c in old.episodes])
+            if accept(e)] + experiences
+    merged: dict[tuple[str, str], Counted] = {}
+    for c in (*old.episodes, *([old.stopper] if old.stopper else [])):
+        merged[(c[0], c[1])] = c
     for info in new_infos:
-        key = (info.robot_id, info.episode_id)
-        merged[key] = merged.get(key, 0) + info.count
+        c, have = _info_counted(info), merged.get((info.robot_id, info.episode_id))
+        merged[c[:2]] = c if have is None else (*c[:2], have[2] + c[2], min(have[3], c[3]),
+                                                 max(have[4], c[4]))
     return RoundRead(experiences=experiences,
                      stored=store.count() if since else sum(i.count for i in new_infos),
-                     episodes_read=len(chosen | {(r, e) for r, e, _ in old.episodes}),
+                     episodes_read=len(chosen | {c[:2] for c in old.episodes}),
                      episodes_stored=None if since else len(new_infos),
                      since_id=since, through_id=through, new=new,
                      reservoir=len(experiences) - new,
-                     next_reservoir=_prefix([(r, e, n) for (r, e), n in merged.items()],
-                                            reservoir, seed))
+                     next_reservoir=_prefix(merged.values(), reservoir, seed))
+
+
+def _info_counted(info: EpisodeInfo) -> Counted:
+    return info.robot_id, info.episode_id, info.count, info.min_id, info.max_id
 
 
 def _prefix(counted: Iterable[Counted], budget: int, seed: int) -> Reservoir:
@@ -176,10 +183,10 @@ def _prefix(counted: Iterable[Counted], budget: int, seed: int) -> Reservoir:
     """
     ranked = sorted(counted, key=lambda c: episode_priority(c[0], c[1], seed))
     total = 0
-    for k, (_, _, n) in enumerate(ranked):
-        if total + n > budget:
+    for k, c in enumerate(ranked):
+        if total + c[2] > budget:
             return Reservoir(tuple(ranked[:k]), ranked[k])
-        total += n
+        total += c[2]
     return Reservoir(tuple(ranked))
 
 

@@ -84,13 +84,15 @@ class StoreError(SinkError):
 
 @dataclass(frozen=True)
 class EpisodeInfo:
-    """Summary of one episode: who, how many experiences, and its time span."""
+    """Summary of one episode: who, how many experiences, its time span and row-id span."""
 
     robot_id: str
     episode_id: str
     count: int
     first_stamp: float
     last_stamp: float
+    min_id: int = 0  # the episode's rows lie between these ids (0, 0: not known)
+    max_id: int = 0
 
 
 class ExperienceStore:
@@ -220,14 +222,15 @@ class ExperienceStore:
             clauses.append("robot_id = ?")
             params.append(robot_id)
         lake, tail = self._both(
-            "SELECT robot_id, episode_id, COUNT(*), MIN(stamp), MAX(stamp) FROM {src} "
-            f"WHERE {' AND '.join(clauses)} GROUP BY robot_id, episode_id", params, robot_id,
-            after_id, through_id)
+            "SELECT robot_id, episode_id, COUNT(*), MIN(stamp), MAX(stamp), MIN(id), MAX(id)"
+            f" FROM {{src}} WHERE {' AND '.join(clauses)} GROUP BY robot_id, episode_id",
+            params, robot_id, after_id, through_id)
         merged: dict[tuple[str, str], list] = {}
         for r in lake + tail:
             have = merged.get((r[0], r[1]))
             merged[(r[0], r[1])] = list(r[2:]) if have is None else [
-                have[0] + r[2], min(have[1], r[3]), max(have[2], r[4])]
+                have[0] + r[2], min(have[1], r[3]), max(have[2], r[4]), min(have[3], r[5]),
+                max(have[4], r[6])]
         out = [EpisodeInfo(k[0], k[1], *v) for k, v in merged.items()]
         return sorted(out, key=lambda e: (e.robot_id, e.first_stamp))
 
@@ -274,27 +277,37 @@ class ExperienceStore:
         rows = sorted(lake + tail, key=lambda r: (r[0], r[1]))
         return _decode_all([r[2] for r in rows])
 
-    def episodes_through(self, keys: Iterable[tuple[str, str]], through_id: int
-                         ) -> list[Experience]:
+    def episodes_through(self, keys: Iterable[tuple[str, str]], through_id: int,
+                         spans: Iterable[tuple[int, int]] | None = None) -> list[Experience]:
         """The rows of episodes ``keys`` (robot, episode) with id <= ``through_id``.
 
         One query per robot over that robot's files (the lake is partitioned by robot), so
-        a round re-reads a sample of older episodes without scanning every payload.
-        Episodes come in ``keys`` order, each in time order (stamp, then seq).
+        a round re-reads a sample of older episodes without scanning every payload;
+        ``spans`` (each episode's (min_id, max_id), from ``episodes``) narrow it to the
+        files whose ids overlap them. Episodes come in ``keys`` order, each in time order
+        (stamp, then seq).
         """
         keys = list(keys)
-        by_robot: dict[str, list[str]] = {}
-        for robot_id, episode_id in keys:
-            by_robot.setdefault(robot_id, []).append(episode_id)
+        spans = [(0, through_id)] * len(keys) if spans is None else list(spans)
+        by_robot: dict[str, list[tuple[str, tuple[int, int]]]] = {}
+        for (robot_id, episode_id), span in zip(keys, spans, strict=True):
+            by_robot.setdefault(robot_id, []).append((episode_id, span))
         rows: dict[tuple[str, str], list[tuple]] = {}
         for robot_id, episodes in by_robot.items():
             for lo in range(0, len(episodes), 500):  # SQLite's bound-parameter limit
-                chunk = episodes[lo:lo + 500]
+                chunk = [e for e, _ in episodes[lo:lo + 500]]
                 marks = ", ".join("?" * len(chunk))
-                lake, tail = self._both(
+                with self._snapshot():
+                    files = self._files_over(robot_id, [s for _, s in episodes[lo:lo + 500]],
+                                             through_id)
+                    tail = self._conn.execute(
+                        "SELECT episode_id, stamp, seq, payload FROM experiences WHERE "
+                        f"robot_id = ? AND id <= ? AND episode_id IN ({marks})",
+                        (robot_id, through_id, *chunk)).fetchall()
+                lake = self._lake_query(
                     "SELECT episode_id, stamp, seq, payload FROM {src} WHERE robot_id = ?"
-                    f" AND id <= ? AND episode_id IN ({marks})",
-                    (robot_id, through_id, *chunk), robot_id, through_id=through_id)
+                    f" AND id <= ? AND episode_id IN ({marks})", files,
+                    (robot_id, through_id, *chunk))
                 for r in lake + tail:
                     rows.setdefault((robot_id, r[0]), []).append(r[1:])
         out: list[Experience] = []
@@ -386,6 +399,17 @@ class ExperienceStore:
             sql += " AND robot_id = ?"
             params.append(robot_id)
         return [r[0] for r in self._conn.execute(sql + " ORDER BY min_id", params)]
+
+    def _files_over(self, robot_id: str, spans: list[tuple[int, int]], through_id: int
+                    ) -> list[str]:
+        """The robot's lake files whose ids overlap any of ``spans`` (up to through_id)."""
+        found: dict[str, int] = {}
+        for first, last in spans:
+            for path, min_id in self._conn.execute(
+                    "SELECT path, min_id FROM lake_files WHERE robot_id = ? AND max_id >= ?"
+                    " AND min_id <= ?", (robot_id, first, min(last, through_id))):
+                found[path] = min_id
+        return sorted(found, key=found.__getitem__)
 
     @contextmanager
     def _snapshot(self) -> Iterator[None]:
