@@ -24,9 +24,10 @@ round's store.
 The reservoir is carried, not searched for: a prefix of one priority order over a union is
 the prefix over the prefixes of its parts, so the next round's reservoir is chosen from
 this one's reservoir and this round's new episodes alone (``RoundRead.next_reservoir``:
-episodes with their row counts through this round's newest row, plus the first episode
-that did not fit, whose count decides where the next prefix stops), and recorded with
-the mark. A mark recorded without one (or a reservoir budget that changed) falls back to
+episodes with their row counts and row-id spans through this round's newest row, plus the
+first episode that did not fit, whose count decides where the next prefix stops), and
+recorded with the mark; the spans let the next round open only the lake files that hold
+those episodes. A mark recorded without one (or for another budget or seed) falls back to
 counting rows per episode over the older rows (ids and stamps, not payloads): the only
 query of the read that would see the whole store.
 """
