@@ -60,7 +60,11 @@ def test_launchers_are_executable_and_reach_the_console_scripts():
 
 @pytest.mark.ros
 @pytest.mark.slow
-def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGSEGV])
+def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle, stop):
+    """Ctrl-C ends it with status 0; a crash in native code (a real SIGSEGV sent to it)
+    leaves every thread's Python stack in its output (``faulthandler``), so a robot's log
+    says where it died."""
     import rclpy
 
     shipped = SHARE / "models" / "default" / "bundle.json"
@@ -83,9 +87,14 @@ def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle):
             time.sleep(0.2)
         assert ("thinking_node", "/") in names, (
             f"node not on the graph (rc={proc.poll()}): {names}")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         output, _ = proc.communicate(timeout=15.0)
-        assert proc.returncode == 0, output
+        if stop == signal.SIGINT:
+            assert proc.returncode == 0, output
+        else:
+            assert proc.returncode == -signal.SIGSEGV, output
+            assert "Fatal Python error: Segmentation fault" in output, output
+            assert "thinkmem_ros/robot" in output, output  # where the threads were
     finally:
         if proc.poll() is None:
             proc.kill()

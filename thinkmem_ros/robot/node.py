@@ -57,6 +57,7 @@ reads them and a set of ``bundle_path`` that cannot work is refused with its rea
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import sys
@@ -940,8 +941,11 @@ def main(args: list[str] | None = None) -> int:
 
     Params files are checked before rcl parses them (``validate_ros_args``) so a missing,
     unparsable or misspelt one is refused in one line; whatever rcl still refuses is
-    reported the same way instead of as a traceback.
+    reported the same way instead of as a traceback. A crash in native code (rcl, DDS,
+    ONNX Runtime) prints every thread's Python stack on stderr before the process dies
+    (``faulthandler``), so a robot's log says where it happened.
     """
+    faulthandler.enable()
     try:
         validate_ros_args(sys.argv if args is None else args)
     except ParamsFileError as exc:
