@@ -297,17 +297,11 @@ class ExperienceStore:
             for lo in range(0, len(episodes), 500):  # SQLite's bound-parameter limit
                 chunk = [e for e, _ in episodes[lo:lo + 500]]
                 marks = ", ".join("?" * len(chunk))
-                with self._snapshot():
-                    files = self._files_over(robot_id, [s for _, s in episodes[lo:lo + 500]],
-                                             through_id)
-                    tail = self._conn.execute(
-                        "SELECT episode_id, stamp, seq, payload FROM experiences WHERE "
-                        f"robot_id = ? AND id <= ? AND episode_id IN ({marks})",
-                        (robot_id, through_id, *chunk)).fetchall()
-                lake = self._lake_query(
+                lake, tail = self._both(
                     "SELECT episode_id, stamp, seq, payload FROM {src} WHERE robot_id = ?"
-                    f" AND id <= ? AND episode_id IN ({marks})", files,
-                    (robot_id, through_id, *chunk))
+                    f" AND id <= ? AND episode_id IN ({marks})", (robot_id, through_id, *chunk),
+                    robot_id, through_id=through_id,
+                    spans=[span for _, span in episodes[lo:lo + 500]])
                 for r in lake + tail:
                     rows.setdefault((robot_id, r[0]), []).append(r[1:])
         out: list[Experience] = []
@@ -371,15 +365,17 @@ class ExperienceStore:
         self.close()
 
     def _both(self, sql: str, params: Sequence, robot_id: str | None = None,
-              after_id: int = 0, through_id: int | None = None
-              ) -> tuple[list[tuple], list[tuple]]:
+              after_id: int = 0, through_id: int | None = None,
+              spans: list[tuple[int, int]] | None = None) -> tuple[list[tuple], list[tuple]]:
         """Run one query (``{src}`` = the rows) over the lake and the tail of one snapshot.
 
         The manifest and the tail are read in one SQLite read transaction, so a flush
         committed meanwhile cannot show a row twice or hide it; listed files never change.
+        ``spans`` (row-id ranges of one robot's episodes) list only the files they overlap.
         """
         with self._snapshot():
-            files = self._lake_files(robot_id, after_id, through_id)
+            files = (self._lake_files(robot_id, after_id, through_id) if spans is None
+                     else self._files_over(robot_id, spans, through_id))
             tail = self._conn.execute(sql.format(src="experiences"), params).fetchall()
         return self._lake_query(sql, files, params), tail
 
