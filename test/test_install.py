@@ -105,6 +105,46 @@ def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle, st
         rclpy.shutdown(context=context)
 
 
+@pytest.mark.ros
+@pytest.mark.slow
+def test_ctrl_c_while_the_streaming_step_compiles_is_a_clean_stop(ros_env, source_bundle,
+                                                                   tmp_path):
+    """The node loads numba's streaming step before rclpy owns Ctrl-C: a Ctrl-C that lands
+    in that compile (seconds, with an empty kernel cache) exits 0 without a traceback and
+    without the node ever joining the graph half-built."""
+    cache = tmp_path / "numba-cache"  # empty: the step compiles from scratch
+    args = ["--ros-args", "-p", f"bundle_path:={source_bundle}"]
+    env = dict(ros_env, AMENT_PREFIX_PATH=str(PREFIX), NUMBA_CACHE_DIR=str(cache),
+               THINKMEM_STREAMING_ENGINE="auto")
+    import rclpy
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    observer = rclpy.create_node("ctrl_c_observer", context=context)
+    proc = subprocess.Popen([str(LIB / "thinking_node"), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60.0
+        # the folder is made right after numba imports, before the compile starts
+        while time.monotonic() < deadline and proc.poll() is None and not cache.exists():
+            time.sleep(0.02)
+        assert cache.exists(), f"the node never started loading numba (rc={proc.poll()})"
+        time.sleep(0.3)  # into the compile; a node made before it would be seen by now
+        names = observer.get_node_names_and_namespaces()
+        proc.send_signal(signal.SIGINT)
+        assert ("thinking_node", "/") not in names, "on the graph before the step compiled"
+        output, _ = proc.communicate(timeout=30.0)
+        assert proc.returncode == 0, output
+        assert "Traceback" not in output and "Fatal Python error" not in output, output
+        assert "executor:" not in output, output  # stopped before the node was built
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5.0)
+        observer.destroy_node()
+        rclpy.shutdown(context=context)
+
+
 def test_launch_file_declares_the_arguments():
     """Checked without launch_ros: the declared arguments and the executables it starts."""
     tree = ast.parse((REPO / "launch" / LAUNCH_FILE).read_text())

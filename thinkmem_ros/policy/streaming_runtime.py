@@ -511,6 +511,22 @@ def numba_kernel():
     return _KERNEL
 
 
+def warm_up() -> str:
+    """Import numba and load (or compile) the streaming step now; returns the engine.
+
+    Why: the first streaming bundle otherwise does this inside the node's start-up, after
+    the node joined the ROS graph and rclpy installed its signal handlers. Importing numba
+    and compiling take seconds, and a Ctrl-C landing there has rclpy's shutdown thread
+    tear the context down while the main thread is still deep in numba's import: seen once
+    as a SIGSEGV instead of a clean exit. Done before ``rclpy.init``, the same Ctrl-C is a
+    plain KeyboardInterrupt. "ort" when ``THINKMEM_STREAMING_ENGINE=ort`` or numba cannot
+    be used (the runtime then says why when a bundle loads).
+    """
+    if _engine_choice(None) == "ort":
+        return "ort"
+    return "numba" if numba_kernel() is not None else "ort"
+
+
 def kernel_error() -> str:
     """Why the compiled kernel is unavailable ('' when it is, or was never tried)."""
     return _KERNEL_ERROR

@@ -101,6 +101,7 @@ from thinkmem_ros.policy.situation import (
     SituationBuffer,
     Verdict,
 )
+from thinkmem_ros.policy.streaming_runtime import warm_up
 from thinkmem_ros.robot.activation import (
     FrameResult,
     activation_json,
@@ -943,13 +944,23 @@ def main(args: list[str] | None = None) -> int:
     unparsable or misspelt one is refused in one line; whatever rcl still refuses is
     reported the same way instead of as a traceback. A crash in native code (rcl, DDS,
     ONNX Runtime) prints every thread's Python stack on stderr before the process dies
-    (``faulthandler``), so a robot's log says where it happened.
+    (``faulthandler``), so a robot's log says where it happened. The streaming policy's
+    compiled step is loaded before rclpy starts, while Ctrl-C is still a plain
+    KeyboardInterrupt.
     """
     faulthandler.enable()
     try:
         validate_ros_args(sys.argv if args is None else args)
     except ParamsFileError as exc:
         return _refuse(exc)
+    try:
+        # before rclpy takes over Ctrl-C: the seconds of numba's import and compile are
+        # where a Ctrl-C once crashed the node (see ``warm_up``)
+        warm_up()
+    except ValueError as exc:  # THINKMEM_STREAMING_ENGINE names no engine
+        return _refuse(exc)
+    except KeyboardInterrupt:
+        return 0
     try:
         init = rclpy.init(args=args)
     except _rclpy.RCLError as exc:
