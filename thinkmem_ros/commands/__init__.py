@@ -1,1 +1,33 @@
-"""Sub-commands of the ``thinkmem`` command, one module per verb."""
+"""Sub-commands of the ``thinkmem`` command, one module per verb.
+
+Shared here: what every verb needs to answer bad input with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+
+def one_line(exc: BaseException | str) -> str:
+    """``exc``'s text on one line: YAML and library errors span several, a refusal must not."""
+    return " ".join(str(exc).split())
+
+
+def check_output(path: str | Path, option: str, *, folder: bool = False) -> Path:
+    """``path`` when an output can be written there; else exit with one line naming ``option``.
+
+    Called before the work that fills the output, so a typo'd or unwritable path costs
+    nothing. The nearest existing folder is probed with a temporary file: permission bits
+    say nothing to root, and /proc refuses only the actual write.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise SystemExit(f"{option} {path}: " + ("not a folder" if folder else "is a folder"))
+    parent = next(p for p in path.absolute().parents if p.exists())
+    try:
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as exc:
+        raise SystemExit(f"{option} {path}: cannot write in {parent} "
+                         f"({exc.strerror or one_line(exc)})") from None
+    return path

@@ -30,9 +30,11 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from thinkmem_ros.commands import one_line
 from thinkmem_ros.link.experience import ExperienceError, check_robot_id
 from thinkmem_ros.link.key_endorsement import (
     KeyEndorsement,
@@ -84,12 +86,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Write the requested key files and list them; exit code 2 on a refused overwrite."""
-    if getattr(args, "rotate", None) or getattr(args, "revoke", None):
-        try:
+    """Write the requested key files and list them; exit code 2 on a refused overwrite.
+
+    An unreadable key or an --out that cannot be written (a file, /proc/x) is one line
+    on stderr, exit 1, in either mode: never a traceback.
+    """
+    try:
+        if getattr(args, "rotate", None) or getattr(args, "revoke", None):
             return _rotation(args)
-        except (SecurityError, OSError) as exc:
-            raise SystemExit(f"thinkmem keys: {_one_line(exc)}") from None
+        return _pairs(args)
+    except (SecurityError, OSError) as exc:
+        raise SystemExit(f"thinkmem keys: {one_line(exc)}") from None
+
+
+def _pairs(args: argparse.Namespace) -> int:
+    """CURVE pairs for --name and --robot, the robots' allow-list and the signing pair."""
     out = Path(args.out)
     robots = getattr(args, "robot", None) or []
     names = args.name or ([] if robots else ["thinkmem"])
@@ -111,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
         planned += [out / f"{sign_name}.sign.pub", out / f"{sign_name}.sign.key"]
     existing = [str(p) for p in planned if p.exists()]
     if existing and not args.force:
-        print(f"refusing to overwrite {existing} (use --force)")
+        print(f"refusing to overwrite {existing} (use --force)", file=sys.stderr)
         return 2
     written: list[Path] = []
     for name in pairs:
@@ -222,10 +233,6 @@ def _next_name(old: Path) -> str:
 def _refused(planned: list[Path], force: bool) -> bool:
     existing = [str(p) for p in planned if p.exists()]
     if existing and not force:
-        print(f"refusing to overwrite {existing} (use --force)")
+        print(f"refusing to overwrite {existing} (use --force)", file=sys.stderr)
         return True
     return False
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
