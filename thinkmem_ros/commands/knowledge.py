@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from thinkmem_ros.commands import one_line
+
 HELP = "list knowledge units the consolidator has discovered"
 
 
@@ -31,14 +33,18 @@ def _row(unit) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the units; exit 2 when the database file does not exist."""
-    from thinkmem_ros.consolidator.knowledge import KnowledgeStore
+    """Print the units; exit 2 when the database is missing or cannot be read as one."""
+    from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
 
     if not Path(args.db).exists():  # sqlite would silently create an empty file
         print(f"thinkmem knowledge: no database at {args.db}", file=sys.stderr)
         return 2
-    with KnowledgeStore(args.db) as store:
-        units = store.load(status=args.status)
+    try:  # a folder, a file that is not SQLite, a newer schema
+        with KnowledgeStore(args.db) as store:
+            units = store.load(status=args.status)
+    except KnowledgeStoreError as exc:
+        print(f"thinkmem knowledge: {one_line(exc)}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([_row(u) for u in units], indent=2))
         return 0
