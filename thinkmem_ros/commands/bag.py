@@ -14,6 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
+from thinkmem_ros.commands import one_line
+
 HELP = "write synthetic scenarios to rosbag2, play, inspect or convert a bag"
 
 
@@ -188,11 +190,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the chosen verb; bad input and bag errors exit 1 with one line on stderr."""
+    """Run the chosen verb; bad input and bag errors exit 1 with one line on stderr.
+
+    One line even when the reason spans several (a malformed metadata.yaml's YAML error).
+    """
     from thinkmem_ros.playback.bag_files import BagError
 
     try:
         return VERBS[args.bag_verb].main(args)
     except (BagError, ValueError, OSError) as exc:
-        print(f"thinkmem bag {args.bag_verb}: error: {exc}", file=sys.stderr)
+        print(f"thinkmem bag {args.bag_verb}: error: {one_line(exc)}", file=sys.stderr)
         return 1
