@@ -10,6 +10,7 @@ each stream, so validation never shares a chunk with training.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from dataclasses import dataclass, fields
 
@@ -39,8 +40,9 @@ class StreamRecipe:
 
     def __post_init__(self) -> None:
         for name in ("duration", "streams", "rate", "window", "stride", "group_seconds"):
-            if getattr(self, name) <= 0:
-                raise RecipeError(f"recipe {name} must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # NaN passes a plain `<= 0`
+                raise RecipeError(f"recipe {name} must be a finite number > 0, got {value}")
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
