@@ -24,15 +24,17 @@ the robot uses) is written to ``bundle.json`` under ``metrics.held_out``.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from thinkmem_ros.commands import check_output, one_line
 from thinkmem_ros.core.rule_augment import AugmentConfig
 from thinkmem_ros.policy.config import DEFAULT_PRESET
-from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
+from thinkmem_ros.world.recipe import StreamRecipe
 
 HELP = "train a policy and export it as a model bundle"
 
@@ -112,18 +114,17 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.training.train import train_policy
 
     resolve_defaults(args)
+    check_options(args)
     if args.bag:
         return main_bags(args)
     if args.labels or args.params:
         raise SystemExit("--labels and --params need --bag (the recordings to label)")
-    if args.streams < 1:
-        raise SystemExit(f"--streams must be >= 1, got {args.streams}")
     torch.set_num_threads(args.threads)
     try:
         recipe = StreamRecipe.from_args(args)
-    except RecipeError as exc:
-        raise SystemExit(str(exc)) from None
-    data = recipe.windows()
+        data = recipe.windows()  # an unknown --scenario, too few frames for --window
+    except ValueError as exc:
+        raise SystemExit(f"thinkmem train: {one_line(exc)}") from None
     print(f"training on {len(data)} situations from {args.streams} x {args.duration:g} s "
           f"of {args.scenario!r} at {args.rate:g} Hz", file=sys.stderr)
     start = time.perf_counter()
@@ -132,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
                                batch_size=args.batch_size, lr=args.lr, patience=args.patience,
                                progress=not args.no_progress, signal_drop=args.signal_drop)
     except ValueError as exc:  # an unknown preset, too little data to split, ...
-        raise SystemExit(f"thinkmem train: {exc}") from None
+        raise SystemExit(f"thinkmem train: {one_line(exc)}") from None
     wall = time.perf_counter() - start
     command = recorded_command(recipe, args)
     metrics = {"validation": trained.val_metrics,
@@ -156,6 +157,43 @@ def main(args: argparse.Namespace) -> int:
     bundle = write_bundle(args.out, onnx, manifest)
     print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train {wall:.0f} s)")
     return 0
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse bad numbers, an unknown preset and an unusable --out before any work.
+
+    Building the training set takes seconds to minutes and training far longer: a typo
+    must not wait for them (train_policy would refuse the same numbers only then).
+    """
+    from thinkmem_ros.policy.config import PRESETS
+    from thinkmem_ros.policy.training.train import STREAMING_PRESETS
+
+    for name, low in (("epochs", 1), ("patience", 1), ("batch_size", 1), ("threads", 1),
+                      ("streams", 1), ("min_steps", 0)):
+        if getattr(args, name) < low:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= {low}, "
+                             f"got {getattr(args, name)}")
+    for name, ok, rule in (("lr", args.lr > 0, "> 0"), ("rate", args.rate > 0, "> 0"),
+                           ("signal_drop", 0 <= args.signal_drop < 1, "in [0, 1)"),
+                           ("test_duration", args.test_duration >= 0, ">= 0")):
+        if not (ok and math.isfinite(getattr(args, name))):  # NaN fails every comparison
+            raise SystemExit(f"--{name.replace('_', '-')} must be a finite number {rule}, "
+                             f"got {getattr(args, name)}")
+    known = sorted({*PRESETS, *STREAMING_PRESETS})
+    if args.preset not in known:
+        raise SystemExit(f"--preset {args.preset!r}: unknown; choose one of {', '.join(known)}")
+    if not args.bag and 0 < args.test_duration * args.rate < args.window:
+        raise SystemExit(f"--test-duration {args.test_duration:g} s at {args.rate:g} Hz is "
+                         f"fewer frames than --window {args.window} (0 = no held-out stream)")
+    check_bundle_out(args.out)
+
+
+def check_bundle_out(out: str) -> None:
+    """--out must be writable and, if it exists, a bundle: write_bundle replaces the folder."""
+    folder = check_output(out, "--out", folder=True)
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "bundle.json").is_file():
+        raise SystemExit(f"--out {out}: a folder that is not a bundle; training would "
+                         "replace it and everything in it")
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
@@ -273,7 +311,7 @@ def main_bags(args: argparse.Namespace) -> int:
     try:
         augment = AugmentConfig(copies=args.augment)
     except ValueError as exc:
-        raise SystemExit(f"--augment: {exc}") from None
+        raise SystemExit(f"--augment: {one_line(exc)}") from None
     torch.set_num_threads(args.threads)
     try:
         signal_map = load_signal_map(args.params)
@@ -284,7 +322,7 @@ def main_bags(args: argparse.Namespace) -> int:
                 labels=tuple(filter(None, args.feedback_labels.split(",")))
                 if args.feedback_labels else None))
     except (ValueError, RulesError, BagError) as exc:
-        raise SystemExit(str(exc)) from None
+        raise SystemExit(one_line(exc)) from None
     rate = signal_map.frame_rate_hz or args.rate
     parts, tails = [], []
     for i, bag in enumerate(args.bag):
@@ -292,7 +330,7 @@ def main_bags(args: argparse.Namespace) -> int:
             stream = read_recording(bag, signal_map, rate, rules=rules)
             stream = hindsight.label(stream, i) if hindsight else stream
         except (BagError, ValueError) as exc:
-            raise SystemExit(str(exc)) from None
+            raise SystemExit(one_line(exc)) from None
         if args.train_fraction < 1.0:
             stream, tail = split_stream(stream, args.train_fraction)
             tails.append(tail)
@@ -303,14 +341,14 @@ def main_bags(args: argparse.Namespace) -> int:
                 stream, args.window, rules=rules, augment=augment, seed=args.seed,
                 group_base=i * 1_000_000))
         except ValueError as exc:
-            raise SystemExit(f"{bag}: {exc}") from None
+            raise SystemExit(f"{bag}: {one_line(exc)}") from None
     data = SituationSet.concat(parts)
     if hindsight:
         print("\n".join(hindsight.report_lines()), file=sys.stderr)
         try:
             hindsight.check(len(data), len(set(data.groups.tolist())), args.window)
         except ValueError as exc:
-            raise SystemExit(str(exc)) from None
+            raise SystemExit(one_line(exc)) from None
     print(f"training on {len(data)} situations from {len(args.bag)} recording(s) at "
           f"{rate:g} Hz; signals {list(signal_map.names)}, labels {list(data.label_names)}",
           file=sys.stderr)
