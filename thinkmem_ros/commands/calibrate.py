@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from thinkmem_ros.commands import check_output, one_line
+
 HELP = "report a recording's adapted signals (range, rate, unit) against a bundle"
 
 RATE_TOLERANCE = 0.05
@@ -116,14 +118,19 @@ def _training_range(manifest, name: str) -> tuple[float, float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the calibration table and warnings; 2 on a configuration or bag error."""
+    """Print the calibration table and warnings; 2 on a configuration or bag error.
+
+    An unwritable --json is refused before the bag is read, not after.
+    """
     from thinkmem_ros.playback.bag_files import BagError
     from thinkmem_ros.policy.bundle import BundleError
 
+    if args.json:
+        check_output(args.json, "thinkmem calibrate: --json")
     try:
         report = calibrate(args.bag, args.params, args.bundle)
     except (ValueError, BagError, BundleError, FileNotFoundError) as exc:
-        print(f"thinkmem calibrate: {exc}", file=sys.stderr)
+        print(f"thinkmem calibrate: {one_line(exc)}", file=sys.stderr)
         return 2
     print(f"{report['bag']}: {report['duration_s']:.1f} s against {report['bundle']} "
           f"({report['bundle_frame_rate_hz']:g} Hz)")
@@ -142,5 +149,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"WARN {warning}")
     print(f"{len(report['warnings'])} warning(s)")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
