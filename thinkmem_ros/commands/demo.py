@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from thinkmem_ros.commands import one_line
 from thinkmem_ros.commands.bag import non_negative_float, positive_float
 
 HELP = ("run the main job end to end (bag -> node -> activations -> one consolidation round "
@@ -43,7 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the demo; a failed step exits 1 with its reason."""
+    """Run the demo; a failed step exits 1 with its reason on one line.
+
+    OSError, not only FileNotFoundError: an --out that is a file is FileExistsError.
+    """
     from thinkmem_ros.demo import DemoConfig, run_demo
     from thinkmem_ros.playback.bag_files import BagError
     from thinkmem_ros.policy.bundle import BundleError
@@ -58,8 +62,8 @@ def main(args: argparse.Namespace) -> int:
                             after_missions=args.after_missions, retrain_epochs=args.epochs,
                             retrain_lr=args.lr)
         summary = run_demo(config)
-    except (ValueError, BundleError, BagError, RuntimeError, FileNotFoundError) as exc:
-        print(f"thinkmem demo: error: {exc}", file=sys.stderr)
+    except (ValueError, BundleError, BagError, RuntimeError, OSError) as exc:
+        print(f"thinkmem demo: error: {one_line(exc)}", file=sys.stderr)
         return 1
     if "before" in summary:
         before, after = (summary[k]["activation"]["micro"] for k in ("before", "after"))
