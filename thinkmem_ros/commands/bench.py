@@ -7,6 +7,7 @@ import inspect
 import json
 
 from thinkmem_ros.bench import BENCHMARKS, load
+from thinkmem_ros.commands import check_output
 
 HELP = "run a benchmark and write its JSON (and PNG)"
 
@@ -35,6 +36,9 @@ def main(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     if seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {seeds}")
+    for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
+        if path:  # written after a run of minutes: refuse an unwritable one now
+            check_output(path, option)
     module = load(args.name)
     extra = {}
     if args.bundle is not None:
