@@ -28,7 +28,7 @@ class TriggerConfig:
 
     def __post_init__(self) -> None:
         for name in ("period_s", "novelty_threshold"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # NaN too: it would never fire, never fail
                 raise ValueError(f"TriggerConfig.{name} must be > 0, got {getattr(self, name)}")
         for name in ("buffer_limit", "buffer_capacity", "novelty_count", "failure_count",
                      "min_new"):
