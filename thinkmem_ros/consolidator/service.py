@@ -147,7 +147,7 @@ class ConsolidatorConfig:
         if not self.bind or "://" not in self.bind:
             raise ValueError(f"ConsolidatorConfig.bind must look like tcp://host:port, "
                              f"got {self.bind!r}")
-        if self.check_s <= 0:
+        if not self.check_s > 0:  # NaN too
             raise ValueError(f"ConsolidatorConfig.check_s must be > 0, got {self.check_s}")
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
@@ -779,6 +779,20 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         train_workers=args.train_workers)
 
 
+def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
+    """Open --rehearsal-npz (and with --once the store) before any round runs.
+
+    A round meets them only once it has started: a garbage npz or a --db that is not a
+    database would be a traceback after the round's log line, or fail every served round.
+    """
+    from thinkmem_ros.consolidator.rehearsal import load_npz
+
+    if config.rehearsal.npz is not None:
+        load_npz(config.rehearsal.npz)
+    if once:  # serving opens it in the receiver, before READY
+        ExperienceStore(config.db_path).close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the service from parsed options; prints ``READY <endpoint>`` once bound."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -790,6 +804,7 @@ def run(args: argparse.Namespace) -> int:
         service = ConsolidatorService(config)
         if config.engine != "embedded":  # a cluster that cannot be reached fails here
             service._discovery_engine()
+        check_inputs(config, once=args.once)
     except (ValueError, OSError, RuntimeError) as exc:
         print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
         return 2
