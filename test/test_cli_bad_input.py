@@ -1,0 +1,180 @@
+"""Hostile input to every ``thinkmem`` verb: one line on stderr, a non-zero exit, no traceback.
+
+Each case feeds one bad value (a file that is not what it claims, an unwritable output, a
+NaN, an unknown name) through ``thinkmem_ros.cli.main`` in-process and asserts the project
+rule: exit status != 0, stderr a single line naming the problem, and no work done first
+(each case returns in well under two seconds; none trains, plays into ROS or benchmarks).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from thinkmem_ros import cli
+from thinkmem_ros.consolidator import service
+
+REAL = Path(__file__).resolve().parent / "data" / "real"
+SMALL_TRAIN = ["--duration", "130", "--streams", "2", "--epochs", "1", "--test-duration", "0",
+               "--no-progress"]  # if a check were missing, training stays seconds, not minutes
+
+
+def run(capsys, *argv, entry=cli.main) -> tuple[int, str]:
+    """Exit status and stderr of one command, a ``SystemExit`` handled as the interpreter does."""
+    try:
+        code = entry([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    return code, capsys.readouterr().err
+
+
+def assert_one_line(code: int, err: str, *names: str) -> None:
+    """The rule: non-zero, one line on stderr that names the problem, no traceback."""
+    assert code != 0, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for name in names:
+        assert name in err, err
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Bad inputs: a text file posing as SQLite, garbage bytes, a malformed rosbag2 folder."""
+    (tmp_path / "not.db").write_text("not a database at all\n" * 50)
+    (tmp_path / "garbage.bin").write_bytes(bytes(range(256)) * 16)
+    bag = tmp_path / "badmeta"
+    bag.mkdir()
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information:\n"
+                                       "  version: [unclosed\n  : : :\n")
+    (tmp_path / "a_folder").mkdir()
+    return tmp_path
+
+
+@pytest.fixture
+def signing_key(tmp_path, capsys):
+    assert cli.main(["keys", "--out", str(tmp_path / "k"), "--name", "c"]) == 0
+    capsys.readouterr()
+    return tmp_path / "k" / "c.sign.key"
+
+
+# ------------------------------------------------------------------ knowledge, bag
+
+@pytest.mark.parametrize("db, reason", [("not.db", "file is not a database"),
+                                        ("a_folder", "unable to open database file")])
+def test_knowledge_list_of_a_non_database(files, capsys, db, reason):
+    code, err = run(capsys, "knowledge", "list", "--db", files / db)
+    assert_one_line(code, err, "thinkmem knowledge:", reason)
+
+
+@pytest.mark.parametrize("verb", ["info", "play"])
+def test_bag_with_malformed_metadata_is_one_line(files, capsys, verb):
+    code, err = run(capsys, "bag", verb, files / "badmeta")
+    assert_one_line(code, err, f"thinkmem bag {verb}: error: cannot open bag", "metadata.yaml")
+
+
+# ------------------------------------------------------------------ train
+
+@pytest.mark.parametrize("argv, name", [
+    (["--epochs", "-1"], "--epochs must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--lr", "nan"], "--lr must be a finite number > 0"),
+    (["--signal-drop", "1"], "--signal-drop"),
+    (["--test-duration", "-5"], "--test-duration must be a finite number >= 0"),
+    (["--test-duration", "3"], "fewer frames than --window"),
+    (["--preset", "bogus"], "--preset 'bogus': unknown"),
+    (["--scenario", "bogus"], "unknown scenario 'bogus'"),
+    (["--duration", "nan"], "duration must be a finite number > 0"),
+], ids=["epochs", "threads", "lr-nan", "signal-drop", "test-duration-negative",
+        "test-duration-short", "preset", "scenario", "duration-nan"])
+def test_train_refuses_bad_options_before_building_data(tmp_path, capsys, argv, name):
+    code, err = run(capsys, "train", *SMALL_TRAIN, *argv, "--out", tmp_path / "b")
+    assert_one_line(code, err, name)
+    assert "training on" not in err and not (tmp_path / "b").exists()
+
+
+def test_train_refuses_an_unwritable_out(capsys):
+    code, err = run(capsys, "train", *SMALL_TRAIN, "--out", "/proc/x")
+    assert_one_line(code, err, "--out /proc/x: cannot write")
+
+
+def test_train_refuses_to_replace_a_file_or_a_folder_that_is_no_bundle(files, capsys):
+    code, err = run(capsys, "train", *SMALL_TRAIN, "--out", files / "garbage.bin")
+    assert_one_line(code, err, "garbage.bin: not a folder")
+    assert (files / "garbage.bin").is_file()
+    (files / "a_folder" / "notes.txt").write_text("mine")
+    code, err = run(capsys, "train", *SMALL_TRAIN, "--out", files / "a_folder")
+    assert_one_line(code, err, "not a bundle")
+    assert (files / "a_folder" / "notes.txt").read_text() == "mine"
+
+
+def test_train_params_with_malformed_yaml_is_one_line(files, capsys):
+    code, err = run(capsys, "train", "--bag", files / "badmeta", "--labels", "feedback",
+                    "--params", files / "badmeta" / "metadata.yaml", "--out", files / "b")
+    assert_one_line(code, err, "cannot read parameters")
+
+
+# ------------------------------------------------------------------ calibrate
+
+def test_calibrate_refuses_an_unwritable_json_first(capsys):
+    code, err = run(capsys, "calibrate", REAL / "husky_outdoor.bag",
+                    "--params", REAL / "husky_params.yaml", "--json", "/proc/x/r.json")
+    assert_one_line(code, err, "--json /proc/x/r.json: cannot write")
+
+
+def test_calibrate_params_with_malformed_yaml_is_one_line(files, capsys):
+    code, err = run(capsys, "calibrate", REAL / "husky_outdoor.bag",
+                    "--params", files / "badmeta" / "metadata.yaml")
+    assert_one_line(code, err, "thinkmem calibrate:", "cannot read parameters")
+
+
+# ------------------------------------------------------------------ keys, demo, bench
+
+@pytest.mark.parametrize("out", ["garbage.bin", "/proc/x"])
+def test_keys_out_that_cannot_be_a_folder(files, capsys, out):
+    code, err = run(capsys, "keys", "--out", files / out)
+    assert_one_line(code, err, "thinkmem keys:", out)
+
+
+def test_keys_refused_overwrite_goes_to_stderr(signing_key, capsys):
+    code, err = run(capsys, "keys", "--out", signing_key.parent, "--name", "c")
+    assert code == 2
+    assert_one_line(code, err, "refusing to overwrite", "--force")
+
+
+def test_demo_out_that_is_a_file(files, capsys):
+    code, err = run(capsys, "demo", "--offline", "--no-consolidation", "--quiet",
+                    "--duration", "10", "--out", files / "garbage.bin")
+    assert_one_line(code, err, "thinkmem demo: error:", "garbage.bin")
+
+
+@pytest.mark.parametrize("option, path", [("--json", "/proc/x/r.json"), ("--plot", "FOLDER")])
+def test_bench_refuses_an_unwritable_output_before_running(files, capsys, monkeypatch,
+                                                          option, path):
+    def never(name):
+        raise AssertionError(f"benchmark {name} started before its output was checked")
+
+    monkeypatch.setattr("thinkmem_ros.commands.bench.load", never)
+    path = files / "a_folder" if path == "FOLDER" else path
+    code, err = run(capsys, "bench", "latency", option, path)
+    assert_one_line(code, err, f"{option} {path}")
+
+
+# ------------------------------------------------------------------ consolidator
+
+@pytest.mark.parametrize("argv, name", [
+    (["--db", "not.db"], "file is not a database"),
+    (["--db", "a_folder"], "cannot open store"),
+    (["--rehearsal-npz", "garbage.bin"], "not a rehearsal npz"),
+    (["--check-s", "nan"], "check_s must be > 0"),
+    (["--period-s", "nan"], "period_s must be > 0"),
+], ids=["db-not-sqlite", "db-folder", "npz-garbage", "check-s-nan", "period-s-nan"])
+@pytest.mark.parametrize("entry", [cli.main, service.main], ids=["thinkmem", "service"])
+def test_consolidator_once_bad_input(files, signing_key, capsys, argv, name, entry):
+    argv = [str(files / a) if a in ("not.db", "a_folder", "garbage.bin") else a for a in argv]
+    prefix = ["consolidator"] if entry is cli.main else []
+    code, err = run(capsys, *prefix, "--once", "--signing-key", signing_key,
+                    "--db", files / "c.db", *argv, entry=entry)
+    assert_one_line(code, err, "thinkmem consolidator:", name)
