@@ -7,15 +7,13 @@ import pytest
 from thinkmem_ros.consolidator.discovery import (
     DiscoveryConfig,
     EventLog,
-    _level_scores,
-    _p_order3,
-    _score_tail,
     discover,
     pb_tail,
     poisson_tail_bound,
     relation_f1,
     tarone_bh,
 )
+from thinkmem_ros.consolidator.discovery.tails import _level_scores, _p_order3, _score_tail
 from thinkmem_ros.world.event_episodes import Episode, EventWorldConfig, generate_event_history
 from thinkmem_ros.world.event_worlds import (
     WorldConfig,
@@ -300,7 +298,7 @@ def test_tails_match_brute_force():
 
 
 def test_stratified_contrast_matches_enumeration():
-    from thinkmem_ros.consolidator.discovery import _fisher_greater, _stratified_greater
+    from thinkmem_ros.consolidator.discovery.contrasts import _fisher_greater, _stratified_greater
 
     # one stratum is Fisher's exact test
     one = _stratified_greater(*(np.array([x]) for x in (6, 8, 1, 7)), 0.05)
@@ -375,7 +373,7 @@ def test_unknown_event_rejected():
 
 
 def test_observed_scores_read_the_level_of_the_tightest_occurrence():
-    from thinkmem_ros.consolidator.discovery import _observed_scores
+    from thinkmem_ros.consolidator.discovery.significance import _observed_scores
 
     scales = np.array([1.0, 2.0, 4.0, 8.0, np.inf])
     pe = np.sort(np.random.default_rng(3).uniform(1e-9, 1.0, (1, scales.size)) ** 3, axis=1)
@@ -395,7 +393,7 @@ def test_boschloo_refinement_is_no_weaker_than_fisher_and_keeps_its_size():
     """
     from scipy.stats import binom
 
-    from thinkmem_ros.consolidator.discovery import _fisher_greater, _rate_greater
+    from thinkmem_ros.consolidator.discovery.contrasts import _fisher_greater, _rate_greater
 
     n1, n0, alpha = 9, 30, 0.02
     p, fisher = np.ones((n1 + 1, n0 + 1)), np.ones((n1 + 1, n0 + 1))
@@ -414,7 +412,7 @@ def test_boschloo_refinement_is_no_weaker_than_fisher_and_keeps_its_size():
 
 
 def test_check_scale_widens_only_while_the_support_grows():
-    from thinkmem_ros.consolidator.discovery import _check_scale
+    from thinkmem_ros.consolidator.discovery.significance import _check_scale
 
     finite = np.array([True, True, True, True, False])
     support = np.array([[3, 3, 5, 7, 9], [3, 3, 5, 5, 5], [0, 2, 4, 4, 4]], np.float64)
@@ -444,7 +442,7 @@ def test_shared_rules_are_found_beside_each_other():
 def test_p_values_are_calibrated_under_the_null(condition):
     """Shuffle each episode's codes over its own slots (the null, exactly) and count how
     often the family-wide p-value falls below x: at most x of the hypotheses may."""
-    from thinkmem_ros.consolidator.discovery import _scan_whole
+    from thinkmem_ros.consolidator.discovery.scan import _scan_whole
 
     w = world(condition, 8, np.random.default_rng(100))
     log = EventLog.from_episodes(w.episodes, w.codes)
@@ -459,7 +457,7 @@ def test_p_values_are_calibrated_under_the_null(condition):
 
 
 def test_a_refuted_binding_is_evidence_not_its_absence():
-    from thinkmem_ros.consolidator.discovery import _both_bound
+    from thinkmem_ros.consolidator.discovery.contrasts import _both_bound
 
     # both parts testable: the weaker one decides
     assert _both_bound((0.01, True), (0.001, True)) == (0.01, True)
@@ -473,7 +471,7 @@ def test_a_refuted_binding_is_evidence_not_its_absence():
 def test_large_tables_keep_fishers_p():
     """Boschloo's test enumerates every outcome of the table: a fleet-sized one (half a
     million episodes) keeps Fisher's p instead of asking for gigabytes."""
-    from thinkmem_ros.consolidator.discovery import _fisher_greater, _rate_greater
+    from thinkmem_ros.consolidator.discovery.contrasts import _fisher_greater, _rate_greater
 
     big = (2_100, 498_068, 4, 1_934)
     fisher = _fisher_greater(*big, 0.02)
@@ -482,7 +480,7 @@ def test_large_tables_keep_fishers_p():
 
 
 def test_holm_adjustment_matches_its_definition():
-    from thinkmem_ros.consolidator.discovery import _holm
+    from thinkmem_ros.consolidator.discovery.examine import _holm
 
     rng = np.random.default_rng(4)
     for m in (1, 2, 5, 17):
@@ -500,7 +498,8 @@ def test_pairs_sharing_a_consequence_share_one_family():
     Holm-adjusted together, a pair with a consequence of its own keeps its p-value."""
     from types import SimpleNamespace
 
-    from thinkmem_ros.consolidator.discovery import _Check, _pair_rivals
+    from thinkmem_ros.consolidator.discovery.checks import _Check
+    from thinkmem_ros.consolidator.discovery.examine import _pair_rivals
 
     def check(p):
         return _Check(p_order=0.0, p_adds=(0.0, 0.0), lift=1.0, antecedent=1, reverse=0,
@@ -517,7 +516,7 @@ def test_pairs_sharing_a_consequence_share_one_family():
 
 
 def test_column_sums_match_a_bincount_per_scale():
-    from thinkmem_ros.consolidator.discovery import _column_sums
+    from thinkmem_ros.consolidator.discovery.significance import _column_sums
 
     rng = np.random.default_rng(5)
     values = rng.uniform(0, 1, (300, 7))
@@ -536,7 +535,8 @@ def test_riders_whose_first_code_cannot_be_bound_share_one_family():
     keep their p-values."""
     from types import SimpleNamespace
 
-    from thinkmem_ros.consolidator.discovery import _Check, _unbound_riders
+    from thinkmem_ros.consolidator.discovery.checks import _Check
+    from thinkmem_ros.consolidator.discovery.examine import _unbound_riders
 
     def check(p, unbound):
         return _Check(p_order=0.0, p_adds=(0.0,) * 3, lift=1.0, antecedent=1, reverse=0,
@@ -559,14 +559,14 @@ def test_riders_whose_first_code_cannot_be_bound_share_one_family():
 
 
 def test_lookup_in_blocks_gives_the_same(monkeypatch):
-    from thinkmem_ros.consolidator import discovery
+    from thinkmem_ros.consolidator.discovery import arrays
 
     rng = np.random.default_rng(6)
     keys = np.unique(rng.integers(0, 10**6, 100_000))
     values = rng.uniform(0, 1, keys.size)
     query = rng.integers(0, 10**6, 30_000)
-    want = discovery._lookup(keys, values, query, 1.0)
-    monkeypatch.setattr(discovery, "LOOKUP_BLOCK", 4096)
-    assert np.array_equal(discovery._lookup(keys, values, query, 1.0), want)
-    assert np.array_equal(discovery._lookup(keys, keys, query, 0) == query,
+    want = arrays._lookup(keys, values, query, 1.0)
+    monkeypatch.setattr(arrays, "LOOKUP_BLOCK", 4096)
+    assert np.array_equal(arrays._lookup(keys, values, query, 1.0), want)
+    assert np.array_equal(arrays._lookup(keys, keys, query, 0) == query,
                           np.isin(query, keys))

@@ -12,15 +12,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from thinkmem_ros.consolidator.discovery import (
-    DiscoveryConfig,
-    EventLog,
-    _copresent_sets,
-    _Episodes,
-    _family_budget,
-    _surprising_sets,
-    discover,
-)
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+from thinkmem_ros.consolidator.discovery.candidates import _copresent_sets
+from thinkmem_ros.consolidator.discovery.episodes import _Episodes
+from thinkmem_ros.consolidator.discovery.family import _family_budget, _surprising_sets
 from thinkmem_ros.world.event_worlds import (
     WorldConfig,
     condition_config,

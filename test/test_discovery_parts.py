@@ -78,11 +78,11 @@ def test_part_events_is_validated():
 
 
 def test_parts_built_a_few_candidates_at_a_time_give_the_same(monkeypatch):
-    from thinkmem_ros.consolidator import discovery
+    from thinkmem_ros.consolidator.discovery import scan
 
     log = _world_log("heartbeat")
     want = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))
-    monkeypatch.setattr(discovery, "FRAME_BLOCK", 400)  # several blocks per part
+    monkeypatch.setattr(scan, "FRAME_BLOCK", 400)  # several blocks per part
     got = discover(log, DiscoveryConfig(part_events=900), np.random.default_rng(0))
     _assert_same(got, want)
 
@@ -100,7 +100,8 @@ def _assert_same(got, want):
 
 def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
     """A fleet log's key counts and frames go through files; results must not change."""
-    from thinkmem_ros.consolidator import bucket_files, discovery, key_tally
+    from thinkmem_ros.consolidator import bucket_files, key_tally
+    from thinkmem_ros.consolidator.discovery import spill
 
     log = _world_log("shared")
     want = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))
@@ -112,7 +113,7 @@ def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
         made.append(self)
 
     monkeypatch.setattr(key_tally, "MEMORY_ROWS", 500)  # every tally spills
-    monkeypatch.setattr(discovery, "TEST_BLOCK", 300)  # many frame buckets
+    monkeypatch.setattr(spill, "TEST_BLOCK", 300)  # many frame buckets
     monkeypatch.setattr(bucket_files.BucketFiles, "__init__", counting)
     got = discover(log, DiscoveryConfig(part_events=800), np.random.default_rng(0))
     _assert_same(got, want)
@@ -126,7 +127,7 @@ def test_counts_and_frames_spilled_to_disk_give_the_same(monkeypatch, tmp_path):
 def test_the_python_loops_for_a_few_slots_agree_with_the_gap_matrices(monkeypatch):
     """``_tightest`` and ``_fits_any`` loop in Python below SMALL_SLOTS; the numpy path
     (gap matrices) must give the same answer on every episode, gap bound and lookback."""
-    from thinkmem_ros.consolidator import discovery as d
+    from thinkmem_ros.consolidator.discovery import occurrences as d
 
     rng = np.random.default_rng(7)
     cases = []
@@ -135,7 +136,7 @@ def test_the_python_loops_for_a_few_slots_agree_with_the_gap_matrices(monkeypatc
         t = np.sort(rng.choice([0.0, 0.5, 1.0, 2.0, 3.5, 7.0, 11.0], n) + rng.integers(0, 3, n))
         pos = [np.sort(rng.choice(n, int(rng.integers(1, min(n, 3) + 1)), replace=False))
                for _ in range(int(rng.integers(2, 4)))]
-        cfg = d.DiscoveryConfig(min_gap=float(rng.choice([0.0, 0.5])),
+        cfg = DiscoveryConfig(min_gap=float(rng.choice([0.0, 0.5])),
                                 max_gap=float(rng.choice([np.inf, 3.0])),
                                 max_lookback=int(rng.choice([1, 2, 256])))
         g = float(rng.choice([0.5, 2.0, 5.0, np.inf]))

@@ -35,9 +35,9 @@ def test_ray_and_embedded_engines_accept_the_same_patterns(ray_engine, name):
 
 @pytest.mark.parametrize("name", ["shared", "zipf"])
 def test_embedded_threads_change_nothing_but_the_time(monkeypatch, name):
-    from thinkmem_ros.consolidator import discovery
+    from thinkmem_ros.consolidator.discovery import spill
 
-    monkeypatch.setattr(discovery, "TEST_BLOCK", 200)  # many test buckets, on threads too
+    monkeypatch.setattr(spill, "TEST_BLOCK", 200)  # many test buckets, on threads too
     log = _world_log(name)
     cfg = DiscoveryConfig(part_events=600)
     one = discover(log, cfg, np.random.default_rng(0), engine=EmbeddedEngine(threads=1))

@@ -15,7 +15,7 @@ Two kinds of worlds:
   planted, or that holds the heartbeat code).
 
 Methods: ``statistics_only`` is one discovery pass over the whole history
-(``discovery.py``); ``proposed`` runs a consolidation round after each temporal partition
+(``consolidator/discovery``); ``proposed`` runs a consolidation round after each temporal partition
 p >= 1 over the history so far and folds it into knowledge units (``knowledge.py``); its
 relations are the promoted units after the last round (the LLM step is off). Ablations at
 r = 8 (paper world): ``no_consolidation`` (each episode alone), ``unordered`` (each

@@ -1,6 +1,6 @@
 """Where discovery's passes over the parts of a log run: this process, or a Ray cluster.
 
-A scan in parts (``discovery._scan_parts``) runs three passes, each a function applied to
+A scan in parts (``discovery.scan._scan_parts``) runs three passes, each a function applied to
 every part of the log with the same inputs; the results come back in part order and are
 summed in the calling process, which also runs the tests. ``EmbeddedEngine`` applies the
 function in a loop; ``RayEngine`` puts the log and the shared inputs in Ray's object store

@@ -1,0 +1,122 @@
+"""The per-pattern checks of a significant candidate (step 3).
+
+Why: family-wide significance says only that the codes sit closer than chance; each check
+here is an exact conditional test of one way a pattern can be significant without being a
+rule (wrong order, a frequent element, a rider of a real pair).
+Part of ``consolidator.discovery``; its package docstring gives the four steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from thinkmem_ros.consolidator.discovery.contrasts import _Contrast, _contrast_p, _pair_binding
+from thinkmem_ros.consolidator.discovery.episodes import _Episodes
+from thinkmem_ros.consolidator.discovery.occurrences import (
+    _eligible,
+    _episode_slots,
+    _episodes_with,
+    _fit_levels,
+    _fits,
+    _fits_any,
+    _order_p_e,
+    _order_relevant,
+)
+from thinkmem_ros.consolidator.discovery.tails import _sign_flip_tail, pb_tail
+
+
+@dataclass
+class _Check:
+    p_order: float
+    p_adds: tuple[float, ...]
+    lift: float
+    antecedent: int
+    reverse: int
+    episodes: np.ndarray  # supporting episode rows at g*
+    gaps: tuple[tuple[float, float], ...]
+    rival: tuple[int, ...] = ()  # the other order of the same codes closest to forward
+    dominated: bool = False  # the rival fits at least as well as forward, summed
+    p_rival: float = 1.0  # sign-flip test of forward against the rival
+    p_contrast: tuple[float, ...] = ()  # each element against the pattern without it
+    # the first element's binding to B could not be judged: its contrast is all it has
+    first_unbound: bool = False
+
+
+def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
+           ) -> _Check:
+    """Order and element-adds tests, antecedent and reverse counts at scale ``g``."""
+    cfg = ctx.cfg
+    length = len(codes)
+    order_p, order_obs = [], 0
+    add_p: list[list[float]] = [[] for _ in range(length)]
+    add_obs = [0] * length
+    antecedent = reverse = 0
+    contrast = _Contrast()
+    gap_lists: list[list[float]] = [[] for _ in range(length - 1)]
+    supp = set(support_rows.tolist())
+    others = [perm for perm in itertools.permutations(range(length))
+              if perm != tuple(range(length))]
+    diffs: list[list[int]] = [[] for _ in others]
+    # every episode holding all codes but (at most) one: the element tests of code w run
+    # over the episodes where the other codes are in place, whether or not w is there
+    rows = np.unique(np.concatenate([
+        _episodes_with(ctx, tuple(x for i, x in enumerate(codes) if i != w))
+        for w in range(length)]))
+    for e in rows.tolist():
+        t, _, pos = _episode_slots(ctx, e, codes)
+        n = t.size
+        if length == 3:
+            antecedent += _fits_any(t, pos[0], pos[1], g, cfg)
+            reverse += _fits_any(t, pos[1], pos[0], g, cfg)
+            contrast.add(t, pos, g, cfg)
+        elif pos[0].size:
+            antecedent += 1
+            reverse += bool(pos[1].size and _fits_any(t, pos[1], pos[0], g, cfg))
+        present = all(p.size for p in pos)
+        held = e in supp
+        if present and _order_relevant(t, pos, g, cfg):
+            order_p.append(_order_p_e(t, pos, g, cfg))
+            order_obs += held
+        if present:  # forward against each other order: how many scales each one fits
+            fwd = _fit_levels(t, pos, ctx.scales, cfg)
+            for o, perm in enumerate(others):
+                diffs[o].append(fwd - _fit_levels(t, [pos[i] for i in perm], ctx.scales, cfg))
+        for w in range(length):
+            if any(pos[i].size == 0 for i in range(length) if i != w):
+                continue
+            m = _eligible(t, pos, w, n, g, cfg)
+            if m == 0:
+                continue
+            add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
+            add_obs[w] += held
+        if held:
+            for s, (x, y) in enumerate(zip(pos[:-1], pos[1:])):
+                ok = _fits(t, x, y, g, cfg)
+                xs, ys = np.nonzero(ok)
+                if xs.size:
+                    gap_lists[s].append(float((t[y[ys]] - t[x[xs]]).min()))
+    p_order = float(pb_tail([np.asarray(order_p)], np.array([order_obs]))[0]) \
+        if order_p else 1.0
+    # forward must also beat every other order outright (scales fitted, summed over the
+    # episodes); the sign-flip p-value of the closest one is kept as evidence
+    margins = [int(np.sum(d)) for d in diffs]
+    closest = int(np.argmin(margins)) if margins else -1
+    dominated = bool(margins) and margins[closest] <= 0
+    p_pair = _sign_flip_tail(np.asarray(diffs[closest], np.int64)) if margins else 1.0
+    p_adds = tuple(float(pb_tail([np.asarray(ps)], np.array([obs]))[0]) if ps else 1.0
+                   for ps, obs in zip(add_p, add_obs))
+    middle = 1 if length == 3 else length - 1
+    lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
+    gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
+    ab = _pair_binding(ctx, (codes[0], codes[1])) if length == 3 else None
+    p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None, ab)
+    unbound = ab is not None and not ab[1]
+    return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
+                  reverse=reverse, episodes=support_rows, gaps=gaps,
+                  rival=tuple(codes[i] for i in others[closest]) if margins else (),
+                  dominated=dominated, p_rival=p_pair, p_contrast=p_contrast,
+                  first_unbound=unbound)
