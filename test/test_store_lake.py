@@ -265,3 +265,17 @@ def test_an_older_episode_is_read_from_the_files_its_row_ids_span(tmp_path):
         # a row-id bound below an episode's end leaves its later rows out
         assert len(store.episodes_through([("r1", "e3")], infos["e3"].min_id + 4,
                                           [spans[0]])) == 5
+
+
+def test_one_robots_files_are_found_through_the_manifest_index(tmp_path):
+    """A fleet flushes ~50,000 files a day; a round's reservoir asks for one robot's files
+    over row-id spans, which must not scan the manifest, in new and in migrated stores."""
+    old = tmp_path / "old.db"
+    with ExperienceStore(old, target_version=4) as store:
+        assert store.schema_version == 4
+    for path in (tmp_path / "new.db", old):
+        with ExperienceStore(path) as store:
+            plan = " ".join(str(r[-1]) for r in store._conn.execute(
+                "EXPLAIN QUERY PLAN SELECT path, min_id FROM lake_files WHERE robot_id = ?"
+                " AND max_id >= ? AND min_id <= ?", ("r1", 1, 2)))
+            assert "USING INDEX lake_files_robot" in plan, (path.name, plan)
