@@ -8,6 +8,7 @@ rule: exit status != 0, stderr a single line naming the problem, and no work don
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -63,10 +64,27 @@ def signing_key(tmp_path, capsys):
 # ------------------------------------------------------------------ knowledge, bag
 
 @pytest.mark.parametrize("db, reason", [("not.db", "file is not a database"),
-                                        ("a_folder", "unable to open database file")])
+                                        ("a_folder", "is a folder, not a database")])
 def test_knowledge_list_of_a_non_database(files, capsys, db, reason):
     code, err = run(capsys, "knowledge", "list", "--db", files / db)
     assert_one_line(code, err, "thinkmem knowledge:", reason)
+
+
+def test_knowledge_list_looks_without_writing(tmp_path, capsys):
+    """Listing opens the file read-only: an empty file stays empty (it used to become a
+    database with knowledge tables), and an experience store no round has written
+    knowledge to lists no units."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    store = tmp_path / "store.db"
+    with sqlite3.connect(store) as conn:
+        conn.execute("CREATE TABLE experiences (id INTEGER)")
+    before = store.read_bytes()
+    for db in (empty, store):
+        assert cli.main(["knowledge", "list", "--db", str(db)]) == 0
+        assert "no knowledge units" in capsys.readouterr().out
+    assert empty.stat().st_size == 0 and store.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "store.db"]
 
 
 @pytest.mark.parametrize("verb", ["info", "play"])

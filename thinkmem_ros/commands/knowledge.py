@@ -39,8 +39,11 @@ def main(args: argparse.Namespace) -> int:
     if not Path(args.db).exists():  # sqlite would silently create an empty file
         print(f"thinkmem knowledge: no database at {args.db}", file=sys.stderr)
         return 2
+    if Path(args.db).is_dir():  # read-only SQLite calls this a "disk I/O error"
+        print(f"thinkmem knowledge: {args.db} is a folder, not a database", file=sys.stderr)
+        return 2
     try:  # a folder, a file that is not SQLite, a newer schema
-        with KnowledgeStore(args.db) as store:
+        with KnowledgeStore(args.db, read_only=True) as store:  # looking writes nothing
             units = store.load(status=args.status)
     except KnowledgeStoreError as exc:
         print(f"thinkmem knowledge: {one_line(exc)}", file=sys.stderr)

@@ -186,24 +186,45 @@ class KnowledgeStoreError(RuntimeError):
 class KnowledgeStore:
     """Knowledge units in SQLite (WAL); may share a file with the experience store."""
 
-    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | Path, timeout_s: float = 5.0, *,
+                 read_only: bool = False) -> None:
+        """Open (and migrate) the knowledge tables, or only look at them.
+
+        ``read_only`` is for looking (``thinkmem knowledge list``): the file is never
+        created, migrated or written, and one without knowledge tables holds no units.
+        """
         self.path = Path(path)
+        self._tables = True
         try:
-            self._conn = sqlite3.connect(str(self.path), timeout=timeout_s)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._migrate()
+            if read_only:
+                self._conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro",
+                                             uri=True, timeout=timeout_s)
+                self._tables = self._version() is not None
+            else:
+                self._conn = sqlite3.connect(str(self.path), timeout=timeout_s)
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._migrate()
         except sqlite3.Error as err:
             raise KnowledgeStoreError(f"{self.path}: cannot open knowledge tables: {err}") from err
+
+    def _version(self) -> int | None:
+        """The knowledge schema version (None: no knowledge tables); refuses a newer one."""
+        listed = self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
+                                    " name = 'knowledge_schema_version'").fetchone()
+        if listed is None:
+            return None
+        current = self._conn.execute(
+            "SELECT MAX(version) FROM knowledge_schema_version").fetchone()[0] or 0
+        if current > SCHEMA_VERSION:
+            raise KnowledgeStoreError(f"{self.path}: knowledge schema {current} is newer than "
+                                      f"supported {SCHEMA_VERSION}")
+        return current
 
     def _migrate(self) -> None:
         with self._conn:
             self._conn.execute("CREATE TABLE IF NOT EXISTS knowledge_schema_version "
                                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
-        row = self._conn.execute("SELECT MAX(version) FROM knowledge_schema_version").fetchone()
-        current = row[0] or 0
-        if current > SCHEMA_VERSION:
-            raise KnowledgeStoreError(f"{self.path}: knowledge schema {current} is newer than "
-                                      f"supported {SCHEMA_VERSION}")
+        current = self._version() or 0
         if current < 1:
             with self._conn:
                 self._conn.execute(
@@ -244,6 +265,8 @@ class KnowledgeStore:
         """All units (or those with ``status``), highest confidence first."""
         if status is not None and status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        if not self._tables:  # read-only, on a store no round has written knowledge to
+            return []
         query = ("SELECT pattern, relation, constraints, thinking, confidence, status, "
                  "experiences, rounds, supported_rounds, last_support, created_round, "
                  "updated_round, statement, history FROM knowledge_units")
