@@ -113,7 +113,8 @@ def test_steps_insert_and_cleanup_on_failure(tmp_path):
 @pytest.mark.parametrize("kwargs, key", [
     ({"duration_s": 0}, "duration_s"), ({"rate_hz": -1}, "rate_hz"),
     ({"frame_trigger": "sometimes"}, "frame_trigger"), ({"ros_domain_id": 999}, "ros_domain_id"),
-    ({"missions": 0}, "missions"), ({"round_timeout_s": 0}, "round_timeout_s"),
+    ({"missions": 0}, "missions"), ({"plain_missions": -1}, "plain_missions"),
+    ({"round_timeout_s": 0}, "round_timeout_s"),
 ])
 def test_config_names_bad_values(kwargs, key):
     with pytest.raises(ValueError, match=key):

@@ -243,6 +243,40 @@ def test_a_code_at_a_fixed_phase_does_not_join_unrelated_pairs(seed):
     assert riders  # the world does make riders nominally significant: they were refused
 
 
+def _fixed_phase_world(with_w: int, c_needs_w: bool, seed: int = 5) -> list[Episode]:
+    """48 short missions: W early in the first ``with_w`` of them, B mid-mission in all,
+    C one or two events after B (in every mission, or only in those holding W)."""
+    rng = np.random.default_rng(seed)
+    eps = []
+    for i in range(48):
+        names = [f"N{int(c)}" for c in rng.integers(0, 10, 12)]
+        mid = int(rng.integers(5, 8))
+        if i < with_w or not c_needs_w:
+            names[mid + 1:mid + 1] = [f"N{int(rng.integers(0, 10))}"] * int(rng.integers(0, 2))
+            names.insert(mid + 1, "C")
+        names.insert(mid, "B")
+        if i < with_w:
+            names.insert(int(rng.integers(1, 3)), "W")
+        eps.append(Episode(episode_id=i, partition=i * 4 // 48, start_time=0.0, kind="",
+                           rule=-1, events=[(float(t), n) for t, n in enumerate(names)]))
+    return eps
+
+
+def test_a_first_code_that_cannot_be_judged_waits_for_more_evidence():
+    """W sits early in every mission, before a B...C that every mission holds: there is no
+    B without W to compare with and no episode without W to bind it by, and its phase
+    alone makes the within-episode tests pass. The triple waits, saying why; once a third
+    of the missions lack W and C follows B only after W, it is judged, and accepted."""
+    res = discover(EventLog.from_episodes(_fixed_phase_world(48, False)), CFG,
+                   np.random.default_rng(0))
+    rider = {r.pattern: r for r in res.scored}.get(("W", "B", "C"))
+    assert rider is not None and not rider.accepted
+    assert any("waits for more evidence" in reason for reason in rider.reasons), rider
+    judged = discover(EventLog.from_episodes(_fixed_phase_world(32, True)), CFG,
+                      np.random.default_rng(0))
+    assert ("W", "B", "C") in judged.accepted_patterns(3)
+
+
 def test_rules_that_share_their_rest_do_not_hide_each_other():
     # the shared world at 16 repetitions: A...B...C beside X...B...C (and A...D...E). "B...C
     # without A" is then mostly X's rule; counted against A it credits neither with C

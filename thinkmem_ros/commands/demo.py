@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Demo options; defaults give the few-minute run ``make demo`` promises."""
     parser.add_argument("--out", default="demo_output", help="output folder (default demo_output)")
     parser.add_argument("--scenario", default="mixed", help="world scenario (default mixed)")
-    parser.add_argument("--duration", type=positive_float, default=192.0,
-                        help="seconds of the (before) stream, played in real time; default 192")
+    parser.add_argument("--duration", type=positive_float, default=288.0,
+                        help="seconds of the (before) stream, played in real time; default 288")
     parser.add_argument("--rate", type=non_negative_float, default=0.0,
                         help="frame rate in Hz (default: the bundle's)")
     parser.add_argument("--seed", type=int, default=7, help="world generator seed")
@@ -31,7 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-consolidation", action="store_true",
                         help="skip the consolidation round (one bag, the bundle as shipped)")
     parser.add_argument("--missions", type=int, default=16,
-                        help="episodes of the before stream, for discovery (default 16)")
+                        help="episodes of the before stream with the rule's evidence, for "
+                        "discovery (default 16)")
+    parser.add_argument("--plain-missions", type=int, default=8,
+                        help="more episodes of the before stream without any (default 8)")
     parser.add_argument("--after-duration", type=positive_float, default=96.0,
                         help="seconds of the after stream (default 96)")
     parser.add_argument("--after-missions", type=int, default=8,
@@ -58,6 +61,7 @@ def main(args: argparse.Namespace) -> int:
                             bundle=Path(args.bundle) if args.bundle else None,
                             offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet,
                             consolidation=not args.no_consolidation, missions=args.missions,
+                            plain_missions=args.plain_missions,
                             after_duration_s=args.after_duration,
                             after_missions=args.after_missions, retrain_epochs=args.epochs,
                             retrain_lr=args.lr)

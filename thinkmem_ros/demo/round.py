@@ -64,11 +64,15 @@ def _round_summary(ctx: DemoContext) -> dict:
 # ------------------------------------------------------------------ streams and missions
 
 def plant_before_step(ctx: DemoContext) -> None:
-    """Cut the before stream into missions and plant the rule and its counter-evidence."""
+    """Cut the before stream into missions and plant the rule and its counter-evidence.
+
+    ``plain_missions`` more carry none of the rule (neutral), shuffled among the others.
+    """
     cfg = ctx.config
     rng = np.random.default_rng([cfg.seed, 1])
-    stream, missions = plant_rule(ctx.artefacts["stream"], mission_kinds(cfg.missions, rng),
-                                  RULE, rng)
+    kinds = mission_kinds(cfg.missions, rng) + ["neutral"] * cfg.plain_missions
+    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
+    stream, missions = plant_rule(ctx.artefacts["stream"], kinds, RULE, rng)
     ctx.artefacts.update(stream=stream, missions=missions)
     ctx.summary["rule"] = {"pattern": list(RULE.pattern), "thinking": RULE.thinking,
                            "before_missions": [m.kind for m in missions],

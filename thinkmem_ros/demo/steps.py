@@ -24,7 +24,7 @@ class DemoConfig:
 
     out_dir: Path = Path("demo_output")
     scenario: str = SCENARIO_DEFAULT
-    duration_s: float = 192.0  # with consolidation: the "before" stream, cut into missions
+    duration_s: float = 288.0  # with consolidation: the "before" stream, cut into missions
     rate_hz: float = 0.0  # 0 = the bundle's frame rate
     seed: int = 7
     bundle: Path | None = None  # None = the shipped default bundle
@@ -40,6 +40,10 @@ class DemoConfig:
     # episodes of the before stream: 10 of 16 carry the rule; discovery needs ~8 repetitions
     # against this world's natural event structure (5 were too few to promote anything)
     missions: int = 16
+    # and missions that carry none of it, as most of a fleet's missions never see a given
+    # rule: without them its first code sits in 15 of 16 missions and cannot be judged
+    # against real cases, so discovery rightly makes it wait (24 missions of 12 s)
+    plain_missions: int = 8
     after_duration_s: float = 96.0  # 8 missions of 12 s, 5 of them carrying the rule
     after_missions: int = 8
     # the anchored fine-tune's measured setting (RetrainConfig defaults): old weights move at
@@ -62,10 +66,11 @@ class DemoConfig:
             value = getattr(self, key)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a number >= 0, got {value!r}")
-        for key in ("missions", "after_missions", "retrain_epochs"):
+        for key, low in (("missions", 1), ("after_missions", 1), ("retrain_epochs", 1),
+                         ("plain_missions", 0)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
         if not (math.isfinite(self.retrain_lr) and self.retrain_lr > 0):
             raise ValueError(f"retrain_lr must be a number > 0, got {self.retrain_lr!r}")
         if self.frame_trigger not in ("timer", "samples"):

@@ -44,6 +44,8 @@ class _Check:
     p_contrast: tuple[float, ...] = ()  # each element against the pattern without it
     # the first element's binding to B could not be judged: its contrast is all it has
     first_unbound: bool = False
+    # neither its contrast nor its binding could be judged: the pattern waits (p 1)
+    first_unjudged: bool = False
 
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
@@ -113,10 +115,10 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
     gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)
     ab = _pair_binding(ctx, (codes[0], codes[1])) if length == 3 else None
-    p_contrast = _contrast_p(ctx, codes, g, contrast if length == 3 else None, ab)
+    p_contrast, judged = _contrast_p(ctx, codes, g, contrast if length == 3 else None, ab)
     unbound = ab is not None and not ab[1]
     return _Check(p_order=p_order, p_adds=p_adds, lift=lift, antecedent=antecedent,
                   reverse=reverse, episodes=support_rows, gaps=gaps,
                   rival=tuple(codes[i] for i in others[closest]) if margins else (),
                   dominated=dominated, p_rival=p_pair, p_contrast=p_contrast,
-                  first_unbound=unbound)
+                  first_unbound=unbound, first_unjudged=not judged)

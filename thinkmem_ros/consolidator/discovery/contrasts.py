@@ -266,8 +266,11 @@ def _pair_binding_of(ctx: _Episodes, codes: tuple[int, int]) -> tuple[float, boo
 
 
 def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contrast | None,
-                ab: tuple[float, bool] | None = None) -> tuple[float, ...]:
-    """Per element, the evidence that it adds to the rest of the pattern (a p-value).
+                ab: tuple[float, bool] | None = None) -> tuple[tuple[float, ...], bool]:
+    """Per element, the evidence that it adds to the pattern; whether A could be judged.
+
+    Returned: a p-value per element, and whether the first element of a triple could be
+    judged at all (True for a pair).
 
     Two kinds of evidence, either enough (Bonferroni over the two: twice the smaller
     p-value). The element's contrast: the pattern completes more often with it than in real
@@ -277,21 +280,27 @@ def _contrast_p(ctx: _Episodes, codes: tuple[int, ...], g: float, counts: _Contr
     B; the middle one: A to B and B to C); an element independent of its neighbours is not
     bound to them. A test that cannot reach the level whatever its counts (Tarone) is no
     evidence either way and is left out; when neither can, the history is too small to
-    judge the element against real cases (a few missions), and the element stands on the
-    within-episode tests alone (0 here; the pattern's ``reasons`` stay empty of it). A pair
-    has only its binding, and an untestable one is refused: a pair has no other element
-    test to stand on.
+    judge the element against real cases (a few missions). The middle element then stands
+    on the within-episode tests alone (0 here; the pattern's ``reasons`` stay empty of it).
+    The first element does not: it waits for more evidence (1 here, and False). A code at
+    a fixed phase of nearly every mission, in front of a natural pair B...C, has no Bs
+    without it to be compared with and cannot be bound to a B that turns up everywhere, and
+    its phase fools the within-episode tests; in 9 replayed round histories such riders
+    were promoted in 5, in 3 once they had to wait, with every planted rule still promoted
+    in its round and every exp6 cell unchanged. A pair has only its binding, and an
+    untestable one is refused: a pair has no other element test to stand on.
     """
     if len(codes) == 2:
         p, ok = _pair_binding(ctx, (codes[0], codes[1]))
-        return (p if ok else 1.0,)
+        return (p if ok else 1.0,), True
     a, b, c = codes
     ab = _pair_binding(ctx, (a, b)) if ab is None else ab  # the caller may have it already
     first = _rate_greater(*_first_table(ctx, (a, b, c), g, ()), ctx.cfg.alpha)
     middle = _stratified_greater(*counts.middle_tables(_per_stratum(ctx, a, g)),
                                  ctx.cfg.alpha)
     bc = _pair_binding(ctx, (b, c))
-    return _either(first, ab), _either(middle, _both_bound(ab, bc))
+    return ((_either(first, ab, unjudged=1.0), _either(middle, _both_bound(ab, bc))),
+            first[1] or ab[1])
 
 
 REFUTED_ABOVE = 0.5
@@ -315,9 +324,14 @@ def _both_bound(ab: tuple[float, bool], bc: tuple[float, bool]) -> tuple[float, 
     return (max(refuted), True) if refuted else (max(ab[0], bc[0]), False)
 
 
-def _either(contrast: tuple[float, bool], binding: tuple[float, bool]) -> float:
-    """Twice the smaller of two testable p-values; the testable one alone; 0 if none."""
+def _either(contrast: tuple[float, bool], binding: tuple[float, bool],
+            unjudged: float = 0.0) -> float:
+    """Twice the smaller of two testable p-values, or the testable one alone.
+
+    ``unjudged`` when neither is testable: 0, the element stands on the other tests; 1, it
+    waits for more evidence.
+    """
     usable = [p for p, ok in (contrast, binding) if ok]
     if not usable:
-        return 0.0
+        return unjudged
     return min(1.0, len(usable) * min(usable))

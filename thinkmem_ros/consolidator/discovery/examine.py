@@ -102,8 +102,10 @@ def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
             continue
         g = float(ctx.scales[tested.scale[i]])
         first = _rate_greater(*_first_table(ctx, (a, b, c), g, shield), alpha)
-        p_first = _either(first, _pair_binding(ctx, (a, b)))
-        checks[i] = replace(ch, p_contrast=(p_first,) + ch.p_contrast[1:])
+        binding = _pair_binding(ctx, (a, b))
+        p_first = _either(first, binding, unjudged=1.0)
+        checks[i] = replace(ch, p_contrast=(p_first,) + ch.p_contrast[1:],
+                            first_unjudged=not (first[1] or binding[1]))
 
 
 def _holm(p: np.ndarray, family: int | None = None) -> np.ndarray:
@@ -272,7 +274,11 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         if check is not None:
             labels = ("first", "middle") if length == 3 else ("pair",)
             for lab, pc in zip(labels, check.p_contrast):
-                if not pc <= cfg.alpha:
+                if lab == "first" and length == 3 and check.first_unjudged:
+                    reasons.append("first element cannot be judged against real cases yet "
+                                   "(no testable contrast, no testable binding to the "
+                                   "middle): waits for more evidence")
+                elif not pc <= cfg.alpha:
                     reasons.append(f"{lab} element: the pattern completes no more often "
                                    f"with it than without it (contrast p {pc:.3g})")
         if check is None and wp[i] <= cutoff:
