@@ -55,9 +55,11 @@ partitions can be scored from per-partition sums.
      no B followed, stratified by the room left in the episode) or its binding to its
      neighbours (B follows A in A's episodes more often than B turns up without A), twice
      the smaller p-value (Fisher's exact test, refined by Boschloo's where borderline); a
-     test that cannot reach the level is no evidence and is left out, and with neither the
-     element stands on the tests above (a pair is then refused); rules that share B...C
-     shield each other's cases from the first element's "without" side;
+     test that cannot reach the level is no evidence and is left out; with neither, a
+     first element waits for more evidence (a code at a fixed phase of nearly every
+     mission fools the tests above), a middle one stands on them, a pair is refused;
+     rules that share B...C shield each other's cases from the first element's "without"
+     side;
    - stability: support in >= ``min_partitions`` temporal partitions, no partition holding
      more than ``max_partition_share`` of it (a burst is not a regularity);
    - support >= ``accept_support`` and confidence >= ``min_confidence``.
