@@ -77,6 +77,7 @@ def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_pa
     assert report.policy == "retrained" and report.attempts == []
     assert report.published_version == 2 and report.pushed_to == 1
     assert "gate pass" in caplog.text and "trigger test" in caplog.text
+    assert "EA>EB>EC" not in report.waiting and "waiting for more evidence" in caplog.text
     with KnowledgeStore(tmp_path / "c.db") as kstore:
         unit = {u.key: u for u in kstore.load()}["EA>EB>EC"]
     assert unit.status == "promoted" and unit.thinking == "consider:EC"

@@ -271,7 +271,7 @@ def test_a_first_code_that_cannot_be_judged_waits_for_more_evidence():
                    np.random.default_rng(0))
     rider = {r.pattern: r for r in res.scored}.get(("W", "B", "C"))
     assert rider is not None and not rider.accepted
-    assert any("waits for more evidence" in reason for reason in rider.reasons), rider
+    assert rider.waiting and any("waits for more evidence" in r for r in rider.reasons), rider
     judged = discover(EventLog.from_episodes(_fixed_phase_world(32, True)), CFG,
                       np.random.default_rng(0))
     assert ("W", "B", "C") in judged.accepted_patterns(3)

@@ -187,6 +187,9 @@ class RoundReport:
     candidates: int = 0
     accepted: int = 0
     promoted: list[str] = field(default_factory=list)
+    # significant relations refused only until the history can judge them (an element no
+    # real case tests yet): more missions may promote them (``Relation.waiting``)
+    waiting: list[str] = field(default_factory=list)
     material: dict = field(default_factory=dict)
     gate: GateReport | None = None
     published_version: int | None = None
@@ -470,6 +473,7 @@ class ConsolidatorService:
                 result = discover(log_, cfg.discovery, rng, engine=self._discovery_engine())
                 report.candidates = sum(len(c) for c in result.candidates.values())
                 report.accepted = len(result.accepted)
+                report.waiting = [">".join(r.pattern) for r in result.scored if r.waiting]
                 consolidate(units, result, round_index, cfg.knowledge)
                 kstore.save(units.values())
         promoted = [u for u in units.values() if u.active]
@@ -659,11 +663,12 @@ class ConsolidatorService:
                f"{read.get('reservoir', 0)} reservoir" if read.get("since_id") else "whole store")
         log.info("round (trigger %s): %d of %d stored experiences read (%s), %d episodes; %d "
                  "candidates, %d "
-                 "accepted, promoted %s; material %s; gate %s (policy %s); artefacts %s; "
-                 "%s%s in %.2f s",
+                 "accepted, promoted %s, waiting for more evidence %s; material %s; gate %s "
+                 "(policy %s); artefacts %s; %s%s in %.2f s",
                  report.reason, report.experiences, report.stored_experiences, how,
                  report.episodes, report.candidates,
-                 report.accepted, report.promoted or "none", report.material or "none", gate,
+                 report.accepted, report.promoted or "none", report.waiting or "none",
+                 report.material or "none", gate,
                  report.policy or "n/a",
                  {k: v["status"] for k, v in report.artefacts.items()} or "n/a",
                  report.outcome, "" if report.published_version is None else

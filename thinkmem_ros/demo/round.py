@@ -277,7 +277,8 @@ def consolidate_step(ctx: DemoContext) -> None:
     summary.update(
         outcome=report["outcome"], experiences=report["experiences"],
         episodes=report["episodes"], candidates=report["candidates"],
-        accepted=report["accepted"], promoted=report["promoted"], material=report["material"],
+        accepted=report["accepted"], promoted=report["promoted"],
+        waiting=report.get("waiting", []), material=report["material"],
         gate={"passed": gate.get("passed"), "reasons": gate.get("reasons", []),
               "checks": gate.get("checks", {})},
         published_version=report["published_version"], pushed_to=report["pushed_to"],
@@ -291,6 +292,9 @@ def consolidate_step(ctx: DemoContext) -> None:
         ctx.console.print(f"  unit {' ... '.join(unit['pattern'])} ({unit['relation']}) -> "
                           f"{unit['thinking']}: confidence {unit['confidence']:.2f}, "
                           f"{unit['support_episodes']} episodes, {unit['status']}")
+    for key in report.get("waiting", []):  # the evidence cannot judge it yet: says so
+        ctx.console.print(f"  {key.replace('>', ' ... ')}: significant, waits for more "
+                          f"evidence (an element no real case can judge yet)")
     verdict = "pass" if gate.get("passed") else f"REJECT ({'; '.join(gate.get('reasons', []))})"
     ctx.console.print(f"  round: {report['candidates']} candidates, {report['accepted']} "
                       f"accepted, material {report['material']}, gate {verdict}; "

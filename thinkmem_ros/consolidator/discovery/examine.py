@@ -21,7 +21,7 @@ from thinkmem_ros.consolidator.discovery.contrasts import (
     _rate_greater,
 )
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
-from thinkmem_ros.consolidator.discovery.model import DiscoveryConfig, Relation
+from thinkmem_ros.consolidator.discovery.model import WAITING, DiscoveryConfig, Relation
 from thinkmem_ros.consolidator.discovery.significance import _Tested
 
 
@@ -277,7 +277,7 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
                 if lab == "first" and length == 3 and check.first_unjudged:
                     reasons.append("first element cannot be judged against real cases yet "
                                    "(no testable contrast, no testable binding to the "
-                                   "middle): waits for more evidence")
+                                   f"middle): {WAITING}")
                 elif not pc <= cfg.alpha:
                     reasons.append(f"{lab} element: the pattern completes no more often "
                                    f"with it than without it (contrast p {pc:.3g})")

@@ -186,6 +186,15 @@ class Relation:
         """Thinking requirement the relation induces: consider the consequence early."""
         return f"consider:{self.pattern[-1]}"
 
+    @property
+    def waiting(self) -> bool:
+        """Refused only until the history can judge it (an element no real case tests yet)."""
+        return any(WAITING in reason for reason in self.reasons)
+
+
+WAITING = "waits for more evidence"
+"""The tail of a refusal that more history can lift (``Relation.waiting``)."""
+
 
 @dataclass
 class DiscoveryResult:
