@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,28 @@ def test_launchers_are_executable_and_reach_the_console_scripts():
     assert out.returncode == 0 and "--quick" in out.stdout, out.stderr
 
 
+@contextmanager
+def _launched_node(args: list[str], env: dict[str, str]
+                   ) -> Iterator[tuple[subprocess.Popen, object]]:
+    """The installed ``thinking_node`` and an rclpy node watching the graph; both are gone
+    afterwards, whatever the test asserted."""
+    import rclpy
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    observer = rclpy.create_node("install_observer", context=context)
+    proc = subprocess.Popen([str(LIB / "thinking_node"), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc, observer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5.0)
+        observer.destroy_node()
+        rclpy.shutdown(context=context)
+
+
 @pytest.mark.ros
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGSEGV])
@@ -65,19 +89,12 @@ def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle, st
     """Ctrl-C ends it with status 0; a crash in native code (a real SIGSEGV sent to it)
     leaves every thread's Python stack in its output (``faulthandler``), so a robot's log
     says where it died."""
-    import rclpy
-
     shipped = SHARE / "models" / "default" / "bundle.json"
     # With the bundle installed under share/ the node must find it on its own (the default
     # bundle_path ''); rcl cannot parse an empty `-p bundle_path:=`, so pass nothing then.
     args = [] if shipped.is_file() else ["--ros-args", "-p", f"bundle_path:={source_bundle}"]
     env = dict(ros_env, AMENT_PREFIX_PATH=str(PREFIX))
-    proc = subprocess.Popen([str(LIB / "thinking_node"), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    observer = rclpy.create_node("install_observer", context=context)
-    try:
+    with _launched_node(args, env) as (proc, observer):
         deadline = time.monotonic() + 40.0
         names: list = []
         while time.monotonic() < deadline and proc.poll() is None:
@@ -94,15 +111,8 @@ def test_thinking_node_launcher_comes_up_on_the_graph(ros_env, source_bundle, st
         else:
             assert proc.returncode == -signal.SIGSEGV, output
             assert "Fatal Python error: Segmentation fault" in output, output
-            # where the threads were (the stack may still be deep in an import: the node is
-            # on the graph before its policy runtime has loaded)
+            # where the threads were (the stack may still be deep in loading the bundle)
             assert "most recent call first" in output and 'File "' in output, output
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5.0)
-        observer.destroy_node()
-        rclpy.shutdown(context=context)
 
 
 @pytest.mark.ros
@@ -116,14 +126,7 @@ def test_ctrl_c_while_the_streaming_step_compiles_is_a_clean_stop(ros_env, sourc
     args = ["--ros-args", "-p", f"bundle_path:={source_bundle}"]
     env = dict(ros_env, AMENT_PREFIX_PATH=str(PREFIX), NUMBA_CACHE_DIR=str(cache),
                THINKMEM_STREAMING_ENGINE="auto")
-    import rclpy
-
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    observer = rclpy.create_node("ctrl_c_observer", context=context)
-    proc = subprocess.Popen([str(LIB / "thinking_node"), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    with _launched_node(args, env) as (proc, observer):
         deadline = time.monotonic() + 60.0
         # the folder is made right after numba imports, before the compile starts
         while time.monotonic() < deadline and proc.poll() is None and not cache.exists():
@@ -137,12 +140,6 @@ def test_ctrl_c_while_the_streaming_step_compiles_is_a_clean_stop(ros_env, sourc
         assert proc.returncode == 0, output
         assert "Traceback" not in output and "Fatal Python error" not in output, output
         assert "executor:" not in output, output  # stopped before the node was built
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5.0)
-        observer.destroy_node()
-        rclpy.shutdown(context=context)
 
 
 def test_launch_file_declares_the_arguments():
