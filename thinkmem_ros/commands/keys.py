@@ -120,9 +120,7 @@ def _pairs(args: argparse.Namespace) -> int:
     planned += [out / ALLOWED_DIR / f"{r}.key" for r in robots]
     if not args.no_sign:
         planned += [out / f"{sign_name}.sign.pub", out / f"{sign_name}.sign.key"]
-    existing = [str(p) for p in planned if p.exists()]
-    if existing and not args.force:
-        print(f"refusing to overwrite {existing} (use --force)", file=sys.stderr)
+    if _refused(planned, args.force):
         return 2
     written: list[Path] = []
     for name in pairs:
