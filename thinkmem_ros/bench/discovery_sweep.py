@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,17 +70,26 @@ def _mission_episodes(stream) -> list[list[str]]:
     return out
 
 
-def rounds_replay(seed: int, progress=None) -> list[dict]:
-    """Per round of ``bench rounds`` (quick size): the units promoted, classified."""
+def rounds_replay(seed: int, progress=None, rounds: int | None = None,
+                  compare_memo: bool = False) -> list[dict]:
+    """Per round of ``bench rounds`` (quick size): the units promoted, classified.
+
+    Discovery keeps a ``CheckMemo`` from round to round, as the consolidator does; each
+    row has its seconds. ``rounds`` past the bench's five bring no new rule (the plan
+    repeats the known ones): a fleet whose regularities have settled. ``compare_memo``
+    also runs every round's discovery without the memo, right after, and says whether
+    every scored relation came out the same.
+    """
     from thinkmem_ros.bench.rounds import SIZES, classify_unit, planted_stream, round_plan
-    from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+    from thinkmem_ros.consolidator.discovery import CheckMemo, DiscoveryConfig, EventLog, discover
     from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, consolidate
 
     size = SIZES[True]
     history: list[tuple[float, int, int, list[str]]] = []  # (start stamp, robot, round, names)
     units: dict = {}
     rows = []
-    for r in range(1, size["rounds"] + 1):
+    memo = CheckMemo()
+    for r in range(1, (rounds or size["rounds"]) + 1):
         for k in range(size["robots"]):
             rng = np.random.default_rng([seed, r, k])
             stream, missions = planted_stream(size["robot_s"],
@@ -91,10 +101,20 @@ def rounds_replay(seed: int, progress=None) -> list[dict]:
         log = EventLog.from_episodes(
             _Episode(i, part[i], [(float(j), n) for j, n in enumerate(h[3])])
             for i, h in enumerate(history))
-        consolidate(units, discover(log, DiscoveryConfig(), np.random.default_rng([seed, r])),
-                    r, KnowledgeConfig())
+        started = time.perf_counter()
+        result = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]), memo=memo)
+        timing = {"discovery_s": round(time.perf_counter() - started, 3),
+                  "check_memo": result.notes["check_memo"]}
+        if compare_memo:
+            started = time.perf_counter()
+            plain = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]))
+            timing["discovery_s_without_memo"] = round(time.perf_counter() - started, 3)
+            # repr: a NaN field (a pair's middle lift) is never == itself
+            timing["same_relations"] = ([repr(x) for x in plain.scored]
+                                        == [repr(x) for x in result.scored])
+        consolidate(units, result, r, KnowledgeConfig())
         kinds = {u.key: classify_unit(u.key) for u in units.values() if u.active}
-        rows.append({"round": r, "episodes": len(history),
+        rows.append({"round": r, "episodes": len(history), **timing,
                      **{kind: sorted(k for k, v in kinds.items() if v == kind)
                         for kind in ("planted", "planted_part", "natural", "spurious")}})
         if progress is not None:
@@ -109,10 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--conditions", default="sparse,zipf,heartbeat,shared,chain,decoy")
     parser.add_argument("--reps", default="4,8,16")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds: how many (past 5 no new rule is planted)")
+    parser.add_argument("--compare-memo", action="store_true",
+                        help="rounds: also time each round's discovery without the check memo")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
@@ -129,13 +155,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key:14s} F1 single pass {row['statistics_only']:.2f}  after rounds "
                       f"{row['proposed']:.2f}  false relations/run {row['false_relations']:.2f}")
         else:
-            task = bar.add_task("rounds", total=5 * args.seeds)
-            result = {str(s): rounds_replay(s, lambda: bar.advance(task))
+            task = bar.add_task("rounds", total=args.rounds * args.seeds)
+            result = {str(s): rounds_replay(s, lambda: bar.advance(task), args.rounds,
+                                            args.compare_memo)
                       for s in range(args.seeds)}
             for s, rows in result.items():
                 spurious = sorted({k for row in rows for k in row["spurious"]})
                 print(f"seed {s}: planted at the last round {len(rows[-1]['planted'])}, "
                       f"spurious units promoted {len(spurious)} {spurious}")
+                print("  discovery s per round: " + " ".join(
+                    f"{row['discovery_s']:.1f}" for row in rows))
+                if args.compare_memo:
+                    print("  without the check memo:  " + " ".join(
+                        f"{row['discovery_s_without_memo']:.1f}" for row in rows)
+                        + ("  (same relations)" if all(row["same_relations"] for row in rows)
+                           else "  (RELATIONS DIFFER)"))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -16,6 +16,7 @@ import numpy as np
 
 from thinkmem_ros.consolidator.discovery.contrasts import _Contrast, _contrast_p, _pair_binding
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
+from thinkmem_ros.consolidator.discovery.model import DiscoveryConfig
 from thinkmem_ros.consolidator.discovery.occurrences import (
     _eligible,
     _episode_slots,
@@ -48,10 +49,74 @@ class _Check:
     first_unjudged: bool = False
 
 
+@dataclass(frozen=True)
+class _Terms:
+    """What the checks read of one episode for one pattern at one scale.
+
+    A function of the episode's own events, the pattern, g and the configuration only, so
+    that a round can keep it for an episode that does not change (``memo.CheckMemo``).
+    """
+
+    antecedent: int  # A...B fits at g (a pair: A is there)
+    reverse: int  # B...A fits at g
+    contrast: tuple | None  # ``_Contrast.terms`` (triples)
+    order: float | None  # P(forward order) under permuted labels, where an order fits
+    diffs: tuple[int, ...] | None  # forward's fitted scales less each other order's
+    eligible: tuple[int, ...]  # per element, slots that would complete the pattern (0: none)
+    gaps: tuple[float | None, ...]  # per step, the tightest fitting gap (all codes there)
+
+
+def _episode_terms(ctx: _Episodes, e: int, codes: tuple[int, ...], g: float,
+                   others: list[tuple[int, ...]]) -> _Terms:
+    cfg = ctx.cfg
+    length = len(codes)
+    t, _, pos = _episode_slots(ctx, e, codes)
+    n = t.size
+    antecedent = reverse = 0
+    contrast = None
+    if length == 3:
+        antecedent = int(_fits_any(t, pos[0], pos[1], g, cfg))
+        reverse = int(_fits_any(t, pos[1], pos[0], g, cfg))
+        contrast = _Contrast.terms(t, pos, g, cfg)
+    elif pos[0].size:
+        antecedent = 1
+        reverse = int(bool(pos[1].size and _fits_any(t, pos[1], pos[0], g, cfg)))
+    present = all(p.size for p in pos)
+    order = diffs = None
+    gaps: tuple[float | None, ...] = (None,) * (length - 1)
+    if present:
+        if _order_relevant(t, pos, g, cfg):
+            order = _order_p_e(t, pos, g, cfg)
+        # forward against each other order: how many scales each one fits
+        fwd = _fit_levels(t, pos, ctx.scales, cfg)
+        diffs = tuple(fwd - _fit_levels(t, [pos[i] for i in perm], ctx.scales, cfg)
+                      for perm in others)
+        gaps = tuple(_tightest_step(t, x, y, g, cfg) for x, y in zip(pos[:-1], pos[1:]))
+    eligible = tuple(
+        0 if any(pos[i].size == 0 for i in range(length) if i != w)
+        else _eligible(t, pos, w, n, g, cfg) for w in range(length))
+    return _Terms(antecedent, reverse, contrast, order, diffs, eligible, gaps)
+
+
+def _tightest_step(t: np.ndarray, x: np.ndarray, y: np.ndarray, g: float,
+                   cfg: DiscoveryConfig) -> float | None:
+    """The smallest gap of a step x -> y that fits at g (None when none does)."""
+    xs, ys = np.nonzero(_fits(t, x, y, g, cfg))
+    return float((t[y[ys]] - t[x[xs]]).min()) if xs.size else None
+
+
+def _terms_of(ctx: _Episodes, e: int, codes: tuple[int, ...], g: float,
+              others: list[tuple[int, ...]], names: tuple[str, ...]) -> _Terms:
+    """``_episode_terms``, from the round-to-round memo where the log carries one."""
+    if ctx.memo is None:
+        return _episode_terms(ctx, e, codes, g, others)
+    return ctx.memo.get((ctx.digest(e), names, g),
+                    lambda: _episode_terms(ctx, e, codes, g, others))
+
+
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
            ) -> _Check:
     """Order and element-adds tests, antecedent and reverse counts at scale ``g``."""
-    cfg = ctx.cfg
     length = len(codes)
     order_p, order_obs = [], 0
     add_p: list[list[float]] = [[] for _ in range(length)]
@@ -63,44 +128,32 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     others = [perm for perm in itertools.permutations(range(length))
               if perm != tuple(range(length))]
     diffs: list[list[int]] = [[] for _ in others]
+    names = tuple(ctx.log.codes[c] for c in codes)
     # every episode holding all codes but (at most) one: the element tests of code w run
     # over the episodes where the other codes are in place, whether or not w is there
     rows = np.unique(np.concatenate([
         _episodes_with(ctx, tuple(x for i, x in enumerate(codes) if i != w))
         for w in range(length)]))
     for e in rows.tolist():
-        t, _, pos = _episode_slots(ctx, e, codes)
-        n = t.size
-        if length == 3:
-            antecedent += _fits_any(t, pos[0], pos[1], g, cfg)
-            reverse += _fits_any(t, pos[1], pos[0], g, cfg)
-            contrast.add(t, pos, g, cfg)
-        elif pos[0].size:
-            antecedent += 1
-            reverse += bool(pos[1].size and _fits_any(t, pos[1], pos[0], g, cfg))
-        present = all(p.size for p in pos)
+        terms = _terms_of(ctx, e, codes, g, others, names)
+        antecedent += terms.antecedent
+        reverse += terms.reverse
+        contrast.add_terms(terms.contrast)
         held = e in supp
-        if present and _order_relevant(t, pos, g, cfg):
-            order_p.append(_order_p_e(t, pos, g, cfg))
+        if terms.order is not None:
+            order_p.append(terms.order)
             order_obs += held
-        if present:  # forward against each other order: how many scales each one fits
-            fwd = _fit_levels(t, pos, ctx.scales, cfg)
-            for o, perm in enumerate(others):
-                diffs[o].append(fwd - _fit_levels(t, [pos[i] for i in perm], ctx.scales, cfg))
-        for w in range(length):
-            if any(pos[i].size == 0 for i in range(length) if i != w):
-                continue
-            m = _eligible(t, pos, w, n, g, cfg)
-            if m == 0:
-                continue
-            add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
-            add_obs[w] += held
+        if terms.diffs is not None:
+            for o, d in enumerate(terms.diffs):
+                diffs[o].append(d)
+        for w, m in enumerate(terms.eligible):
+            if m:
+                add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
+                add_obs[w] += held
         if held:
-            for s, (x, y) in enumerate(zip(pos[:-1], pos[1:])):
-                ok = _fits(t, x, y, g, cfg)
-                xs, ys = np.nonzero(ok)
-                if xs.size:
-                    gap_lists[s].append(float((t[y[ys]] - t[x[xs]]).min()))
+            for s, gap in enumerate(terms.gaps):
+                if gap is not None:
+                    gap_lists[s].append(gap)
     p_order = float(pb_tail([np.asarray(order_p)], np.array([order_obs]))[0]) \
         if order_p else 1.0
     # forward must also beat every other order outright (scales fitted, summed over the
