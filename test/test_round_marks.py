@@ -64,9 +64,6 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     assert second.stored_experiences == 300 and second.episodes == 60
     assert "EA>EB>EC" in second.promoted
     assert second.published_version == 3, second.to_dict()
-    # the checks worked out on the first round's episodes are taken, not redone
-    assert first.check_memo["hits"] == 0 and first.check_memo["misses"] > 0
-    assert second.check_memo["hits"] > 0
     sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
     with RoundMarks(db) as marks:  # the mark moves with the published D
         assert marks.through(sha) == second_mark

@@ -71,24 +71,22 @@ def _mission_episodes(stream) -> list[list[str]]:
 
 
 def rounds_replay(seed: int, progress=None, rounds: int | None = None,
-                  compare_memo: bool = False) -> list[dict]:
+                  compare_python: bool = False) -> list[dict]:
     """Per round of ``bench rounds`` (quick size): the units promoted, classified.
 
-    Discovery keeps a ``CheckMemo`` from round to round, as the consolidator does; each
-    row has its seconds. ``rounds`` past the bench's five bring no new rule (the plan
-    repeats the known ones): a fleet whose regularities have settled. ``compare_memo``
-    also runs every round's discovery without the memo, right after, and says whether
-    every scored relation came out the same.
+    Each row has the round's discovery seconds. ``rounds`` past the bench's five bring no
+    new rule (the plan repeats the known ones). ``compare_python`` also runs every
+    round's discovery with the checks' terms in Python (``checks.USE_KERNEL`` off), right
+    after, and says whether every scored relation came out the same.
     """
     from thinkmem_ros.bench.rounds import SIZES, classify_unit, planted_stream, round_plan
-    from thinkmem_ros.consolidator.discovery import CheckMemo, DiscoveryConfig, EventLog, discover
+    from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, checks, discover
     from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, consolidate
 
     size = SIZES[True]
     history: list[tuple[float, int, int, list[str]]] = []  # (start stamp, robot, round, names)
     units: dict = {}
     rows = []
-    memo = CheckMemo()
     for r in range(1, (rounds or size["rounds"]) + 1):
         for k in range(size["robots"]):
             rng = np.random.default_rng([seed, r, k])
@@ -102,13 +100,16 @@ def rounds_replay(seed: int, progress=None, rounds: int | None = None,
             _Episode(i, part[i], [(float(j), n) for j, n in enumerate(h[3])])
             for i, h in enumerate(history))
         started = time.perf_counter()
-        result = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]), memo=memo)
-        timing = {"discovery_s": round(time.perf_counter() - started, 3),
-                  "check_memo": result.notes["check_memo"]}
-        if compare_memo:
+        result = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]))
+        timing = {"discovery_s": round(time.perf_counter() - started, 3)}
+        if compare_python:
             started = time.perf_counter()
-            plain = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]))
-            timing["discovery_s_without_memo"] = round(time.perf_counter() - started, 3)
+            checks.USE_KERNEL = False
+            try:
+                plain = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]))
+            finally:
+                checks.USE_KERNEL = True
+            timing["discovery_s_python_terms"] = round(time.perf_counter() - started, 3)
             # repr: a NaN field (a pair's middle lift) is never == itself
             timing["same_relations"] = ([repr(x) for x in plain.scored]
                                         == [repr(x) for x in result.scored])
@@ -131,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", default="4,8,16")
     parser.add_argument("--rounds", type=int, default=5,
                         help="rounds: how many (past 5 no new rule is planted)")
-    parser.add_argument("--compare-memo", action="store_true",
-                        help="rounds: also time each round's discovery without the check memo")
+    parser.add_argument("--compare-python", action="store_true",
+                        help="rounds: also time each round's discovery with the checks' "
+                             "terms in Python (the reference the compiled ones equal)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             task = bar.add_task("rounds", total=args.rounds * args.seeds)
             result = {str(s): rounds_replay(s, lambda: bar.advance(task), args.rounds,
-                                            args.compare_memo)
+                                            args.compare_python)
                       for s in range(args.seeds)}
             for s, rows in result.items():
                 spurious = sorted({k for row in rows for k in row["spurious"]})
@@ -165,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"spurious units promoted {len(spurious)} {spurious}")
                 print("  discovery s per round: " + " ".join(
                     f"{row['discovery_s']:.1f}" for row in rows))
-                if args.compare_memo:
-                    print("  without the check memo:  " + " ".join(
-                        f"{row['discovery_s_without_memo']:.1f}" for row in rows)
+                if args.compare_python:
+                    print("  checks' terms in Python: " + " ".join(
+                        f"{row['discovery_s_python_terms']:.1f}" for row in rows)
                         + ("  (same relations)" if all(row["same_relations"] for row in rows)
                            else "  (RELATIONS DIFFER)"))
     if args.json:

@@ -61,7 +61,7 @@ import numpy as np
 
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
-from thinkmem_ros.consolidator.discovery import CheckMemo, DiscoveryConfig, EventLog, discover
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
 from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
@@ -190,9 +190,6 @@ class RoundReport:
     # significant relations refused only until the history can judge them (an element no
     # real case tests yet): more missions may promote them (``Relation.waiting``)
     waiting: list[str] = field(default_factory=list)
-    # the checks' per-episode terms this round took from earlier rounds and worked out
-    # anew, and how many the service holds: {"hits", "misses", "held"} (``CheckMemo``)
-    check_memo: dict = field(default_factory=dict)
     material: dict = field(default_factory=dict)
     gate: GateReport | None = None
     published_version: int | None = None
@@ -257,9 +254,6 @@ class ConsolidatorService:
         self.trigger = ConsolidationTrigger(config.trigger)
         self._trigger_lock = threading.Lock()
         self._engine = None  # discovery's engine, made on the first round
-        # what the checks read of each episode, kept from round to round: a round works
-        # the checks out only on new or changed episodes (the result is the same)
-        self._check_memo = CheckMemo()
         self._seen_events: set[str] = set()
         self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key,
                                                  endorsements=config.endorsements),
@@ -476,9 +470,7 @@ class ConsolidatorService:
             round_index = max((u.updated_round for u in units.values()), default=0) + 1
             if log_.n_codes and len(log_.episode_ids) >= 2:
                 rng = np.random.default_rng([cfg.seed, round_index])
-                result = discover(log_, cfg.discovery, rng, engine=self._discovery_engine(),
-                                  memo=self._check_memo)
-                report.check_memo = dict(result.notes.get("check_memo", {}))
+                result = discover(log_, cfg.discovery, rng, engine=self._discovery_engine())
                 report.candidates = sum(len(c) for c in result.candidates.values())
                 report.accepted = len(result.accepted)
                 report.waiting = [">".join(r.pattern) for r in result.scored if r.waiting]

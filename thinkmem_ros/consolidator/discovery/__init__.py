@@ -97,8 +97,6 @@ import numpy as np
 from thinkmem_ros.consolidator.discovery.arrays import _lookup, _sorted_set_key
 from thinkmem_ros.consolidator.discovery.examine import _examine
 from thinkmem_ros.consolidator.discovery.family import _cooccurrence_weights, tarone_bh
-from thinkmem_ros.consolidator.discovery.memo import CheckMemo, EpisodeDigests
-from thinkmem_ros.consolidator.discovery.memo import signature as memo_signature
 from thinkmem_ros.consolidator.discovery.model import (
     DiscoveryConfig,
     DiscoveryResult,
@@ -112,20 +110,18 @@ from thinkmem_ros.consolidator.discovery.scan import _parts, _scan_parts, _scan_
 from thinkmem_ros.consolidator.discovery.tails import pb_tail, poisson_tail_bound
 from thinkmem_ros.consolidator.engine import EmbeddedEngine
 
-__all__ = ["CheckMemo", "DiscoveryConfig", "DiscoveryResult", "EventLog", "Relation", "discover",
+__all__ = ["DiscoveryConfig", "DiscoveryResult", "EventLog", "Relation", "discover",
            "pairs_inside", "pb_tail", "poisson_tail_bound", "relation_f1", "tarone_bh"]
 
 
 # ----------------------------------------------------------------------------- discover
 def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
-             progress=None, engine=None, memo: CheckMemo | None = None) -> DiscoveryResult:
+             progress=None, engine=None) -> DiscoveryResult:
     """Find the relations of ``log`` (see the module docstring for the four steps).
 
     ``rng`` is accepted for a stable signature; the tests are analytic and deterministic.
     ``engine`` runs the passes over a log's parts (``consolidator/engine.py``; default: in
-    this process). ``memo``: the checks' per-episode terms from the previous call, so
-    that a consolidator's round works out the checks only on new or changed episodes
-    (the result is the same with or without it).
+    this process).
     """
     del rng
     start = _time.perf_counter()
@@ -139,10 +135,6 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         share = max(1, getattr(engine, "concurrent_parts", 1))
         parts = _parts(log, max(1, cfg.part_events // share))
         ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
-    if memo is not None:
-        ctx.memo = memo
-        ctx.digest = EpisodeDigests(log.time, log.code, ctx.start, log.codes)
-        memo.begin(memo_signature(cfg, ctx.scales))
     v = ctx.v
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
                    "parts": len(parts), "pass_s": dict(ctx.pass_s),
@@ -165,9 +157,6 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         if length == 3:
             accepted_triples, relations = _self_sufficient(ctx, tested, relations, cutoff)
         scored += relations
-    if memo is not None:
-        notes["check_memo"] = memo.stats()
-        memo.end()
     accepted = _fold(accepted_triples + [r for r in scored if len(r.pattern) == 2
                                          and r.accepted])
     accepted_keys = {r.pattern for r in accepted}

@@ -49,12 +49,30 @@ class _Check:
     first_unjudged: bool = False
 
 
+USE_KERNEL = True
+"""Whether the checks gather their terms in the compiled kernel (off: the Python reference,
+for comparisons)."""
+
+
+def _kernel():
+    """The compiled terms (``check_kernels``); None where numba cannot be imported.
+
+    Imported on first use: numba costs ~1 s to import, and the robot side imports
+    discovery's types without running a check.
+    """
+    try:
+        from thinkmem_ros.consolidator.discovery import check_kernels
+    except ImportError:  # pragma: no cover - numba is a dependency; odd platforms
+        return None
+    return check_kernels
+
+
 @dataclass(frozen=True)
 class _Terms:
     """What the checks read of one episode for one pattern at one scale.
 
-    A function of the episode's own events, the pattern, g and the configuration only, so
-    that a round can keep it for an episode that does not change (``memo.CheckMemo``).
+    A function of the episode's own events, the pattern, g and the configuration only
+    (``check_kernels`` works out the same numbers for many episodes in one call).
     """
 
     antecedent: int  # A...B fits at g (a pair: A is there)
@@ -68,6 +86,10 @@ class _Terms:
 
 def _episode_terms(ctx: _Episodes, e: int, codes: tuple[int, ...], g: float,
                    others: list[tuple[int, ...]]) -> _Terms:
+    """One episode's terms in Python, from ``occurrences``.
+
+    The reference ``check_kernels`` is held to, and what runs without numba.
+    """
     cfg = ctx.cfg
     length = len(codes)
     t, _, pos = _episode_slots(ctx, e, codes)
@@ -105,65 +127,123 @@ def _tightest_step(t: np.ndarray, x: np.ndarray, y: np.ndarray, g: float,
     return float((t[y[ys]] - t[x[xs]]).min()) if xs.size else None
 
 
-def _terms_of(ctx: _Episodes, e: int, codes: tuple[int, ...], g: float,
-              others: list[tuple[int, ...]], names: tuple[str, ...]) -> _Terms:
-    """``_episode_terms``, from the round-to-round memo where the log carries one."""
-    if ctx.memo is None:
-        return _episode_terms(ctx, e, codes, g, others)
-    return ctx.memo.get((ctx.digest(e), names, g),
-                    lambda: _episode_terms(ctx, e, codes, g, others))
+@dataclass
+class _Gathered:
+    """The terms of every episode a check reads, combined (episodes in ascending order)."""
+
+    antecedent: int
+    reverse: int
+    contrast: _Contrast
+    order_p: list[float]
+    order_obs: int
+    diffs: list[list[int]]  # per other order
+    add_p: list[list[float]]  # per element
+    add_obs: list[int]
+    gap_lists: list[list[float]]  # per step, over the supporting episodes
+
+
+def _gather_each(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndarray,
+                 held: np.ndarray, others: list[tuple[int, ...]]) -> _Gathered:
+    """Episode by episode in Python (``USE_KERNEL`` off, or no numba)."""
+    length = len(codes)
+    out = _Gathered(0, 0, _Contrast(), [], 0, [[] for _ in others],
+                    [[] for _ in range(length)], [0] * length, [[] for _ in range(length - 1)])
+    for e, is_held in zip(rows.tolist(), held.tolist()):
+        terms = _episode_terms(ctx, e, codes, g, others)
+        out.antecedent += terms.antecedent
+        out.reverse += terms.reverse
+        out.contrast.add_terms(terms.contrast)
+        if terms.order is not None:
+            out.order_p.append(terms.order)
+            out.order_obs += is_held
+        if terms.diffs is not None:
+            for o, d in enumerate(terms.diffs):
+                out.diffs[o].append(d)
+        for w, m in enumerate(terms.eligible):
+            if m:
+                out.add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
+                out.add_obs[w] += is_held
+        if is_held:
+            for s, gap in enumerate(terms.gaps):
+                if gap is not None:
+                    out.gap_lists[s].append(gap)
+    return out
+
+
+def _gather_rows(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndarray,
+                 held: np.ndarray, others: list[tuple[int, ...]]) -> _Gathered | None:
+    """All episodes in one compiled call (None without numba): the same sums and lists."""
+    kernel = _kernel() if USE_KERNEL else None
+    if kernel is None:
+        return None
+    got = kernel.gathered_terms(ctx.log, ctx.start, rows, codes, g, ctx.cfg, ctx.scales,
+                                np.asarray(others, np.int64).reshape(len(others), len(codes)))
+    ant, rev, strata, has_order, order, present, diffs, elig, gaps = got
+    contrast = _Contrast()
+    if len(codes) == 3:
+        contrast.add_terms((strata[0], strata[1], strata[2]))
+    adds = [elig[:, w][elig[:, w] > 0].tolist() for w in range(len(codes))]
+    return _Gathered(
+        int(ant.sum()), int(rev.sum()), contrast, order[has_order].tolist(),
+        int(np.count_nonzero(has_order & held)),
+        [diffs[present, o].tolist() for o in range(len(others))],
+        # Python floats, as episode by episode (numpy's pow may differ in the last bit)
+        [[1.0 - (1.0 - ctx.freq[codes[w]]) ** m for m in ms] for w, ms in enumerate(adds)],
+        [int(np.count_nonzero(held & (elig[:, w] > 0))) for w in range(len(codes))],
+        [gaps[held & ~np.isnan(gaps[:, s]), s].tolist() for s in range(len(codes) - 1)])
+
+
+def _one_tail(probs: list[float], observed: int) -> float:
+    """``pb_tail`` of one problem (1 without trials); compiled where numba is."""
+    if not probs:
+        return 1.0
+    kernel = _kernel() if USE_KERNEL else None
+    if kernel is None:
+        return float(pb_tail([np.asarray(probs)], np.array([observed]))[0])
+    return float(kernel.pb_tail_one(np.asarray(probs, np.float64), int(observed)))
+
+
+def _flip_tail(d: np.ndarray) -> float:
+    """``_sign_flip_tail``, its law built compiled where numba is (summed as there)."""
+    kernel = _kernel() if USE_KERNEL else None
+    if kernel is None:
+        return _sign_flip_tail(d)
+    d = d[d != 0]
+    observed = int(d.sum())
+    if observed <= 0:
+        return 1.0
+    mags = np.abs(d)
+    total = int(mags.sum())
+    law = kernel.sign_flip_law(mags, total)
+    return float(min(1.0, law[total + observed:].sum()))
 
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
            ) -> _Check:
     """Order and element-adds tests, antecedent and reverse counts at scale ``g``."""
     length = len(codes)
-    order_p, order_obs = [], 0
-    add_p: list[list[float]] = [[] for _ in range(length)]
-    add_obs = [0] * length
-    antecedent = reverse = 0
-    contrast = _Contrast()
-    gap_lists: list[list[float]] = [[] for _ in range(length - 1)]
-    supp = set(support_rows.tolist())
     others = [perm for perm in itertools.permutations(range(length))
               if perm != tuple(range(length))]
-    diffs: list[list[int]] = [[] for _ in others]
-    names = tuple(ctx.log.codes[c] for c in codes)
     # every episode holding all codes but (at most) one: the element tests of code w run
     # over the episodes where the other codes are in place, whether or not w is there
     rows = np.unique(np.concatenate([
         _episodes_with(ctx, tuple(x for i, x in enumerate(codes) if i != w))
         for w in range(length)]))
-    for e in rows.tolist():
-        terms = _terms_of(ctx, e, codes, g, others, names)
-        antecedent += terms.antecedent
-        reverse += terms.reverse
-        contrast.add_terms(terms.contrast)
-        held = e in supp
-        if terms.order is not None:
-            order_p.append(terms.order)
-            order_obs += held
-        if terms.diffs is not None:
-            for o, d in enumerate(terms.diffs):
-                diffs[o].append(d)
-        for w, m in enumerate(terms.eligible):
-            if m:
-                add_p[w].append(1.0 - (1.0 - ctx.freq[codes[w]]) ** m)
-                add_obs[w] += held
-        if held:
-            for s, gap in enumerate(terms.gaps):
-                if gap is not None:
-                    gap_lists[s].append(gap)
-    p_order = float(pb_tail([np.asarray(order_p)], np.array([order_obs]))[0]) \
-        if order_p else 1.0
+    held = np.isin(rows, support_rows)
+    got = _gather_rows(ctx, codes, g, rows, held, others)
+    if got is None:
+        got = _gather_each(ctx, codes, g, rows, held, others)
+    contrast, order_p, order_obs, diffs = got.contrast, got.order_p, got.order_obs, got.diffs
+    add_p, add_obs, gap_lists = got.add_p, got.add_obs, got.gap_lists
+    antecedent, reverse = got.antecedent, got.reverse
+    p_order = _one_tail(order_p, order_obs)
     # forward must also beat every other order outright (scales fitted, summed over the
     # episodes); the sign-flip p-value of the closest one is kept as evidence
     margins = [int(np.sum(d)) for d in diffs]
     closest = int(np.argmin(margins)) if margins else -1
     dominated = bool(margins) and margins[closest] <= 0
-    p_pair = _sign_flip_tail(np.asarray(diffs[closest], np.int64)) if margins else 1.0
-    p_adds = tuple(float(pb_tail([np.asarray(ps)], np.array([obs]))[0]) if ps else 1.0
-                   for ps, obs in zip(add_p, add_obs))
+    p_pair = _flip_tail(np.asarray(diffs[closest], np.int64)) if margins else 1.0
+    p_adds = tuple(_one_tail(ps, obs) for ps, obs in zip(add_p, add_obs))
     middle = 1 if length == 3 else length - 1
     lift = (add_obs[middle] / sum(add_p[middle])) if add_p[middle] else math.nan
     gaps = tuple((min(gl), max(gl)) if gl else (0.0, 0.0) for gl in gap_lists)

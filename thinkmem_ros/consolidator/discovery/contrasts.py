@@ -124,8 +124,7 @@ class _Contrast:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """One episode's counts per room stratum (None without A): what ``add_terms`` adds.
 
-        Apart from adding so that a round can keep them for an episode that does not change
-        (``memo.CheckMemo``).
+        Apart from adding: the checks gather every episode's terms first (``checks``).
         """
         a, b, c = pos
         if not a.size:

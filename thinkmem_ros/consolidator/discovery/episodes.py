@@ -33,10 +33,6 @@ class _Episodes:
         # each ordered code pair's binding test (``_pair_binding``), asked for by every
         # triple that holds the pair: hundreds of checks share a few dozen pairs
         self.bindings: dict[tuple[int, int], tuple[float, bool]] = {}
-        # the checks' per-episode terms kept between rounds (``memo.CheckMemo``), and the
-        # episode content digests that key them; set by ``discover`` when it is given one
-        self.memo = None
-        self.digest = None
         self.n_ep = len(log.episode_ids)
         self.v = log.n_codes
         ep, t = log.episode, log.time
