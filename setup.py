@@ -14,10 +14,11 @@ from setuptools import find_packages, setup
 
 PACKAGE = "thinkmem_ros"
 HERE = Path(__file__).resolve().parent  # the source folder, also through colcon's symlink
+# each through ``entry``, which loads the command's modules under a Ctrl-C guard
 EXECUTABLES = {
-    "thinkmem": "thinkmem_ros.cli:main",
-    "thinking_node": "thinkmem_ros.robot.node:main",
-    "thinkmem_consolidator": "thinkmem_ros.consolidator.service:main",
+    "thinkmem": "thinkmem_ros.entry:thinkmem",
+    "thinking_node": "thinkmem_ros.entry:thinking_node",
+    "thinkmem_consolidator": "thinkmem_ros.entry:thinkmem_consolidator",
 }
 
 

@@ -19,6 +19,7 @@ from thinkmem_ros.consolidator.discovery.episodes import _Episodes
 from thinkmem_ros.consolidator.discovery.occurrences import _episodes_with
 from thinkmem_ros.world.event_worlds import world
 
+
 @dataclass
 class _Episode:
     episode_id: int
