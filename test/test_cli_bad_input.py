@@ -196,3 +196,16 @@ def test_consolidator_once_bad_input(files, signing_key, capsys, argv, name, ent
     code, err = run(capsys, *prefix, "--once", "--signing-key", signing_key,
                     "--db", files / "c.db", *argv, entry=entry)
     assert_one_line(code, err, "thinkmem consolidator:", name)
+
+
+@pytest.mark.parametrize(("entry", "argv", "names"), [
+    (cli.main, ["--bogus"], ["thinkmem: error", "thinkmem --help"]),
+    (cli.main, ["bench", "nosuch"], ["invalid choice", "thinkmem bench --help"]),
+    (cli.main, ["train", "--epochs", "x"], ["--epochs", "invalid int value"]),
+    (service.main, ["--period-s"], ["thinkmem_consolidator: error", "--period-s"]),
+], ids=["no-verb", "unknown-bench", "bad-int", "consolidator-missing-value"])
+def test_usage_errors_are_one_line_pointing_at_help(capsys, entry, argv, names):
+    code, err = run(capsys, *argv, entry=entry)
+    assert code == 2
+    assert_one_line(code, err, *names)
+    assert "usage:" not in err

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from thinkmem_ros.core.arguments import OneLineParser
+
 VERBS: dict[str, str] = {
     "demo": "run the main job end to end (bag -> node -> activations -> report)",
     "train": "train a policy and export it as a model bundle",
@@ -48,7 +50,7 @@ def _load(verb: str):
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """Top-level parser; only ``verb``'s module is imported (all, when ``verb`` is None)."""
-    parser = argparse.ArgumentParser(prog="thinkmem", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="thinkmem", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
     for name, summary in VERBS.items():

@@ -44,7 +44,6 @@ comparison (not run by default: it needs a bundle trained on the rule).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -55,6 +54,7 @@ import numpy as np
 
 from thinkmem_ros.consolidator.anticipation_export import ExportConfig, build_rules
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
+from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.metrics import mean_std
 from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
 from thinkmem_ros.policy.anticipation import AnticipationTracker, TrackerConfig
@@ -477,7 +477,7 @@ def plot(result: dict, path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run from the command line (the working tree, without registering a benchmark)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--json")

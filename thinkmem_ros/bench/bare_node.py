@@ -13,9 +13,10 @@ Run: ``python -m thinkmem_ros.bench.bare_node --executor events --signals a,b,c`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from thinkmem_ros.core.arguments import OneLineParser
 
 ACTIVATION_CHARS = 604
 """Length of a real activation (``activation_json`` of a 10-label frame with two active)."""
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from thinkmem_ros.robot.spinning import make_executor, spin
 
-    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.bench.bare_node")
+    parser = OneLineParser(prog="python -m thinkmem_ros.bench.bare_node")
     parser.add_argument("--executor", default="events")
     parser.add_argument("--signals", required=True, help="comma-separated signal names")
     args = parser.parse_args(argv)

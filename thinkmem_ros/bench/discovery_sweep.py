@@ -18,13 +18,14 @@ classified as in ``bench rounds`` (planted, planted_part, natural, spurious).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from thinkmem_ros.core.arguments import OneLineParser
 
 
 @dataclass
@@ -124,7 +125,7 @@ def rounds_replay(seed: int, progress=None, rounds: int | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.bench.discovery_sweep",
+    parser = OneLineParser(prog="python -m thinkmem_ros.bench.discovery_sweep",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("conditions", "rounds"))
     parser.add_argument("--seeds", type=int, default=6)

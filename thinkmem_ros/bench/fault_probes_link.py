@@ -21,7 +21,6 @@ thinkmem_ros.bench.fault_probes_link robot``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,6 +40,7 @@ import numpy as np
 import zmq
 
 from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link import protocol
 from thinkmem_ros.link.experience import Experience, encode_experience
 from thinkmem_ros.link.security import (
@@ -748,7 +748,7 @@ class _Robot:
 
 
 def _robot_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.bench.fault_probes_link")
+    parser = OneLineParser(prog="python -m thinkmem_ros.bench.fault_probes_link")
     parser.add_argument("role", choices=["robot"])
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--spool", required=True)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
+from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 from thinkmem_ros.policy.bundle import Bundle, signal_set_fingerprint
@@ -125,7 +126,7 @@ def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.consolidator.ingest")
+    parser = OneLineParser(prog="python -m thinkmem_ros.consolidator.ingest")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run an experience receiver until SIGTERM/SIGINT")
     serve.add_argument("--db", required=True, help="SQLite experience store")

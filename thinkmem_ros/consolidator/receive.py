@@ -47,6 +47,7 @@ from thinkmem_ros.consolidator.canary import CanaryStateError, read_state
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS
+from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.link.receiver import (
     MAX_INBOUND_FRAME_BYTES,
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m thinkmem_ros.consolidator.receive --db PATH --bind ENDPOINT ...``."""
-    parser = argparse.ArgumentParser(prog="python -m thinkmem_ros.consolidator.receive",
+    parser = OneLineParser(prog="python -m thinkmem_ros.consolidator.receive",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv), prog=parser.prog)

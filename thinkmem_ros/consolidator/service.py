@@ -78,6 +78,7 @@ from thinkmem_ros.consolidator.round_read import (
 )
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
+from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
@@ -848,7 +849,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``thinkmem_consolidator`` console script."""
-    parser = argparse.ArgumentParser(prog="thinkmem_consolidator",
+    parser = OneLineParser(prog="thinkmem_consolidator",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -23,7 +23,6 @@ Run: ``python -m thinkmem_ros.demo.consolidator_proc --signing-key K --db D
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -36,6 +35,7 @@ from thinkmem_ros.consolidator.knowledge import KnowledgeStore
 from thinkmem_ros.consolidator.retrain import RetrainConfig
 from thinkmem_ros.consolidator.service import ConsolidatorService, add_arguments, config_from_args
 from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.core.arguments import OneLineParser
 
 log = logging.getLogger("thinkmem_ros.demo.consolidator")
 
@@ -136,7 +136,7 @@ def gate_overrides(items: list[str]) -> dict[str, float | int | bool]:
 
 def main(argv: list[str] | None = None) -> int:
     """Start the service, print READY, answer commands, stop cleanly."""
-    parser = argparse.ArgumentParser(prog="thinkmem-demo-consolidator",
+    parser = OneLineParser(prog="thinkmem-demo-consolidator",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument("--patience", type=int, default=4, help="retraining early stop")
