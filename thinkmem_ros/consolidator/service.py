@@ -711,7 +711,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-key", help="consolidator .key_secret file (CURVE)")
     parser.add_argument("--allow", help="allow-list (CURVE): a folder of <robot_id>.key "
                         "files, a TOML [robots] map, or one <robot_id>.key")
-    parser.add_argument("--period-s", type=float, default=300.0, help="trigger: period")
+    parser.add_argument("--period-s", type=float, default=300.0,
+                        help="trigger: seconds between periodic rounds (inf: none, the other "
+                        "triggers only)")
     parser.add_argument("--buffer-limit", type=int, default=2000,
                         help="trigger: new experiences that fire a round")
     parser.add_argument("--check-s", type=float, default=1.0, help="trigger poll interval")
