@@ -116,3 +116,27 @@ def test_compiled_tails_equal_the_python_ones_to_the_bit():
         assert checks._one_tail(probs.tolist(), observed) == python
         d = rng.integers(-6, 7, int(rng.integers(1, 120)))
         assert checks._flip_tail(d) == _sign_flip_tail(d)
+
+
+def test_without_the_compiled_kernels_the_checks_run_in_python_with_a_warning(
+        monkeypatch, caplog):
+    """A numba that cannot load (faked: the real one loads here) costs speed, not results."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def refuse(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "check_kernels" in fromlist:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real_import(name, globals, locals, fromlist, level)
+
+    w = world("sparse", 8, np.random.default_rng(4))
+    log = EventLog.from_episodes(w.episodes, w.codes)
+    compiled = discover(log, DiscoveryConfig(), np.random.default_rng(0))
+    monkeypatch.setattr(checks, "_KERNEL_ERROR", [])
+    monkeypatch.setattr(builtins, "__import__", refuse)
+    with caplog.at_level("WARNING"):
+        python = discover(log, DiscoveryConfig(), np.random.default_rng(0))
+    assert "compiled checks unavailable" in caplog.text and "no locator" in caplog.text
+    assert checks._kernel() is None
+    assert [repr(r) for r in compiled.scored] == [repr(r) for r in python.scored]

@@ -9,6 +9,7 @@ Part of ``consolidator.discovery``; its package docstring gives the four steps.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -54,15 +55,26 @@ USE_KERNEL = True
 for comparisons)."""
 
 
+_KERNEL_ERROR: list[str] = []  # why the compiled kernels could not be loaded, once
+
+
 def _kernel():
-    """The compiled terms (``check_kernels``); None where numba cannot be imported.
+    """The compiled terms (``check_kernels``); None where they cannot be loaded.
 
     Imported on first use: numba costs ~1 s to import, and the robot side imports
-    discovery's types without running a check.
+    discovery's types without running a check. Where numba is missing or cannot set up
+    its cache (a read-only install with no writable cache dir), the checks run the Python
+    reference instead, ~30 times slower, with a warning: the same relations either way.
     """
+    if _KERNEL_ERROR:
+        return None
     try:
         from thinkmem_ros.consolidator.discovery import check_kernels
-    except ImportError:  # pragma: no cover - numba is a dependency; odd platforms
+    except Exception as exc:  # noqa: BLE001 - any failure to load: the Python terms run
+        _KERNEL_ERROR.append(f"{type(exc).__name__}: {exc}")
+        logging.getLogger(__name__).warning(
+            "discovery's compiled checks unavailable (%s); running them in Python",
+            _KERNEL_ERROR[0])
         return None
     return check_kernels
 
