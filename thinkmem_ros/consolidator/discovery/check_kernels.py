@@ -148,6 +148,21 @@ def order_p(t, union, counts, length, g, lo, hi, back):
                / (total * (total - 1) * (total - 2)))
 
 @njit(cache=True)
+def through_b(t, f, b, other, f_after, g, lo, back):
+    """Whether slot f completes a step with some B whose other step fits too.
+
+    ``f_after``: f follows that B, whose step from ``other`` fits (C after a valid A..B);
+    else f precedes it, and its step to ``other`` fits (A before a valid B..C).
+    """
+    for j in b:
+        if fits(t, j, f, g, lo, back) if f_after else fits(t, f, j, g, lo, back):
+            for x in other:
+                if fits(t, x, j, g, lo, back) if f_after else fits(t, j, x, g, lo, back):
+                    return True
+    return False
+
+
+@njit(cache=True)
 def eligible(t, p0, p1, p2, length, which, g, lo, back):
     """``occurrences._eligible``: slots not holding the other codes that complete it."""
     n = t.size
@@ -175,23 +190,9 @@ def eligible(t, p0, p1, p2, length, which, g, lo, back):
                         ok = True
                         break
         elif which == 2:  # C after a valid A..B
-            for j in p1:
-                if fits(t, j, f, g, lo, back):
-                    for i in p0:
-                        if fits(t, i, j, g, lo, back):
-                            ok = True
-                            break
-                if ok:
-                    break
+            ok = through_b(t, f, p1, p0, True, g, lo, back)
         elif which == 0:  # A before a valid B..C
-            for j in p1:
-                if fits(t, f, j, g, lo, back):
-                    for k in p2:
-                        if fits(t, j, k, g, lo, back):
-                            ok = True
-                            break
-                if ok:
-                    break
+            ok = through_b(t, f, p1, p2, False, g, lo, back)
         else:  # B between A and C
             before = False
             for i in p0:

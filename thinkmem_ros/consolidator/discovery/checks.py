@@ -218,16 +218,7 @@ def _one_tail(probs: list[float], observed: int) -> float:
 def _flip_tail(d: np.ndarray) -> float:
     """``_sign_flip_tail``, its law built compiled where numba is (summed as there)."""
     kernel = _kernel() if USE_KERNEL else None
-    if kernel is None:
-        return _sign_flip_tail(d)
-    d = d[d != 0]
-    observed = int(d.sum())
-    if observed <= 0:
-        return 1.0
-    mags = np.abs(d)
-    total = int(mags.sum())
-    law = kernel.sign_flip_law(mags, total)
-    return float(min(1.0, law[total + observed:].sum()))
+    return _sign_flip_tail(d, None if kernel is None else kernel.sign_flip_law)
 
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray

@@ -208,16 +208,25 @@ def _score_tail(pes: list[np.ndarray], z: np.ndarray, bits: bool = True) -> np.n
     return out
 
 
-def _sign_flip_tail(d: np.ndarray) -> float:
-    """Exact P(sum of +-|d_e| >= sum d_e) with independent fair signs (integer d)."""
+def _sign_flip_tail(d: np.ndarray, law=None) -> float:
+    """Exact P(sum of +-|d_e| >= sum d_e) with independent fair signs (integer d).
+
+    ``law(mags, total)`` builds the distribution of the signed sum over -total..total
+    (default ``_sign_flip_law``; the checks pass its compiled twin).
+    """
     d = d[d != 0]
     observed = int(d.sum())
     if observed <= 0:
         return 1.0
     mags = np.abs(d)
     total = int(mags.sum())
+    dist = (law or _sign_flip_law)(mags, total)
+    return float(min(1.0, dist[total + observed:].sum()))
+
+
+def _sign_flip_law(mags: np.ndarray, total: int) -> np.ndarray:
     dist = np.zeros(2 * total + 1)
     dist[total] = 1.0
     for m in mags.tolist():
         dist = 0.5 * (np.roll(dist, m) + np.roll(dist, -m))
-    return float(min(1.0, dist[total + observed:].sum()))
+    return dist
