@@ -250,7 +250,40 @@ def tightest_step(t, x, y, g, lo, back):
 
 @njit(cache=True)
 def positions(c, code):
-    return np.flatnonzero(c == code)
+    count = 0
+    for x in c:
+        count += x == code
+    out = np.empty(count, np.int64)
+    k = 0
+    for i in range(c.size):
+        if c[i] == code:
+            out[k] = i
+            k += 1
+    return out
+
+
+@njit(cache=True)
+def merged(p0, p1, p2):
+    """The three (ascending, disjoint) position arrays as one ascending array.
+
+    What ``np.sort(np.concatenate(...))`` gives, without compiling numba's sort.
+    """
+    out = np.empty(p0.size + p1.size + p2.size, np.int64)
+    i = j = k = 0
+    for x in range(out.size):
+        a = p0[i] if i < p0.size else 1 << 62
+        b = p1[j] if j < p1.size else 1 << 62
+        c = p2[k] if k < p2.size else 1 << 62
+        if a <= b and a <= c:
+            out[x] = a
+            i += 1
+        elif b <= c:
+            out[x] = b
+            j += 1
+        else:
+            out[x] = c
+            k += 1
+    return out
 
 @njit(cache=True)
 def terms(t, c, codes, g, lo, hi, back, scales, others):
@@ -277,7 +310,7 @@ def terms(t, c, codes, g, lo, hi, back, scales, others):
     diffs = np.zeros(others.shape[0], np.int64)
     gaps = np.full(length - 1, math.nan)
     if present:
-        union = np.sort(np.concatenate((p0, p1, p2)))
+        union = merged(p0, p1, p2)
         if order_relevant(t, union, length, g, lo, back):
             has_order = True
             counts = np.array([p0.size, p1.size, p2.size])
