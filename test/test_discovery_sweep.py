@@ -27,3 +27,15 @@ def test_main_writes_json_and_refuses_bad_arguments(tmp_path, capsys):
         with pytest.raises(SystemExit) as err:
             discovery_sweep.main(bad)
         assert err.value.code == 2
+
+
+def test_rounds_replay_times_each_round_and_compares_the_python_checks(capsys):
+    rows = discovery_sweep.rounds_replay(0, rounds=2, compare_python=True)
+    assert [row["round"] for row in rows] == [1, 2] and rows[1]["episodes"] == 96
+    for row in rows:
+        assert row["discovery_s"] > 0 and row["discovery_s_python_terms"] > 0
+        assert row["same_relations"] is True
+    assert rows[0]["planted"]  # the first round's rule is promoted in its round
+    with pytest.raises(SystemExit) as err:
+        discovery_sweep.main(["rounds", "--rounds", "0"])
+    assert err.value.code == 2 and "--rounds" in capsys.readouterr().err
