@@ -218,3 +218,14 @@ def test_a_round_on_a_streaming_bundle_publishes_a_streaming_candidate(tmp_path,
     assert report.gate.passed and report.gate.checks["rules"]["EA>EB>EC"]["recall"] >= 0.8
     ni = report.gate.checks["noninferiority"]["micro"]
     assert ni["candidate"] >= ni["running"] - 0.005, ni
+
+
+def test_the_round_log_line_lists_a_long_list_in_part():
+    from thinkmem_ros.consolidator.service import LOGGED_NAMES, _capped
+
+    assert _capped([]) == "none"
+    assert _capped(["a>b>c"]) == "[a>b>c]"
+    names = [f"x{i}>y>z" for i in range(LOGGED_NAMES + 5)]
+    line = _capped(names)
+    assert line.endswith(" and 5 more]") and f"x{LOGGED_NAMES - 1}>y>z" in line
+    assert f"x{LOGGED_NAMES}>y>z" not in line

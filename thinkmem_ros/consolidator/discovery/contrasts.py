@@ -72,8 +72,9 @@ def _boschloo_greater(k1: int, n1: int, k0: int, n0: int) -> float:
     Boschloo's uses Fisher's p-value as its statistic and is exact over the unknown common
     rate, never less powerful than Fisher's. On the contrast tables of rules that share
     B...C (8 of 12 against 8 of 37, 3 of 9 against 1 of 37) it halves the p-value (0.0064
-    to 0.0032, 0.020 to 0.008). Only borderline tables pay for it (a few ms each, ~30 ms
-    for the larger ones); a table seen before, in this round or an earlier one, is not
+    to 0.0032, 0.020 to 0.008). Only borderline tables pay for it, and the cost grows with
+    the table: 10-40 ms at a few thousand outcomes, up to ~0.6 s at 15,000-100,000
+    (``docs/scale.md``); a table seen before, in this round or an earlier one, is not
     worked out again.
     """
     from scipy.stats import boschloo_exact
