@@ -64,6 +64,9 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     assert second.stored_experiences == 300 and second.episodes == 60
     assert "EA>EB>EC" in second.promoted
     assert second.published_version == 3, second.to_dict()
+    split = [second.timings[f"discovery_{step}_s"] for step in ("scan", "checks", "redundancy")]
+    assert all(s >= 0 for s in split) and split[1] > 0  # EA>EB>EC was checked
+    assert sum(split) <= second.timings["discovery_s"] + 0.01
     sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
     with RoundMarks(db) as marks:  # the mark moves with the published D
         assert marks.through(sha) == second_mark

@@ -197,6 +197,10 @@ class RoundReport:
     pushed_to: int | None = None
     outcome: str = ""
     seconds: float = 0.0
+    # seconds per step ("read_s", "discovery_s", "material_s", "retrain_s", "gate_s",
+    # "artefacts_s", "publish_s"); discovery's own split: "discovery_scan_s" (candidates
+    # and the family-wide tests), "discovery_checks_s" (per-pattern checks),
+    # "discovery_redundancy_s"
     timings: dict = field(default_factory=dict)
     # per artefact kind ("values", "memctl") of a gated candidate: {"status": "fitted"}
     # (learned from the store this round, with what it saw), "carried" (the store lacked
@@ -475,6 +479,8 @@ class ConsolidatorService:
                 report.candidates = sum(len(c) for c in result.candidates.values())
                 report.accepted = len(result.accepted)
                 report.waiting = [">".join(r.pattern) for r in result.scored if r.waiting]
+                report.timings.update({f"discovery_{step}_s": round(seconds, 3) for
+                                       step, seconds in result.notes["step_s"].items()})
                 consolidate(units, result, round_index, cfg.knowledge)
                 kstore.save(units.values())
         promoted = [u for u in units.values() if u.active]

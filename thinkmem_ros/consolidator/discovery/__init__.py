@@ -136,9 +136,12 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         parts = _parts(log, max(1, cfg.part_events // share))
         ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
     v = ctx.v
+    # where a round's discovery time goes, for the round report: the scan with the
+    # family-wide tests, the per-pattern checks, the redundancy step
+    step_s = {"scan": _time.perf_counter() - start, "checks": 0.0, "redundancy": 0.0}
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
                    "parts": len(parts), "pass_s": dict(ctx.pass_s),
-                   "family_budget": dict(ctx.family)}
+                   "family_budget": dict(ctx.family), "step_s": step_s}
     if progress is not None:
         progress()
     scored: list[Relation] = []
@@ -153,9 +156,13 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
                                       family, cfg.alpha, tested.other_minp)
         notes[f"family_{length}"] = {"sets": int(set_keys.size), "hypotheses": family,
                                      "tarone_k": k_star, "testable": m, "cutoff": cutoff}
+        started = _time.perf_counter()
         relations = _examine(ctx, tested, length, cutoff)
+        step_s["checks"] += _time.perf_counter() - started
         if length == 3:
+            started = _time.perf_counter()
             accepted_triples, relations = _self_sufficient(ctx, tested, relations, cutoff)
+            step_s["redundancy"] += _time.perf_counter() - started
         scored += relations
     accepted = _fold(accepted_triples + [r for r in scored if len(r.pattern) == 2
                                          and r.accepted])
