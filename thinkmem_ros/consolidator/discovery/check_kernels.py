@@ -29,6 +29,7 @@ def fits(t, i, j, g, lo, back):
     d = t[j] - t[i]
     return lo <= d <= g
 
+
 @njit(cache=True)
 def fits_any(t, first, second, g, lo, back):
     for i in first:
@@ -37,12 +38,14 @@ def fits_any(t, first, second, g, lo, back):
                 return True
     return False
 
+
 @njit(cache=True)
 def step(t, i, j, lo, hi, back):
     if j <= i or j - i > back:
         return math.inf
     d = t[j] - t[i]
     return d if lo <= d <= hi else math.inf
+
 
 @njit(cache=True)
 def tightest(t, p0, p1, p2, length, lo, hi, back):
@@ -64,6 +67,7 @@ def tightest(t, p0, p1, p2, length, lo, hi, back):
         best = min(best, max(into, out))
     return best
 
+
 @njit(cache=True)
 def fit_levels(t, p0, p1, p2, length, scales, lo, hi, back):
     m = tightest(t, p0, p1, p2, length, lo, hi, back)
@@ -73,6 +77,7 @@ def fit_levels(t, p0, p1, p2, length, scales, lo, hi, back):
             count += 1
     return count
 
+
 @njit(cache=True)
 def valid_matrix(t, union, g, lo, back):
     n = union.size
@@ -81,6 +86,7 @@ def valid_matrix(t, union, g, lo, back):
         for y in range(n):
             out[x, y] = fits(t, union[x], union[y], g, lo, back)
     return out
+
 
 @njit(cache=True)
 def order_relevant(t, union, length, g, lo, back):
@@ -92,6 +98,7 @@ def order_relevant(t, union, length, g, lo, back):
         if valid[:, y].any() and valid[y, :].any():
             return True
     return False
+
 
 @njit(cache=True)
 def pick(union, mask):
@@ -107,6 +114,7 @@ def pick(union, mask):
             k += 1
     return out
 
+
 @njit(cache=True)
 def popcount(mask):
     count = 0
@@ -114,6 +122,7 @@ def popcount(mask):
         count += mask & 1
         mask >>= 1
     return count
+
 
 @njit(cache=True)
 def order_p(t, union, counts, length, g, lo, hi, back):
@@ -146,6 +155,7 @@ def order_p(t, union, counts, length, g, lo, hi, back):
     tuples = float(inner)
     return min(1.0, counts[0] * counts[1] * counts[2] * tuples
                / (total * (total - 1) * (total - 2)))
+
 
 @njit(cache=True)
 def through_b(t, f, b, other, f_after, g, lo, back):
@@ -207,6 +217,7 @@ def eligible(t, p0, p1, p2, length, which, g, lo, back):
         count += ok
     return count
 
+
 @njit(cache=True)
 def contrast(t, a, b, c, g, lo, back):
     """``_Contrast.terms``: per room stratum, As exposed to B, completing, C without B."""
@@ -237,6 +248,7 @@ def contrast(t, a, b, c, g, lo, back):
         out[2, stratum] += (not exposed) and a_to_c
     return out
 
+
 @njit(cache=True)
 def tightest_step(t, x, y, g, lo, back):
     best = math.nan
@@ -247,6 +259,7 @@ def tightest_step(t, x, y, g, lo, back):
                 if not d >= best:  # NaN at first
                     best = d
     return best
+
 
 @njit(cache=True)
 def positions(c, code):
@@ -284,6 +297,7 @@ def merged(p0, p1, p2):
             out[x] = c
             k += 1
     return out
+
 
 @njit(cache=True)
 def terms(t, c, codes, g, lo, hi, back, scales, others):
@@ -334,6 +348,7 @@ def terms(t, c, codes, g, lo, hi, back, scales, others):
             elig[w] = eligible(t, p0, p1, p2, length, w, g, lo, back)
     return (antecedent, reverse, has_contrast, strata, has_order, order, present, diffs,
             elig, gaps)
+
 
 @njit(cache=True)
 def rows_terms(time, code, start, rows, codes, g, lo, hi, back, scales, others):
