@@ -331,6 +331,19 @@ def test_tails_match_brute_force():
         assert got == pytest.approx(brute, rel=1e-9, abs=1e-15)
 
 
+def test_exact_tails_do_not_depend_on_the_batch():
+    """Each problem's tail is the same to the bit alone or batched with others of other
+    widths and levels, so callers may chunk the problems as suits the padding."""
+    rng = np.random.default_rng(1)
+    pes = [np.sort(rng.uniform(1e-7, 1.0, size=(int(rng.integers(1, 60)), 6)) ** 3, axis=1)
+           for _ in range(40)]
+    z = rng.integers(1, 300, size=40)
+    for bits, zz in ((True, z), (False, np.maximum(1, z // 20))):
+        batch = _score_tail(pes, zz, bits)
+        alone = [_score_tail([pe], np.array([x]), bits)[0] for pe, x in zip(pes, zz)]
+        assert batch.tolist() == alone
+
+
 def test_stratified_contrast_matches_enumeration():
     from thinkmem_ros.consolidator.discovery.contrasts import _fisher_greater, _stratified_greater
 

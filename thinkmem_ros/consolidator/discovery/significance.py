@@ -264,17 +264,27 @@ def _refine(p: np.ndarray, z: np.ndarray, bits: bool, frames: _Frames,
         budget = 2_000_000  # cells of one padded array of the dynamic programme
         n_levels = ctx.scales.size
         chunk: list[int] = []
-        widest = highest = 0  # running maxima of the chunk (its padded DP size)
+        widest = highest = smallest = 0  # the chunk's padded DP size, its first problem's
         for ci, w_ci, z_ci in zip(refine.tolist(), width[refine].tolist(),
                                   z[refine].astype(np.int64).tolist()):
             grown_w, grown_z = max(widest, w_ci), max(highest, z_ci)
             cells = max(grown_w * (n_levels + 1), grown_z, SCORE_CAP + 1)
-            if chunk and (len(chunk) + 1) * cells > budget:
+            if chunk and ((len(chunk) + 1) * cells > budget
+                          or grown_w * grown_z > PADDING * smallest):
                 _refine_exact(p, chunk, frames.pe, frame_start, z, bits)
                 chunk, grown_w, grown_z = [], w_ci, z_ci
+            if not chunk:
+                smallest = max(w_ci * z_ci, 1)
             chunk.append(ci)
             widest, highest = grown_w, grown_z
         _refine_exact(p, chunk, frames.pe, frame_start, z, bits)
+
+
+PADDING = 2.0
+"""A chunk of exact tails is cut before its padded size (widest frames x highest score)
+exceeds this many times its first problem's: the problems are sorted by that size, so no
+problem pays more than this for sharing a batch (each one's tail is the same either way,
+``_score_tail``). One chunk for all cost ~3x its problems' own work on the rounds' logs."""
 
 
 CHECK_SCALE_SLACK = 10.0

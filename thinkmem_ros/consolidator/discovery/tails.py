@@ -164,6 +164,11 @@ def _score_tail(pes: list[np.ndarray], z: np.ndarray, bits: bool = True) -> np.n
     accumulated, so tiny tails keep full relative precision. Each frame shifts the running
     distribution once per score some problem of the batch can take there (not once per
     possible score). ``bits=False``: a frame scores its level itself (the level count).
+
+    Every problem's result is the same to the bit whichever problems share its batch: the
+    sums run in a fixed order per problem, and the scores only other problems can take add
+    exact zeros. So the callers may batch as suits the padding, and a log scanned in parts,
+    on threads or on Ray, gets the tails a whole pass gets.
     """
     n = len(pes)
     out = np.ones(n)
@@ -198,7 +203,9 @@ def _score_tail(pes: list[np.ndarray], z: np.ndarray, bits: bool = True) -> np.n
         above = np.concatenate((np.cumsum(dist[:, ::-1], axis=1)[:, ::-1],
                                 np.zeros((n, 1))), axis=1)
         at = np.clip(z[:, None] - values[None, :], 0, top)
-        tail += (law[:, values] * np.take_along_axis(above, at, axis=1)).sum(axis=1)
+        reach = law[:, values] * np.take_along_axis(above, at, axis=1)
+        for j in range(values.size):  # in order of d: the same sums whatever the batch
+            tail += reach[:, j]
         new = np.zeros((n, top))
         for d in values.tolist():
             if d < top:
