@@ -65,8 +65,11 @@ def _region_edges(k1: int, n1: int, k0: int, n0: int) -> tuple[bool, np.ndarray]
 
 
 def _log_pmf(n: int, r: np.ndarray) -> np.ndarray:
-    """log P(x of n) for x = 0..n (columns) at each rate (rows): scipy's special functions
-    directly, as the distribution objects' per-call checks cost more than the sums here."""
+    """Binomial log-probabilities of x = 0..n (columns) at each rate (rows).
+
+    scipy's special functions directly: the distribution objects' per-call checks cost more
+    than the sums here.
+    """
     from scipy.special import gammaln, xlog1py, xlogy
 
     x = np.arange(n + 1)[None, :]
