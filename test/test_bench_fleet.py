@@ -59,6 +59,9 @@ def test_a_rounds_read_is_measured_whole_and_incremental_on_the_same_stores(tmp_
         assert row["new"] == 200 and 0 < row["reservoir"] <= 500
         assert row["incremental_decoded"] == row["new"] + row["reservoir"]
         assert row["incremental_counted_s"] > 0
+        # discovery's histories: the carried fold reads only the new rows' episodes
+        assert row["histories_scan_s"] > 0 and row["events"] > row["episodes"] > 0
+        assert 0 < row["histories_folded_episodes"] <= row["episodes"]
     assert out["growth_whole"] is not None and out["growth_incremental"] is not None
     report = {"curves": {"discovery": []}, "round_read": out,
               "results": {"rule_recall_1e7": None, "false_relations_1e7": None,

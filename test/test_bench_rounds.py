@@ -44,6 +44,11 @@ def test_rows_cover_round_zero_and_every_round(fleet):
     if rows[1]["published"]:  # round 2 reads the new rows and a reservoir of older ones
         assert rows[2]["read"]["since_id"] == rows[1]["read"]["through_id"] > 0
         assert rows[2]["read"]["new"] == rows[2]["experiences_shipped"]
+    # discovery's histories: round 1 folds every row, round 2 only the rows after it
+    first, second = rows[1]["read"]["histories"], rows[2]["read"]["histories"]
+    assert first["after_id"] == 0 and first["episodes"] == rows[1]["store_episodes"]
+    assert second["after_id"] == first["through_id"] > 0
+    assert 0 < second["episodes"] < rows[2]["store_episodes"]
 
 
 def test_summary_has_every_pinned_key_with_its_meaning(fleet):

@@ -46,7 +46,9 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     assert first.published_version == 2, first.to_dict()
     # the shipped bundle has no mark in this store: the first round reads every row
     assert first.read == {"since_id": 0, "through_id": first_mark, "new": 200,
-                          "reservoir": 0}
+                          "reservoir": 0, "histories": {"after_id": 0,
+                                                        "through_id": first_mark,
+                                                        "episodes": 40}}
     sha = service.publisher.current().manifest.extras["rehearsal"]["sha256"]
     with RoundMarks(db) as marks:
         assert marks.through(sha) == first_mark
@@ -54,14 +56,17 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
         second = service.run_round("second")
     if incremental:
-        assert second.read == {"since_id": first_mark, "through_id": second_mark,
-                               "new": 100, "reservoir": 50}
+        assert {k: v for k, v in second.read.items() if k != "histories"} == {
+            "since_id": first_mark, "through_id": second_mark, "new": 100, "reservoir": 50}
         assert second.experiences == 150
         assert f"(100 after row {first_mark} + 50 reservoir)" in caplog.text
     else:
         assert second.read["since_id"] == 0 and second.experiences == 300
         assert "(whole store)" in caplog.text
     assert second.stored_experiences == 300 and second.episodes == 60
+    # discovery's histories carried from round to round however the rows are read
+    assert second.read["histories"] == {"after_id": first_mark, "through_id": second_mark,
+                                        "episodes": 20}
     assert "EA>EB>EC" in second.promoted
     assert second.published_version == 3, second.to_dict()
     split = [second.timings[f"discovery_{step}_s"] for step in ("scan", "checks", "redundancy")]
@@ -99,7 +104,9 @@ def test_a_refused_round_leaves_the_mark_so_its_rows_are_read_again(tmp_path):
     third_mark = _store(db, "r3", 10, seed=3)
     third = service.run_round("third")
     assert third.read == {"since_id": first_mark, "through_id": third_mark, "new": 100,
-                          "reservoir": 0}
+                          "reservoir": 0, "histories": {
+                              "after_id": refused.read["histories"]["through_id"],
+                              "through_id": third_mark, "episodes": 10}}
 
 
 def test_a_marks_table_that_cannot_be_used_costs_speed_not_the_round(tmp_path, caplog):

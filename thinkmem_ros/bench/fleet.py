@@ -284,6 +284,8 @@ def run(quick: bool, seeds: int) -> dict:
         "round_read": {"growth_whole": reads["growth_whole"],
                        "growth_incremental": reads["growth_incremental"],
                        "growth_incremental_counted": reads["growth_incremental_counted"],
+                       "growth_histories_scan": reads["growth_histories_scan"],
+                       "growth_histories_fold": reads["growth_histories_fold"],
                        "store_growth": round(reads["rows"][-1]["stored_before"]
                                              / reads["rows"][0]["stored_before"], 1)},
     }
@@ -340,6 +342,14 @@ def plot(report: dict, path) -> None:
         if "incremental_counted_s" in read_rows[0]:
             reads.plot(stored, [r["incremental_counted_s"] for r in read_rows], "^--",
                        label="new rows + reservoir counted over older rows")
+        if "histories_scan_s" in read_rows[0]:  # discovery's input, in milliseconds
+            ms = reads.twinx()
+            ms.plot(stored, [1000 * r["histories_scan_s"] for r in read_rows], "v:",
+                    color="tab:gray", label="event histories: every row scanned (ms)")
+            ms.plot(stored, [1000 * r["histories_fold_s"] for r in read_rows], "d:",
+                    color="tab:olive", label="event histories: carried, new rows folded (ms)")
+            ms.set(ylabel="ms", ylim=(0, None))
+            ms.legend(fontsize=7, loc="center right")
         reads.set(xlabel="experiences stored before the round", ylabel="seconds",
                   title="a round's read", ylim=(0, None))
         reads.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:.0f}k")

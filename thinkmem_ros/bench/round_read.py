@@ -23,16 +23,29 @@ from pathlib import Path
 import numpy as np
 
 ROBOTS = 8
+EVENT_EVERY = 4
 
 
 def _fill(store, rows: int, start: int, rng: np.random.Generator) -> None:
-    """``rows`` more records, spread over the robots, numbered after ``start`` per robot."""
+    """``rows`` more records, spread over the robots, numbered after ``start`` per robot.
+
+    Each record carries its episode's event history up to it, as the node ships them: an
+    event every ``EVENT_EVERY`` records (10 Hz records, an event every 0.4 s), so a
+    500-record episode ends with 125 names.
+    """
     from thinkmem_ros.bench.fleet_ingest import _experiences
     from thinkmem_ros.link.experience import encode_experience
 
     per_robot = rows // ROBOTS
+    names = [f"E{k:03d}" for k in range(48)]
     for r in range(ROBOTS):
         records = _experiences(f"robot{r}", start + per_robot, "t", rng)[start:]
+        history: dict[str, list[str]] = {}
+        for i, e in enumerate(records):
+            got = history.setdefault(e.episode_id, [])
+            if (start + i) % EVENT_EVERY == 0:
+                got.append(names[(start + i) // EVENT_EVERY % len(names)])
+            e.events = list(got)
         for lo in range(0, len(records), 2000):
             batch = [e.with_seq(start + lo + i) for i, e in enumerate(records[lo:lo + 2000])]
             store.insert_many([(e, encode_experience(e)) for e in batch])
@@ -53,6 +66,7 @@ def read_scaling(sizes: tuple[int, ...], new: int, reservoir: int, progress=None
                 # the round at the mark, on top of a marked bundle: what it carries on
                 carried = read_round(store, cap=0, seed=0, since_id=mark,
                                      reservoir=reservoir).next_reservoir
+                store.fold_histories()  # that round's discovery carried the histories
                 _fill(store, new, size // ROBOTS, rng)
                 t = time.perf_counter()
                 whole = read_round(store, cap=0, seed=0)
@@ -67,19 +81,48 @@ def read_scaling(sizes: tuple[int, ...], new: int, reservoir: int, progress=None
                 incremental = read_round(store, cap=0, seed=0, since_id=mark,
                                          reservoir=reservoir, carried=carried)
                 incremental_s = time.perf_counter() - t
+                histories = _histories(store, mark)
             rows.append({"stored_before": size, "new": incremental.new,
                          "reservoir": incremental.reservoir,
                          "whole_s": round(whole_s, 2), "whole_decoded": decoded_whole,
                          "incremental_s": round(incremental_s, 2),
                          "incremental_decoded": len(incremental.experiences),
-                         "incremental_counted_s": round(counted_s, 2)})
+                         "incremental_counted_s": round(counted_s, 2), **histories})
             del incremental
         if progress is not None:
             progress()
     return {"rows": rows, "robots": ROBOTS, "new": new, "reservoir": reservoir,
             "growth_whole": _ratio(rows, "whole_s"),
             "growth_incremental": _ratio(rows, "incremental_s"),
-            "growth_incremental_counted": _ratio(rows, "incremental_counted_s")}
+            "growth_incremental_counted": _ratio(rows, "incremental_counted_s"),
+            "growth_histories_scan": _ratio(rows, "histories_scan_s"),
+            "growth_histories_fold": _ratio(rows, "histories_fold_s")}
+
+
+def _histories(store, mark: int) -> dict:
+    """Discovery's input, both ways: every row's history scanned, or the carried fold.
+
+    The store's carried histories stand at ``mark`` (the round there folded them); the
+    scan is what every round did before they were carried. ``event_log_s`` builds the
+    round's log from the carried histories (it grows with the episodes, not the rows).
+    """
+    from thinkmem_ros.consolidator.discovery_log import event_log
+
+    t = time.perf_counter()
+    scanned = store.latest_histories()
+    scan_s = time.perf_counter() - t
+    t = time.perf_counter()
+    folded = store.fold_histories()
+    fold_s = time.perf_counter() - t
+    t = time.perf_counter()
+    log, _ = event_log(store, 4)
+    log_s = time.perf_counter() - t
+    if folded.after_id != mark or len(scanned) != len(log.episode_ids):
+        raise RuntimeError(f"histories out of step: fold after {folded.after_id}, mark "
+                           f"{mark}; {len(scanned)} scanned, {len(log.episode_ids)} in log")
+    return {"histories_scan_s": round(scan_s, 3), "histories_fold_s": round(fold_s, 3),
+            "histories_folded_episodes": folded.episodes, "episodes": len(scanned),
+            "events": int(log.code.size), "event_log_s": round(log_s, 3)}
 
 
 def _ratio(rows: list[dict], key: str) -> float | None:

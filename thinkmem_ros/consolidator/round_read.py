@@ -8,7 +8,8 @@ sees what it always saw), otherwise a seeded uniform sample of whole episodes (m
 control and rule horizons read an episode's experiences in order, so episodes are kept
 whole). The store is read a page at a time, so memory holds the sample and one page, not
 the store. Discovery does not read experiences: it reads each episode's event history
-(``service.event_log``), which is a few names per episode.
+(``discovery_log.event_log``), one history per episode, carried in the store and
+updated from the rows new since the last round (``histories.py``).
 
 Rounds after the first read what is new. The running bundle was trained on the store up to
 a row id (its mark, ``round_marks``), and what it learned from older rows is carried by its

@@ -61,7 +61,8 @@ import numpy as np
 
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
-from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
+from thinkmem_ros.consolidator.discovery_log import event_log
 from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
@@ -217,34 +218,6 @@ class RoundReport:
     def to_dict(self) -> dict:
         """JSON-ready form."""
         return asdict(self)
-
-
-def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[int, tuple]]:
-    """Episodes' event histories as a discovery ``EventLog`` (time = position in history).
-
-    Episode ids are stable hashes of (robot, episode), so knowledge units keep meaningful
-    supporting-experience ids across rounds; partitions split episodes by first stamp.
-    """
-    from thinkmem_ros.consolidator.direct import episode_key
-
-    histories = store.episode_events()
-    infos = sorted(store.episodes(), key=lambda i: (i.first_stamp, i.robot_id, i.episode_id))
-    n = len(infos)
-    episodes, names = [], {}
-    for rank, info in enumerate(infos):
-        key = episode_key(info.robot_id, info.episode_id)
-        names[key] = (info.robot_id, info.episode_id)
-        events = [(float(t), e) for t, e in
-                  enumerate(histories.get((info.robot_id, info.episode_id), []))]
-        episodes.append(_Episode(key, rank * partitions // max(n, 1), events))
-    return EventLog.from_episodes(episodes), names
-
-
-@dataclass
-class _Episode:
-    episode_id: int
-    partition: int
-    events: list[tuple[float, str]]
 
 
 class ConsolidatorService:
@@ -462,11 +435,15 @@ class ConsolidatorService:
                               lambda e: self.accept.reason(e) is None,  # another line's
                               since_id=since, reservoir=cfg.round_reservoir, carried=carried)
             experiences = read.experiences
+            folded = store.fold_histories()  # the rows new since the last round's fold
             log_, _ = event_log(store, cfg.partitions)
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
         report.stored_experiences = read.stored
         report.read = {"since_id": read.since_id, "through_id": read.through_id,
-                       "new": read.new, "reservoir": read.reservoir}
+                       "new": read.new, "reservoir": read.reservoir,
+                       "histories": {"after_id": folded.after_id,
+                                     "through_id": folded.through_id,
+                                     "episodes": folded.episodes}}
         report.timings["read_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from thinkmem_ros.consolidator import histories
 from thinkmem_ros.consolidator.lake import (
     COLUMNS,
     LakeError,
@@ -73,6 +74,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # fleet flushes ~50,000 files a day, and without it each ask scanned the manifest
         "CREATE INDEX lake_files_robot ON lake_files (robot_id, max_id)",
     ),
+    # 6: each episode's latest event history, folded in round by round (``histories.py``):
+    # discovery's input without scanning every row's history each round; an upgraded
+    # store starts with no mark, and its first fold reads every row once
+    histories.TABLES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
@@ -320,24 +325,33 @@ class ExperienceStore:
         Each record carries the episode's event history up to its stamp, oldest first, so
         the history of the episode's latest record (by stamp, then seq) is taken as the
         episode's sequence. Histories are capped at ``LIMITS['max_events']`` by the node.
+        Folds the rows that arrived since the last call in first (``fold_histories``).
         """
-        with self._snapshot():
-            files = self._lake_files()
-            tail = self._conn.execute(
-                "SELECT robot_id, episode_id, stamp, seq, events FROM experiences e WHERE id ="
-                " (SELECT id FROM experiences i WHERE i.robot_id = e.robot_id"
-                " AND i.episode_id = e.episode_id ORDER BY stamp DESC, seq DESC LIMIT 1)"
-            ).fetchall()
-        lake = self._lake_query(
-            "SELECT robot_id, episode_id, stamp, seq, events FROM {src} QUALIFY row_number()"
-            " OVER (PARTITION BY robot_id, episode_id ORDER BY stamp DESC, seq DESC) = 1",
-            files)
-        latest: dict[tuple[str, str], tuple] = {}
-        for r in lake + tail:
-            have = latest.get((r[0], r[1]))
-            if have is None or (r[2], r[3]) > (have[2], have[3]):
-                latest[(r[0], r[1])] = r
-        return {k: r[4].split("\n") if r[4] else [] for k, r in latest.items()}
+        self.fold_histories()
+        return {(r[0], r[1]): r[3].split("\n") if r[3] else [] for r in self.histories()}
+
+    def fold_histories(self) -> histories.HistoriesFold:
+        """Bring the carried episode histories up to the newest row (``histories.py``)."""
+        try:
+            return histories.fold(self._conn, self.last_id(), self.latest_histories)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot update episode histories: {exc}") from exc
+
+    def histories(self) -> list[tuple[str, str, float, str]]:
+        """(robot, episode, first stamp, history joined by newlines) as last folded."""
+        return histories.carried(self._conn)
+
+    def latest_histories(self, after_id: int = 0, through_id: int | None = None
+                         ) -> list[histories.Row]:
+        """Per episode over the rows in (``after_id``, ``through_id``]: ``histories.Row``.
+
+        Its first stamp and its latest record's (stamp, seq, history); reads every such
+        row's history, which is the whole store when ``after_id`` is 0.
+        """
+        through = self.last_id() if through_id is None else through_id
+        lake, tail = self._both(histories.LATEST_SQL, (after_id, through),
+                                after_id=after_id, through_id=through)
+        return histories.latest(lake + tail)
 
     def signal_sets(self) -> dict[str, int]:
         """Stored experiences per signal-set fingerprint ('' = records that carry none)."""

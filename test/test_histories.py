@@ -1,0 +1,117 @@
+"""Episode histories carried in the store, and discovery's log built from them.
+
+Real SQLite and a real Parquet lake (rows flushed every few inserts, so episodes span the
+lake and the tail); the carried answer is held equal to a scan of every row after each
+batch, with records arriving out of order, and the columnar log to the one built event by
+event.
+"""
+
+import sqlite3
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from test_store import exp
+
+from thinkmem_ros.consolidator.discovery import EventLog
+from thinkmem_ros.consolidator.discovery_log import event_log, log_from_histories
+from thinkmem_ros.consolidator.store import ExperienceStore
+
+
+def _batches(rng: np.random.Generator, n_batches: int = 6, per: int = 9):
+    """Batches of records over 3 robots and growing episodes, stamps sometimes older."""
+    seq, batches = 0, []
+    for b in range(n_batches):
+        batch = []
+        for _ in range(per):
+            robot = f"r{rng.integers(3)}"
+            episode = f"e{rng.integers(b // 2, b // 2 + 3)}"
+            stamp = float(rng.integers(0, 100))  # a late record can be older than the last
+            events = [f"E{rng.integers(6)}" for _ in range(rng.integers(0, 5))]
+            batch.append(exp(seq, robot=robot, episode=episode, stamp=stamp, events=events))
+            seq += 1
+        batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize("flush_rows", [0, 4])
+def test_carried_histories_equal_a_scan_of_every_row(tmp_path, flush_rows):
+    with ExperienceStore(tmp_path / "c.db", flush_rows=flush_rows) as store:
+        for batch in _batches(np.random.default_rng(flush_rows)):
+            store.insert_many(batch)
+            before = store.last_id()
+            folded = store.fold_histories()
+            assert folded.through_id == before
+            scanned = {(r[0], r[1]): (r[2], r[5]) for r in store.latest_histories()}
+            assert {(r[0], r[1]): (r[2], r[3]) for r in store.histories()} == scanned
+        again = store.fold_histories()  # nothing new: nothing read, nothing changed
+        assert (again.after_id, again.through_id, again.episodes) == (before, before, 0)
+        assert store.episode_events() == {k: v[1].split("\n") if v[1] else []
+                                          for k, v in scanned.items()}
+
+
+def test_a_fold_reads_only_the_rows_after_its_mark(tmp_path):
+    with ExperienceStore(tmp_path / "c.db", flush_rows=0) as store:  # rows stay editable
+        store.insert_many([exp(i, episode=f"e{i % 4}", events=["A"] * i) for i in range(12)])
+        first = store.fold_histories()
+        store.insert_many([exp(12, episode="e1", events=["B"])])
+        second = store.fold_histories()
+        assert (first.after_id, second.after_id, second.through_id) == (0, 12, 13)
+        assert second.episodes == 1  # the one episode the new row touched
+        # the rows before the mark are not read again: change one behind the store's back
+        # (what a fold would then see if it scanned them) and the carried answer holds
+        with sqlite3.connect(tmp_path / "c.db") as conn:
+            conn.execute("UPDATE experiences SET events = 'Z' WHERE seq = 11")
+        scan = {(r[0], r[1]): r[5] for r in store.latest_histories()}
+        assert scan[("r1", "e3")] == "Z"
+        store.insert_many([exp(13, episode="e0", events=["C"])])
+        assert store.fold_histories().episodes == 1
+        events = store.episode_events()
+        assert events[("r1", "e3")] == ["A"] * 11 and events[("r1", "e0")] == ["C"]
+
+
+def test_a_store_from_before_the_histories_folds_every_row_once(tmp_path):
+    path = tmp_path / "old.db"
+    with ExperienceStore(path, target_version=5, flush_rows=3) as old:
+        old.insert_many([exp(i, episode=f"e{i % 2}", events=[f"E{i}"]) for i in range(7)])
+    with ExperienceStore(path, flush_rows=3) as store:
+        folded = store.fold_histories()
+        assert (folded.after_id, folded.through_id, folded.episodes) == (0, 7, 2)
+        assert store.episode_events() == {("r1", "e0"): ["E6"], ("r1", "e1"): ["E5"]}
+
+
+@dataclass
+class _Episode:
+    episode_id: int
+    partition: int
+    events: list
+
+
+def test_the_columnar_log_equals_the_one_built_event_by_event():
+    rng = np.random.default_rng(3)
+    names = ["zeta", "alpha", "E10", "E9", "é", "a b"]
+    histories = [[names[k] for k in rng.integers(len(names), size=rng.integers(0, 9))]
+                 for _ in range(40)]
+    ids = rng.integers(1, 2 ** 62, size=40)
+    got = log_from_histories(["\n".join(h) for h in histories], ids, partitions=4)
+    want = EventLog.from_episodes(
+        [_Episode(int(i), k * 4 // 40, [(float(t), e) for t, e in enumerate(h)])
+         for k, (i, h) in enumerate(zip(ids, histories))])
+    assert got.codes == want.codes
+    for field in ("episode", "time", "code", "partition", "episode_ids"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), field)
+    empty = log_from_histories(["", ""], np.array([1, 2]), 4)
+    assert empty.code.size == 0 and empty.codes == () and empty.partition.tolist() == [0, 2]
+
+
+def test_a_rounds_log_orders_episodes_by_first_stamp(tmp_path):
+    with ExperienceStore(tmp_path / "c.db", flush_rows=2) as store:
+        store.insert_many([exp(1, episode="late", stamp=50, events=["B"]),
+                           exp(2, episode="early", stamp=5, events=["A"]),
+                           exp(3, episode="late", stamp=60, events=["B", "C"]),
+                           exp(4, robot="r2", episode="early", stamp=5, events=[])])
+        log, names = event_log(store, partitions=2)
+    order = [names[int(i)] for i in log.episode_ids]
+    assert order == [("r1", "early"), ("r2", "early"), ("r1", "late")]
+    assert log.codes == ("A", "B", "C") and log.code.tolist() == [0, 1, 2]
+    assert log.episode.tolist() == [0, 2, 2] and log.partition.tolist() == [0, 0, 1]

@@ -1,0 +1,115 @@
+"""Each episode's event history, carried in the store from round to round.
+
+Why: discovery reads one event history per episode, but every stored experience carries
+its episode's whole history up to its stamp (up to ``LIMITS['max_events']`` names), so
+finding each episode's latest history by scanning the rows reads the store's every row
+and every history, each round: hundreds of bytes to kilobytes per row, for a few names
+per episode that changed. The store keeps the answer instead (``episode_histories``: per
+episode its latest history, the stamp and sequence number it came from, and its first
+stamp) and a mark (``histories_mark``: every row up to this id is in it). A round folds in
+only the rows after the mark.
+
+The fold is a maximum and a minimum per episode (the latest record by (stamp, seq) gives
+the history, the earliest stamp opens the episode), so it gives the answer of a whole scan
+whatever order rows arrive in (a robot that reconnects and sends older records after newer
+ones) and folding the same rows twice changes nothing: a round that dies between the fold
+and the mark only repeats work. Rows are ordered by id and ids only grow, so "after the
+mark" is exactly what arrived since.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+TABLES = (
+    # an ordinary rowid table: WITHOUT ROWID suits small rows, and a history is up to
+    # 1,024 names (kilobytes)
+    "CREATE TABLE episode_histories (robot_id TEXT NOT NULL, episode_id TEXT NOT NULL,"
+    " first_stamp REAL NOT NULL, stamp REAL NOT NULL, seq INTEGER NOT NULL,"
+    " events TEXT NOT NULL, UNIQUE (robot_id, episode_id))",
+    "CREATE TABLE histories_mark (one INTEGER PRIMARY KEY CHECK (one = 1),"
+    " through_id INTEGER NOT NULL)",
+)
+
+# per episode among the rows in (after, through]: its latest record's stamp, seq and
+# history, and its first stamp; the same SQL runs on the SQLite tail and in DuckDB
+LATEST_SQL = (
+    "SELECT robot_id, episode_id, first_stamp, stamp, seq, events FROM (SELECT robot_id,"
+    " episode_id, stamp, seq, events, MIN(stamp) OVER (PARTITION BY robot_id, episode_id)"
+    " AS first_stamp, row_number() OVER (PARTITION BY robot_id, episode_id ORDER BY stamp"
+    " DESC, seq DESC) AS latest FROM {src} WHERE id > ? AND id <= ?) WHERE latest = 1")
+
+UPSERT_SQL = (
+    "INSERT INTO episode_histories VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (robot_id, episode_id) DO UPDATE SET"
+    # every right-hand side reads the row as it was, so the comparison is made once
+    " first_stamp = MIN(first_stamp, excluded.first_stamp),"
+    " events = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
+    " THEN excluded.events ELSE events END,"
+    " seq = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
+    " THEN excluded.seq ELSE seq END,"
+    " stamp = MAX(stamp, excluded.stamp)")
+
+MARK_SQL = ("INSERT INTO histories_mark VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET"
+            " through_id = MAX(through_id, excluded.through_id)")
+
+Row = tuple[str, str, float, float, int, str]  # robot, episode, first, stamp, seq, events
+
+
+@dataclass(frozen=True)
+class HistoriesFold:
+    """What one fold read: the rows after ``after_id`` through ``through_id``."""
+
+    after_id: int
+    through_id: int
+    episodes: int  # episodes those rows touched (new or extended)
+
+
+def mark(conn: sqlite3.Connection) -> int:
+    """Every row up to this id is folded into ``episode_histories`` (0: none yet)."""
+    row = conn.execute("SELECT through_id FROM histories_mark").fetchone()
+    return int(row[0]) if row else 0
+
+
+def latest(rows: Sequence[Row]) -> list[Row]:
+    """Per episode, the first stamp and the latest record's history over ``rows``.
+
+    An episode's rows can be split between the lake and the SQLite tail, so each side's
+    answer is folded again here.
+    """
+    out: dict[tuple[str, str], Row] = {}
+    for r in rows:
+        have = out.get((r[0], r[1]))
+        if have is None:
+            out[(r[0], r[1])] = r
+            continue
+        newer = r if (r[3], r[4]) > (have[3], have[4]) else have
+        out[(r[0], r[1])] = (*newer[:2], min(r[2], have[2]), *newer[3:])
+    return list(out.values())
+
+
+def fold(conn: sqlite3.Connection, through_id: int,
+         read: Callable[[int, int], Sequence[Row]]) -> HistoriesFold:
+    """Fold the rows in (mark, ``through_id``] into the carried histories, then move the mark.
+
+    ``read(after, through)`` returns ``LATEST_SQL``'s rows of both the lake and the tail.
+    One write transaction: a concurrent fold (another consolidator process) waits, and
+    both are idempotent.
+    """
+    after = mark(conn)
+    if through_id <= after:
+        return HistoriesFold(after, after, 0)
+    rows = latest(read(after, through_id))
+    with conn:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(UPSERT_SQL, rows)
+        conn.execute(MARK_SQL, (through_id,))
+    return HistoriesFold(after, through_id, len(rows))
+
+
+def carried(conn: sqlite3.Connection) -> list[tuple[str, str, float, str]]:
+    """(robot, episode, first stamp, history joined by newlines) of every episode."""
+    return conn.execute("SELECT robot_id, episode_id, first_stamp, events"
+                        " FROM episode_histories").fetchall()
