@@ -30,8 +30,11 @@ REFINED = 3
 """How many of the best grid rates are refined by a bounded scalar search."""
 
 
-def _fisher(x1: np.ndarray, x0: np.ndarray, n1: int, n0: int) -> np.ndarray:
-    """One-sided Fisher p-value of outcomes (x1 of n1, x0 of n0): P(H >= x1)."""
+def fisher_greater_p(x1, x0, n1: int, n0: int):
+    """One-sided Fisher p-value of outcomes (x1 of n1, x0 of n0): P(H >= x1), elementwise.
+
+    H is hypergeometric: x1 + x0 successes drawn into the groups of n1 and n0.
+    """
     from scipy.stats import hypergeom
 
     return hypergeom.sf(x1 - 1, n1 + n0, x1 + x0, n1)
@@ -45,7 +48,7 @@ def _region_edges(k1: int, n1: int, k0: int, n0: int) -> tuple[bool, np.ndarray]
     (n1 + 1: none). Fisher's p-value falls with x1 and rises with x0, so each edge is found
     by bisection over the other group.
     """
-    level = float(_fisher(np.array(k1), np.array(k0), n1, n0)) * (1.0 + TIE)
+    level = float(fisher_greater_p(np.array(k1), np.array(k0), n1, n0)) * (1.0 + TIE)
     by_first = n1 <= n0
     outer = np.arange((n1 if by_first else n0) + 1)
     inner_max = n0 if by_first else n1
@@ -59,7 +62,7 @@ def _region_edges(k1: int, n1: int, k0: int, n0: int) -> tuple[bool, np.ndarray]
         mid = (good + bad) // 2
         mid = np.where(open_, mid, 0)
         x1, x0 = (outer, mid) if by_first else (mid, outer)
-        rejects = _fisher(x1, x0, n1, n0) <= level
+        rejects = fisher_greater_p(x1, x0, n1, n0) <= level
         good = np.where(open_ & rejects, mid, good)
         bad = np.where(open_ & ~rejects, mid, bad)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from thinkmem_ros.consolidator.discovery.boschloo import boschloo_greater
+from thinkmem_ros.consolidator.discovery.boschloo import boschloo_greater, fisher_greater_p
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
 from thinkmem_ros.consolidator.discovery.model import DiscoveryConfig
 from thinkmem_ros.consolidator.discovery.occurrences import (
@@ -34,17 +34,15 @@ def _fisher_greater(k1: int, n1: int, k0: int, n0: int, alpha: float
     never seen without A): such a contrast holds no evidence either way, and the caller
     asks for other evidence instead of reading its p-value as a refutation.
     """
-    from scipy.stats import hypergeom
-
-    total, successes = n1 + n0, k1 + k0
+    successes = k1 + k0
     if n1 <= 0 or n0 <= 0 or successes <= 0:
         return 1.0, False
-    floor = float(hypergeom.sf(min(successes, n1) - 1, total, successes, n1))
-    if floor > alpha:
+    best = min(successes, n1)  # every success in the first group
+    if float(fisher_greater_p(best, successes - best, n1, n0)) > alpha:
         return 1.0, False
     if k1 <= 0:
         return 1.0, True
-    return float(min(1.0, hypergeom.sf(k1 - 1, total, successes, n1))), True
+    return float(min(1.0, fisher_greater_p(k1, k0, n1, n0))), True
 
 
 BOSCHLOO_BELOW = 0.25
