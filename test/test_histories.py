@@ -115,3 +115,42 @@ def test_a_rounds_log_orders_episodes_by_first_stamp(tmp_path):
     assert order == [("r1", "early"), ("r2", "early"), ("r1", "late")]
     assert log.codes == ("A", "B", "C") and log.code.tolist() == [0, 1, 2]
     assert log.episode.tolist() == [0, 2, 2] and log.partition.tolist() == [0, 0, 1]
+
+
+class _DiesOnSecondChunk:
+    """The store's real connection, failing the second upsert chunk: a crash at that exact
+    point between two transactions cannot be produced reliably with a real fault."""
+
+    def __init__(self, conn):
+        self._conn, self.chunks = conn, 0
+
+    def executemany(self, sql, rows):
+        self.chunks += 1
+        if self.chunks == 2:
+            raise sqlite3.OperationalError("injected: the process died here")
+        return self._conn.executemany(sql, rows)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def __enter__(self):
+        return self._conn.__enter__()
+
+    def __exit__(self, *exc):
+        return self._conn.__exit__(*exc)
+
+
+def test_a_fold_that_dies_between_chunks_keeps_its_mark_and_is_redone(tmp_path, monkeypatch):
+    from thinkmem_ros.consolidator import histories
+
+    monkeypatch.setattr(histories, "FOLD_CHUNK", 2)
+    with ExperienceStore(tmp_path / "c.db", flush_rows=0) as store:
+        store.insert_many([exp(i, episode=f"e{i % 5}", events=[f"E{i}"]) for i in range(10)])
+        dying = _DiesOnSecondChunk(store._conn)
+        with pytest.raises(sqlite3.OperationalError, match="injected"):
+            histories.fold(dying, store.last_id(), store.latest_histories)
+        assert histories.mark(store._conn) == 0  # the mark did not move
+        assert len(store.histories()) == 2  # the first chunk's episodes are in
+        assert store.fold_histories().episodes == 5  # the same rows folded again
+        assert {(r[0], r[1]): r[3] for r in store.histories()} == {
+            (r[0], r[1]): r[5] for r in store.latest_histories()}

@@ -55,6 +55,8 @@ UPSERT_SQL = (
 MARK_SQL = ("INSERT INTO histories_mark VALUES (1, ?) ON CONFLICT (one) DO UPDATE SET"
             " through_id = MAX(through_id, excluded.through_id)")
 
+FOLD_CHUNK = 2000  # episodes upserted per write transaction (histories up to ~16 KB each)
+
 Row = tuple[str, str, float, float, int, str]  # robot, episode, first, stamp, seq, events
 
 
@@ -95,17 +97,21 @@ def fold(conn: sqlite3.Connection, through_id: int,
     """Fold the rows in (mark, ``through_id``] into the carried histories, then move the mark.
 
     ``read(after, through)`` returns ``LATEST_SQL``'s rows of both the lake and the tail.
-    One write transaction: a concurrent fold (another consolidator process) waits, and
-    both are idempotent.
+    ``FOLD_CHUNK`` episodes per write transaction, so receivers writing the same file wait
+    for one short transaction at a time (their busy timeout is 10 s), and the mark moves
+    with the last: a fold that dies between chunks leaves the mark where it was, and the
+    next one folds the same rows again, which changes nothing (idempotent).
     """
     after = mark(conn)
     if through_id <= after:
         return HistoriesFold(after, after, 0)
     rows = latest(read(after, through_id))
-    with conn:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(UPSERT_SQL, rows)
-        conn.execute(MARK_SQL, (through_id,))
+    for lo in range(0, max(len(rows), 1), FOLD_CHUNK):
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(UPSERT_SQL, rows[lo:lo + FOLD_CHUNK])
+            if lo + FOLD_CHUNK >= len(rows):  # the mark moves with the last chunk
+                conn.execute(MARK_SQL, (through_id,))
     return HistoriesFold(after, through_id, len(rows))
 
 
