@@ -154,3 +154,24 @@ def test_a_fold_that_dies_between_chunks_keeps_its_mark_and_is_redone(tmp_path, 
         assert store.fold_histories().episodes == 5  # the same rows folded again
         assert {(r[0], r[1]): r[3] for r in store.histories()} == {
             (r[0], r[1]): r[5] for r in store.latest_histories()}
+
+
+def test_a_damaged_histories_table_costs_a_scan_not_the_round(tmp_path, caplog):
+    from thinkmem_ros.consolidator.discovery_log import carried_histories, log_from_rows
+
+    with ExperienceStore(tmp_path / "c.db", flush_rows=3) as store:
+        store.insert_many([exp(i, episode=f"e{i % 3}", events=[f"E{i % 4}"] * (i + 1))
+                           for i in range(9)])
+        healthy, report = carried_histories(store)
+        assert report == {"after_id": 0, "through_id": 9, "episodes": 3}
+        with sqlite3.connect(tmp_path / "c.db") as other:  # a real fault, not a mock
+            other.execute("DROP TABLE episode_histories")
+        with caplog.at_level("WARNING"):
+            scanned, report = carried_histories(store)
+        assert "episode_histories" in report["error"]
+        assert "this round scans every row's history" in caplog.text
+        assert sorted(scanned) == sorted(healthy)
+        want, _ = log_from_rows(healthy, 4)
+        got, _ = log_from_rows(scanned, 4)
+        np.testing.assert_array_equal(got.code, want.code)
+        np.testing.assert_array_equal(got.episode_ids, want.episode_ids)

@@ -9,6 +9,7 @@ the log's median gap is 1 and its scales do not move from round to round.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,19 +18,47 @@ import pyarrow.compute as pc
 
 from thinkmem_ros.consolidator.direct import episode_key
 from thinkmem_ros.consolidator.discovery import EventLog
-from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
+
+log = logging.getLogger(__name__)
 
 
 def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[int, tuple]]:
     """Episodes' event histories as a discovery ``EventLog``, and each id's (robot, episode).
 
+    Reads the histories the store carries (``histories.py``), after folding in the rows new
+    since the last round (``carried_histories``).
+    """
+    return log_from_rows(carried_histories(store)[0], partitions)
+
+
+def carried_histories(store: ExperienceStore) -> tuple[list[tuple], dict]:
+    """Every episode's (robot, episode, first stamp, history), and what the fold read.
+
+    A histories table that cannot be read or written (locked past the busy timeout,
+    damaged, dropped) is logged as a WARNING and costs one scan of every row's history,
+    never the round: the rows themselves hold the same answer.
+    """
+    try:
+        folded = store.fold_histories()
+        return store.histories(), {"after_id": folded.after_id,
+                                   "through_id": folded.through_id,
+                                   "episodes": folded.episodes}
+    except StoreError as exc:
+        log.warning("%s: this round scans every row's history", exc)
+        rows = store.latest_histories()
+        return [(r[0], r[1], r[2], r[5]) for r in rows], {"error": str(exc)}
+
+
+def log_from_rows(rows: Sequence[tuple], partitions: int
+                  ) -> tuple[EventLog, dict[int, tuple]]:
+    """The log of (robot, episode, first stamp, history) rows, and each id's (robot, episode).
+
     Episode ids are stable hashes of (robot, episode), so knowledge units keep meaningful
     supporting-experience ids across rounds; episodes are ordered by first stamp and split
-    into ``partitions`` temporal partitions of equal count. Reads the histories the store
-    carries (``histories.py``), after folding in the rows new since the last round.
+    into ``partitions`` temporal partitions of equal count.
     """
-    store.fold_histories()
-    rows = sorted(store.histories(), key=lambda r: (r[2], r[0], r[1]))
+    rows = sorted(rows, key=lambda r: (r[2], r[0], r[1]))
     keys = [episode_key(r[0], r[1]) for r in rows]
     names = {key: (r[0], r[1]) for key, r in zip(keys, rows)}
     return log_from_histories([r[3] for r in rows], np.asarray(keys, np.int64),

@@ -62,7 +62,7 @@ import numpy as np
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
-from thinkmem_ros.consolidator.discovery_log import event_log
+from thinkmem_ros.consolidator.discovery_log import carried_histories, log_from_rows
 from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
@@ -435,15 +435,15 @@ class ConsolidatorService:
                               lambda e: self.accept.reason(e) is None,  # another line's
                               since_id=since, reservoir=cfg.round_reservoir, carried=carried)
             experiences = read.experiences
-            folded = store.fold_histories()  # the rows new since the last round's fold
-            log_, _ = event_log(store, cfg.partitions)
+            # discovery's input: the histories carried in the store, the new rows folded in
+            histories, folded = carried_histories(store)
+            log_, _ = log_from_rows(histories, cfg.partitions)
+            del histories
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
         report.stored_experiences = read.stored
         report.read = {"since_id": read.since_id, "through_id": read.through_id,
                        "new": read.new, "reservoir": read.reservoir,
-                       "histories": {"after_id": folded.after_id,
-                                     "through_id": folded.through_id,
-                                     "episodes": folded.episodes}}
+                       "histories": folded}
         report.timings["read_s"] = round(time.perf_counter() - t, 3)
         self._check_stop()
         t = time.perf_counter()

@@ -339,7 +339,10 @@ class ExperienceStore:
 
     def histories(self) -> list[tuple[str, str, float, str]]:
         """(robot, episode, first stamp, history joined by newlines) as last folded."""
-        return histories.carried(self._conn)
+        try:
+            return histories.carried(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot read episode histories: {exc}") from exc
 
     def latest_histories(self, after_id: int = 0, through_id: int | None = None
                          ) -> list[histories.Row]:
