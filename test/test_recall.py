@@ -39,6 +39,19 @@ def test_index_exact_cosine_top_k():
         idx.query(np.ones(D + 1), 3)
 
 
+def test_batches_added_before_and_after_a_query_all_answer():
+    whole, emb = _index(60, seed=3)
+    idx = RecallIndex(D)
+    refs = [EpisodeRef("r1", f"ep{i}", i, float(i), ["trend"], 1.0) for i in range(60)]
+    idx.add(emb[:25], refs[:25])
+    assert idx.query(emb[30], 1)[0]["seq"] != 30  # not added yet
+    idx.add(emb[25:40], refs[25:40])
+    idx.add(emb[40:], refs[40:])
+    for q in (emb[30], emb[59], emb[0] + emb[45]):
+        assert idx.query(q, 6) == whole.query(q, 6)
+    assert idx.matrix().shape == (60, D) and len(idx) == 60
+
+
 def test_server_answers_within_deadline():
     idx, emb = _index()
     with RecallServer(idx) as server:

@@ -59,3 +59,20 @@ def test_recall_bind_must_be_an_endpoint(tmp_path):
     _, key = write_signing_keypair(tmp_path / "keys", "c")
     with pytest.raises(ValueError, match="recall_bind"):
         ConsolidatorConfig(db_path=tmp_path / "c.db", signing_key=key, recall_bind="5757")
+
+
+def test_the_recall_index_holds_the_newest_experiences_it_is_allowed(tmp_path):
+    from thinkmem_ros.consolidator.recall_server import index_store
+
+    bundle = world.running_bundle(tmp_path / "running")
+    exps = [replace(e, seq=i) for i, e in enumerate(world.experiences("r0", 4, 5, seed=4))]
+    with ExperienceStore(tmp_path / "c.db", flush_rows=7) as store:  # tail and lake
+        store.insert_many([(e, encode_experience(e)) for e in exps])
+    running = load_bundle(bundle)
+    newest = index_store(tmp_path / "c.db", running, limit=6)
+    assert sorted(r.seq for r in newest.refs) == list(range(len(exps) - 6, len(exps)))
+    assert len(index_store(tmp_path / "c.db", running, limit=0)) == len(exps)
+    assert len(index_store(tmp_path / "c.db", running, limit=10 ** 6)) == len(exps)
+    _, key = write_signing_keypair(tmp_path / "keys", "c")
+    with pytest.raises(ValueError, match="recall_experiences"):
+        ConsolidatorConfig(db_path=tmp_path / "c.db", signing_key=key, recall_experiences=-1)

@@ -67,7 +67,11 @@ from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
-from thinkmem_ros.consolidator.recall_server import RecallServer, index_store
+from thinkmem_ros.consolidator.recall_server import (
+    DEFAULT_RECALL_EXPERIENCES,
+    RecallServer,
+    index_store,
+)
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
 from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
@@ -120,6 +124,9 @@ class ConsolidatorConfig:
     canary: CanaryConfig = field(default_factory=CanaryConfig)  # off by default
     # serve episodic recall (RECALL_REQ) here, e.g. tcp://0.0.0.0:5757; None = not served
     recall_bind: str | None = None
+    # the recall index holds the newest this many experiences (0 = every stored one): it
+    # is re-embedded by every new bundle and held in memory (~1.8 KB each at d = 448)
+    recall_experiences: int = DEFAULT_RECALL_EXPERIENCES
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
     round_experiences: int = DEFAULT_ROUND_EXPERIENCES
@@ -157,7 +164,7 @@ class ConsolidatorConfig:
         # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
                           ("round_experiences", 0), ("engine_threads", 0),
-                          ("round_reservoir", 0)):
+                          ("round_reservoir", 0), ("recall_experiences", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
@@ -257,7 +264,8 @@ class ConsolidatorService:
             accept=self.accept, flush_rows=cfg.flush_rows).start()
         if cfg.recall_bind is not None:
             current = self.publisher.current()
-            self.recall = RecallServer(index_store(cfg.db_path, current),
+            self.recall = RecallServer(index_store(cfg.db_path, current,
+                                                   limit=cfg.recall_experiences),
                                        cfg.recall_bind).start()
             self._recall_version = current.version
             log.info("recall served on %s (%d experiences, embedded by v%d)",
@@ -275,7 +283,8 @@ class ConsolidatorService:
         current = self.publisher.current()
         if current.version == self._recall_version:
             return False
-        self.recall.replace_index(index_store(self.config.db_path, current))
+        self.recall.replace_index(index_store(self.config.db_path, current,
+                                              limit=self.config.recall_experiences))
         self._recall_version = current.version
         log.info("recall index rebuilt by v%d: %d experiences", current.version,
                  len(self.recall.index))
@@ -729,6 +738,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recall-bind", default=None,
                         help="serve episodic recall to the robots here (their "
                              "recall_endpoint), e.g. tcp://0.0.0.0:5757; default: not served")
+    parser.add_argument("--recall-experiences", type=int,
+                        default=DEFAULT_RECALL_EXPERIENCES,
+                        help="the newest this many stored experiences are recalled from "
+                        "(re-embedded by each new bundle; 0 = every stored experience)")
     parser.add_argument("--flush-rows", type=int, default=DEFAULT_FLUSH_ROWS,
                         help="stored rows that move the store's tail into its Parquet lake "
                         "(<db>.lake/; 0 = keep everything in SQLite)")
@@ -776,7 +789,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
                             max_wait_s=args.canary_max_wait_s),
-        recall_bind=args.recall_bind, flush_rows=args.flush_rows,
+        recall_bind=args.recall_bind, recall_experiences=args.recall_experiences,
+        flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
         round_reservoir=args.round_reservoir, incremental_rounds=not args.whole_store_rounds,
         engine_address=args.address, engine_threads=args.threads,
