@@ -175,3 +175,33 @@ def test_a_damaged_histories_table_costs_a_scan_not_the_round(tmp_path, caplog):
         got, _ = log_from_rows(scanned, 4)
         np.testing.assert_array_equal(got.code, want.code)
         np.testing.assert_array_equal(got.episode_ids, want.episode_ids)
+
+
+def test_folds_while_another_connection_writes_miss_and_double_nothing(tmp_path):
+    """A receiver keeps inserting (and flushing to the lake) while rounds fold."""
+    import threading
+
+    batches = _batches(np.random.default_rng(11), n_batches=40, per=12)
+    done, folding = threading.Event(), threading.Event()
+
+    def receive():
+        with ExperienceStore(tmp_path / "c.db", flush_rows=25) as writer:
+            writer.insert_many(batches[0])
+            folding.wait(10)  # the rest arrive while rounds fold
+            for batch in batches[1:]:
+                writer.insert_many(batch)
+        done.set()
+
+    thread = threading.Thread(target=receive)
+    with ExperienceStore(tmp_path / "c.db", flush_rows=25) as store:
+        thread.start()
+        folds = 0
+        while not done.is_set():
+            store.fold_histories()
+            folds += 1
+            folding.set()
+        thread.join()
+        store.fold_histories()
+        assert folds >= 1 and store.count() == sum(len(b) for b in batches)
+        assert {(r[0], r[1]): (r[2], r[3]) for r in store.histories()} == {
+            (r[0], r[1]): (r[2], r[5]) for r in store.latest_histories()}
