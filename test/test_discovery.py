@@ -579,6 +579,36 @@ def test_riders_whose_first_code_cannot_be_bound_share_one_family():
     assert checks[5].p_contrast[0] == pytest.approx(0.004)  # alone on its B...C: x 4 only
 
 
+def test_riders_of_one_first_code_that_wait_on_it_share_one_family():
+    """X...Y...Z that share X and whose every check but the first contrast passes are one
+    family (X tried in front of each natural pair after it); a triple failing another check
+    is not a try at the first element, an unbound X was adjusted elsewhere, and a triple
+    alone in its family keeps its p-value."""
+    from types import SimpleNamespace
+
+    from thinkmem_ros.consolidator.discovery.checks import _Check
+    from thinkmem_ros.consolidator.discovery.examine import _first_code_riders
+
+    def check(p, order=0.0, unbound=False):
+        return _Check(p_order=order, p_adds=(0.0,) * 3, lift=1.0, antecedent=1, reverse=0,
+                      episodes=np.zeros(0, np.int64), gaps=(), p_contrast=(p, 0.001),
+                      first_unbound=unbound)
+
+    ctx = SimpleNamespace(cfg=SimpleNamespace(alpha=0.02))
+    tested = SimpleNamespace(codes=np.array([[0, 1, 2], [0, 3, 4], [0, 5, 6], [0, 7, 8],
+                                             [0, 9, 10], [11, 1, 2]]))
+    checks = {0: check(0.012), 1: check(0.015), 2: check(0.001, order=0.3),
+              3: check(0.01, unbound=True), 4: check(1e-5), 5: check(0.012)}
+    _first_code_riders(ctx, tested, list(checks), checks)
+    # family of X = 0: 1e-5, 0.012, 0.015 (Holm: x3, x2, x1, monotone)
+    assert checks[4].p_contrast == pytest.approx((3e-5, 0.001))
+    assert checks[0].p_contrast[0] == pytest.approx(0.024)  # over alpha now
+    assert checks[1].p_contrast[0] == pytest.approx(0.024)
+    assert checks[2].p_contrast[0] == pytest.approx(0.001)  # its order fails: not a try
+    assert checks[3].p_contrast[0] == pytest.approx(0.01)  # unbound: not this family
+    assert checks[5].p_contrast[0] == pytest.approx(0.012)  # alone with its X
+
+
 def test_lookup_in_blocks_gives_the_same(monkeypatch):
     from thinkmem_ros.consolidator.discovery import arrays
 

@@ -204,6 +204,38 @@ def _unbound_riders(ctx: _Episodes, tested: _Tested, significant: list[int],
     _holm_first_element(families, checks, sizes)
 
 
+def _first_code_riders(ctx: _Episodes, tested: _Tested, significant: list[int],
+                       checks: dict[int, _Check]) -> None:
+    """Holm over the first contrasts of triples X...Y...Z that share X and wait on them.
+
+    A code at a fixed phase of its episodes (a planted rule's A or B in the rounds'
+    missions) sits in front of every natural pair that happens later in those episodes,
+    and each such X...Y...Z is one more try at "X adds to Y...Z": where the order and
+    base-rate tests (which its phase fools) and the middle contrast all pass, the first
+    contrast is the only question left, and at the per-check level one of a few dozen
+    such tries passes by chance. Those tries, among the significant triples that share
+    their first code and whose every other check passes, are one family, Holm-adjusted
+    (a triple alone in its family keeps its p-value). Counting only the triples that wait
+    on their first contrast keeps a frequent first code's own rules: with every
+    significant triple of that code in the family, a ``zipf`` rule at 16 repetitions
+    whose first code is the second most frequent (first contrast 0.003, 11 triples with
+    that first code, 2 of them waiting on it) was lost. Measured (2026-12-04): the 9-seed
+    replay of the rounds' histories promotes riders in 1 seed of 9 instead of 3, every
+    planted rule still in its own round; every cell of the 6-seed condition sweep (48 and
+    300 codes, 4/8/16 repetitions) the same. Riders whose X cannot be bound to Y were
+    adjusted by ``_unbound_riders``; they are left out here.
+    """
+    alpha = ctx.cfg.alpha
+    families: dict[tuple[int, ...], list[int]] = {}
+    for i in significant:
+        ch = checks[i]
+        if ch.first_unbound or not ch.p_contrast or not ch.p_contrast[0] > 0:
+            continue
+        if max((ch.p_order,) + ch.p_adds + ch.p_contrast[1:]) <= alpha and not ch.dominated:
+            families.setdefault((int(tested.codes[i][0]),), []).append(i)
+    _holm_first_element(families, checks)
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -221,6 +253,7 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
     if length == 3:
         _reconsider_shared(ctx, tested, significant, checks)
         _unbound_riders(ctx, tested, significant, checks, nominal.tolist())
+        _first_code_riders(ctx, tested, significant, checks)
     else:
         _pair_rivals(tested, significant, checks)
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
