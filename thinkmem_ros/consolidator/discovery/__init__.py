@@ -59,7 +59,9 @@ partitions can be scored from per-partition sums.
      first element waits for more evidence (a code at a fixed phase of nearly every
      mission fools the tests above), a middle one stands on them, a pair is refused;
      rules that share B...C shield each other's cases from the first element's "without"
-     side;
+     side; the first contrasts of riders are Holm-adjusted in families (pairs sharing C,
+     unbound X...B...C sharing B...C, triples sharing X that wait on X alone: a code at
+     a fixed phase is tried in front of every natural pair after it);
    - stability: support in >= ``min_partitions`` temporal partitions, no partition holding
      more than ``max_partition_share`` of it (a burst is not a regularity);
    - support >= ``accept_support`` and confidence >= ``min_confidence``.
