@@ -106,7 +106,7 @@ def _histories(store, mark: int) -> dict:
     scan is what every round did before they were carried. ``event_log_s`` builds the
     round's log from the carried histories (it grows with the episodes, not the rows).
     """
-    from thinkmem_ros.consolidator.discovery_log import event_log
+    from thinkmem_ros.consolidator.discovery_log import log_from_rows
 
     t = time.perf_counter()
     scanned = store.latest_histories()
@@ -115,7 +115,7 @@ def _histories(store, mark: int) -> dict:
     folded = store.fold_histories()
     fold_s = time.perf_counter() - t
     t = time.perf_counter()
-    log, _ = event_log(store, 4)
+    log, _ = log_from_rows(store.histories(), 4)  # folded just above
     log_s = time.perf_counter() - t
     if folded.after_id != mark or len(scanned) != len(log.episode_ids):
         raise RuntimeError(f"histories out of step: fold after {folded.after_id}, mark "

@@ -52,6 +52,12 @@ MUTUAL_SHIELD_BELOW = 0.15
 """A triple held back only by its first contrast shields others if that p is at most this."""
 
 
+def _waits_on_first(ch: _Check, alpha: float) -> bool:
+    """Every check but the first element's contrast passes: that contrast decides it."""
+    return (bool(ch.p_contrast) and not ch.dominated
+            and max((ch.p_order,) + ch.p_adds + ch.p_contrast[1:]) <= alpha)
+
+
 def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
                        checks: dict[int, _Check]) -> None:
     """Redo the first element's contrast of triples that share B...C with a passing one.
@@ -82,8 +88,7 @@ def _reconsider_shared(ctx: _Episodes, tested: _Tested, significant: list[int],
 
     def only_first_fails(i: int) -> bool:
         ch = checks[i]
-        return (max((ch.p_order,) + ch.p_adds + ch.p_contrast[1:]) <= alpha
-                and not ch.dominated and bool(ch.p_contrast)
+        return (_waits_on_first(ch, alpha)
                 and alpha < ch.p_contrast[0] <= MUTUAL_SHIELD_BELOW)
 
     rules: dict[tuple[int, int], set[int]] = {}
@@ -231,7 +236,7 @@ def _first_code_riders(ctx: _Episodes, tested: _Tested, significant: list[int],
         ch = checks[i]
         if ch.first_unbound or not ch.p_contrast or not ch.p_contrast[0] > 0:
             continue
-        if max((ch.p_order,) + ch.p_adds + ch.p_contrast[1:]) <= alpha and not ch.dominated:
+        if _waits_on_first(ch, alpha):
             families.setdefault((int(tested.codes[i][0]),), []).append(i)
     _holm_first_element(families, checks)
 
