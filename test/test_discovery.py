@@ -69,6 +69,32 @@ def test_decoys_and_reversed_orders_rejected(eight):
         assert not res.accepted_patterns(2) & {(a, b), (b, c), (a, c)}
 
 
+def test_a_burst_is_judged_on_the_episodes_that_carry_its_evidence():
+    # D...E...F tight in 8 episodes of one period, and spread over minutes in a few
+    # episodes of the others (as chance puts a frequent enough triple anywhere): the
+    # evidence is the tight burst, so the wide occurrences must not dilute its share
+    rng = np.random.default_rng(21)
+    eps = []
+    for i in range(120):
+        part = i * 4 // 120
+        events = [(float(t), f"N{int(c)}") for t, c in
+                  zip(rng.uniform(0, 1800, 20), rng.integers(0, 40, 20))]
+        t = float(rng.uniform(0, 1500))
+        if part == 1 and i % 3 == 0 and i < 54:  # the burst: 8 tight occurrences
+            events += [(t, "D"), (t + float(rng.uniform(2, 10)), "E"),
+                       (t + float(rng.uniform(12, 20)), "F")]
+        elif part != 1 and i % 20 == 7:  # wide ones elsewhere
+            events += [(float(rng.uniform(0, 200)), "D"), (float(rng.uniform(700, 900)), "E"),
+                       (float(rng.uniform(1500, 1800)), "F")]
+        eps.append(Episode(episode_id=i, partition=part, start_time=0.0, kind="x", rule=-1,
+                           events=sorted(events)))
+    res = discover(EventLog.from_episodes(eps), CFG, np.random.default_rng(0))
+    burst = {r.pattern: r for r in res.scored}[("D", "E", "F")]
+    assert burst.support == 8 and sum(burst.partition_support) == burst.support
+    assert ("D", "E", "F") not in res.accepted_patterns(3)
+    assert any("partition" in reason for reason in burst.reasons)
+
+
 def test_candidate_stage_is_over_complete(eight):
     hist, res = eight
     assert all(res.is_candidate(rule) for rule in hist.rules)

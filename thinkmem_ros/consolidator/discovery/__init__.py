@@ -62,8 +62,9 @@ partitions can be scored from per-partition sums.
      side; the first contrasts of riders are Holm-adjusted in families (pairs sharing C,
      unbound X...B...C sharing B...C, triples sharing X that wait on X alone: a code at
      a fixed phase is tried in front of every natural pair after it);
-   - stability: support in >= ``min_partitions`` temporal partitions, no partition holding
-     more than ``max_partition_share`` of it (a burst is not a regularity);
+   - stability: support (at g*, where the evidence is) in >= ``min_partitions`` temporal
+     partitions, no partition holding more than ``max_partition_share`` of it (a burst
+     is not a regularity);
    - support >= ``accept_support`` and confidence >= ``min_confidence``.
 
 4. Redundancy (self-sufficiency). Triples are taken strongest first (their weakest

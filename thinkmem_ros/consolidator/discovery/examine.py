@@ -278,9 +278,7 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         g = float(ctx.scales[s])
         lo, hi = tested.frame_start[i], tested.frame_start[i + 1]
         held = tested.frame_ep[lo:hi][tested.frame_m[lo:hi] <= g]
-        # stability over every supporting episode (largest scale): a burst stays a burst
-        parts = _stability(ctx, tested.frame_ep[lo:hi][tested.frame_m[lo:hi]
-                                                       <= ctx.scales[-1]])
+        parts = _stability(ctx, held)
         support = int(held.size)
         check = checks.get(i)
         if check is None:
