@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from thinkmem_ros.bench import rounds
@@ -64,6 +65,22 @@ def test_summary_has_every_pinned_key_with_its_meaning(fleet):
     assert 0 <= results["rounds_published"] <= 2
     assert len(results["round_s_by_round"]) == len(results["experiences_read_by_round"]) == 2
     json.dumps(results)  # JSON-ready
+
+
+def test_a_later_drive_is_stamped_after_the_earlier_ones():
+    # a real fleet's clock runs on: round r's drive must land after round r-1's in the
+    # store, or the consolidator's temporal partitions would mix rounds by mission phase
+    from thinkmem_ros.core.paths import default_bundle
+
+    rng = np.random.default_rng(3)
+    stream, missions = rounds.planted_stream(24.0, rounds.round_plan(1, 2, rng), rng)
+    first = rounds.robot_experiences(default_bundle(), stream, missions, "r", 10)
+    later = rounds.robot_experiences(default_bundle(), stream, missions, "r", 10,
+                                     clock_s=500.0)
+    assert len(first) == len(later) > 0
+    for a, b in zip(first, later, strict=True):
+        assert b.stamp == pytest.approx(a.stamp + 500.0)
+        assert (a.episode_id, a.events, a.seq) == (b.episode_id, b.events, b.seq)
 
 
 def test_classify_unit_tells_planted_natural_and_spurious():

@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import math
 
@@ -93,6 +94,44 @@ def test_a_burst_is_judged_on_the_episodes_that_carry_its_evidence():
     assert burst.support == 8 and sum(burst.partition_support) == burst.support
     assert ("D", "E", "F") not in res.accepted_patterns(3)
     assert any("partition" in reason for reason in burst.reasons)
+
+
+def _recent_world(burst_part: int, robots: int, seed: int = 22):
+    """D...E...F tight in 8 episodes of one of 4 periods, those episodes on ``robots``."""
+    rng = np.random.default_rng(seed)
+    eps, source, held = [], [], 0
+    for i in range(120):
+        part = i * 4 // 120
+        events = [(float(t), f"N{int(c)}") for t, c in
+                  zip(rng.uniform(0, 1800, 20), rng.integers(0, 40, 20))]
+        robot = int(rng.integers(4))
+        if part == burst_part and i % 3 == 0 and held < 8:
+            t = float(rng.uniform(0, 1500))
+            events += [(t, "D"), (t + float(rng.uniform(2, 10)), "E"),
+                       (t + float(rng.uniform(12, 20)), "F")]
+            robot = held % robots
+            held += 1
+        eps.append(Episode(episode_id=i, partition=part, start_time=0.0, kind="x", rule=-1,
+                           events=sorted(events)))
+        source.append(robot)
+    return EventLog.from_episodes(eps), np.asarray(source, np.int64)
+
+
+@pytest.mark.parametrize("burst_part, robots, accepted", [
+    (3, 4, True),  # began lately, on every robot: a new regularity may start so
+    (3, 1, False),  # lately, on one robot: a burst
+    (1, 4, False),  # in an earlier period on every robot, and then never again: a burst
+])
+def test_a_recent_pattern_stands_on_replication_across_robots(burst_part, robots, accepted):
+    log, source = _recent_world(burst_part, robots)
+    without = discover(log, CFG, np.random.default_rng(0))
+    assert ("D", "E", "F") not in without.accepted_patterns(3)  # periods alone: a burst
+    res = discover(dataclasses.replace(log, source=source), CFG, np.random.default_rng(0))
+    assert (("D", "E", "F") in res.accepted_patterns(3)) == accepted
+    rel = {r.pattern: r for r in res.scored}[("D", "E", "F")]
+    assert any("partition" in x for x in rel.reasons) != accepted
+    if burst_part == 3 and not accepted:
+        assert any("recent, and" in x and "robot" in x for x in rel.reasons)
 
 
 def test_candidate_stage_is_over_complete(eight):

@@ -43,3 +43,12 @@ def test_rounds_replay_times_each_round_and_compares_the_python_checks(capsys):
     with pytest.raises(SystemExit) as err:
         discovery_sweep.main(["rounds", "--rounds", "0"])
     assert err.value.code == 2 and "--rounds" in capsys.readouterr().err
+
+
+def test_each_rounds_new_rule_is_promoted_in_its_own_round_on_a_running_clock():
+    # the fleet's clock runs on, so round r's rule sits in the latest of the four periods;
+    # it stands on its replication across the four robots (periods alone promoted round
+    # 4's rule in round 5 and round 5's never, on this seed)
+    rows = discovery_sweep.rounds_replay(1)
+    assert [len(row["planted"]) for row in rows] == [1, 2, 3, 4, 5]
+    assert not any(row["spurious"] for row in rows)

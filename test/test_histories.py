@@ -115,6 +115,7 @@ def test_a_rounds_log_orders_episodes_by_first_stamp(tmp_path):
     assert order == [("r1", "early"), ("r2", "early"), ("r1", "late")]
     assert log.codes == ("A", "B", "C") and log.code.tolist() == [0, 1, 2]
     assert log.episode.tolist() == [0, 2, 2] and log.partition.tolist() == [0, 0, 1]
+    assert log.source.tolist() == [0, 1, 0]  # each episode's robot, for stability
 
 
 class _DiesOnSecondChunk:

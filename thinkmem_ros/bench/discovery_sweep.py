@@ -12,8 +12,10 @@ life cycle), so a change to the statistics can be judged on both worlds in minut
 per run, per exp6 condition and repetition count (``bench.exp6._condition``, probes off).
 ``rounds``: the missions ``bench rounds`` plants (same seeds, same plans), cut into episodes
 at their ``episode_start`` markers with time = position in the history as the consolidator
-builds it, every round's episodes kept, 4 temporal partitions; per round the promoted units
-classified as in ``bench rounds`` (planted, planted_part, natural, spurious).
+builds it, every round's episodes kept, 4 temporal partitions in the order of the fleet's
+clock (round after round, as ``bench rounds`` stamps them) and each episode's robot as
+its source; per round the promoted units classified as in ``bench rounds`` (planted,
+planted_part, natural, spurious).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,11 +97,13 @@ def rounds_replay(seed: int, progress=None, rounds: int | None = None,
                                               round_plan(r, size["missions"], rng), rng)
             history += [(m.start_s, k, r, names)
                         for m, names in zip(missions, _mission_episodes(stream), strict=True)]
-        order = sorted(range(len(history)), key=lambda i: history[i][:3])
+        # the fleet's clock runs on across rounds: each round's missions come after the
+        # last round's, and the robot is each episode's source (as the consolidator has it)
+        order = sorted(range(len(history)), key=lambda i: (history[i][2], *history[i][:2]))
         part = {i: rank * 4 // len(history) for rank, i in enumerate(order)}
-        log = EventLog.from_episodes(
+        log = replace(EventLog.from_episodes(
             _Episode(i, part[i], [(float(j), n) for j, n in enumerate(h[3])])
-            for i, h in enumerate(history))
+            for i, h in enumerate(history)), source=np.array([h[1] for h in history]))
         started = time.perf_counter()
         result = discover(log, DiscoveryConfig(), np.random.default_rng([seed, r]))
         timing = {"discovery_s": round(time.perf_counter() - started, 3)}

@@ -142,12 +142,15 @@ def robot_view(bundle: Path, stream, missions: list[Mission]):
 
 
 def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: str,
-                      ship_every: int, boot_id: str = "bench") -> list:
+                      ship_every: int, boot_id: str = "bench", clock_s: float = 0.0) -> list:
     """Experiences a robot running ``bundle`` ships while driving ``stream`` (with feedback).
 
     ``boot_id`` names the drive: episode ids are (robot, boot, n), so each round's drive
     needs its own, or its missions would reuse the ids of the round before and the store
-    would keep one of the two (and merge their event timelines).
+    would keep one of the two (and merge their event timelines). ``clock_s`` is the
+    robot's clock when the drive starts: stamps are ``clock_s`` + stream time, so a later
+    round's drive comes after the earlier ones in the store, as on a real fleet (the
+    consolidator's temporal partitions follow first stamps).
     """
     from thinkmem_ros.policy.bundle import signal_set_fingerprint
     from thinkmem_ros.robot.activation import FrameResult
@@ -166,8 +169,9 @@ def robot_experiences(bundle: Path, stream, missions: list[Mission], robot_id: s
     for i in range(len(frames)):
         t = float(frames.times_s[i])
         while next_event < len(events) and events[next_event][0] <= t + 1e-9:
-            builder.add_event(events[next_event][1], events[next_event][0])
+            builder.add_event(events[next_event][1], clock_s + events[next_event][0])
             next_event += 1
+        t += clock_s
         result = FrameResult(
             seq=i, stamp=t, signals=frames.signals[i], mask=frames.mask[i],
             events=frames.events[i], labels=tuple(runtime.labels), probabilities=probs[i],
@@ -329,7 +333,8 @@ def run_fleet(size: dict, seed: int, progress=None, bundle: Path | str | None = 
                 stream, missions = planted_stream(size["robot_s"],
                                                   round_plan(r, size["missions"], rng), rng)
                 shipped += robot_experiences(running, stream, missions, f"robot{k}",
-                                             size["ship_every"], boot_id=f"round{r}")
+                                             size["ship_every"], boot_id=f"round{r}",
+                                             clock_s=(r - 1) * size["robot_s"])
             _store(fleet, shipped, next_seq)
             report = service.run_round(f"bench round {r}")
             published = report.published_version is not None

@@ -56,17 +56,20 @@ def log_from_rows(rows: Sequence[tuple], partitions: int
 
     Episode ids are stable hashes of (robot, episode), so knowledge units keep meaningful
     supporting-experience ids across rounds; episodes are ordered by first stamp and split
-    into ``partitions`` temporal partitions of equal count.
+    into ``partitions`` temporal partitions of equal count; each episode's robot is its
+    source (stability: a recent pattern may replicate across robots instead of periods).
     """
     rows = sorted(rows, key=lambda r: (r[2], r[0], r[1]))
     keys = [episode_key(r[0], r[1]) for r in rows]
     names = {key: (r[0], r[1]) for key, r in zip(keys, rows)}
+    robots = {robot: i for i, robot in enumerate(sorted({r[0] for r in rows}))}
+    source = np.asarray([robots[r[0]] for r in rows], np.int64)
     return log_from_histories([r[3] for r in rows], np.asarray(keys, np.int64),
-                              partitions), names
+                              partitions, source), names
 
 
-def log_from_histories(texts: Sequence[str], episode_ids: np.ndarray, partitions: int
-                       ) -> EventLog:
+def log_from_histories(texts: Sequence[str], episode_ids: np.ndarray, partitions: int,
+                       source: np.ndarray | None = None) -> EventLog:
     """An ``EventLog`` of histories joined by newlines ('' = no events), time = position.
 
     The vocabulary is every name that occurs, sorted, as ``EventLog.from_episodes`` has it.
@@ -86,4 +89,5 @@ def log_from_histories(texts: Sequence[str], episode_ids: np.ndarray, partitions
             ).astype(np.float64)
     partition = np.arange(n, dtype=np.int64) * partitions // max(n, 1)
     return EventLog(episode=episode, time=time, code=code, partition=partition,
-                    episode_ids=np.asarray(episode_ids, np.int64), codes=codes)
+                    episode_ids=np.asarray(episode_ids, np.int64), codes=codes,
+                    source=source)

@@ -30,19 +30,46 @@ def _stability(ctx: _Episodes, rows: np.ndarray) -> np.ndarray:
     return np.bincount(ctx.log.partition[rows], minlength=parts)
 
 
-def _reasons(support: int, p: float, cutoff: float, parts: np.ndarray, confidence: float,
+def _spread(counts: np.ndarray, cfg: DiscoveryConfig, what: str) -> list[str]:
+    """Why support counted per ``what`` (partition, robot) is too concentrated, if it is."""
+    reasons = []
+    spread = int((counts > 0).sum())
+    if spread < cfg.min_partitions:
+        reasons.append(f"support in {spread} {what}(s) < {cfg.min_partitions}")
+    share = float(counts.max() / counts.sum()) if counts.sum() else 1.0
+    if share > cfg.max_partition_share:
+        reasons.append(f"{what} share {share:.2f} > {cfg.max_partition_share}")
+    return reasons
+
+
+def _unstable(ctx: _Episodes, held: np.ndarray, parts: np.ndarray) -> list[str]:
+    """A burst is not a regularity; a regularity that began lately may still be one.
+
+    Support held in one temporal partition is refused, unless that partition is the
+    latest and the support replicates across independent robots: the equal-count
+    partitions span the whole history, so a new regularity (a new failure mode) sits in
+    the latest one until it has lasted a quarter of the history, which grows with the
+    fleet's age. A burst that ended stays refused, on every robot or not; a recent one
+    on several robots is promoted and, if it stops, fades from the knowledge units.
+    """
+    cfg = ctx.cfg
+    reasons = _spread(parts, cfg, "partition")
+    source = ctx.log.source
+    if not reasons or source is None or parts[-1] < parts.max():
+        return reasons
+    robots = np.unique(source[held], return_counts=True)[1]
+    found = _spread(robots, cfg, "robot")
+    return reasons + [f"recent, and {r}" for r in found] if found else []
+
+
+def _reasons(support: int, p: float, cutoff: float, unstable: list[str], confidence: float,
              cfg: DiscoveryConfig) -> list[str]:
     reasons = []
     if support < cfg.accept_support:
         reasons.append(f"support {support} < {cfg.accept_support}")
     if not p <= cutoff:
         reasons.append(f"weighted p {p:.3g} above the FDR cutoff {cutoff:.3g}")
-    spread = int((parts > 0).sum())
-    if spread < cfg.min_partitions:
-        reasons.append(f"support in {spread} partition(s) < {cfg.min_partitions}")
-    share = float(parts.max() / parts.sum()) if parts.sum() else 1.0
-    if share > cfg.max_partition_share:
-        reasons.append(f"partition share {share:.2f} > {cfg.max_partition_share}")
+    reasons += unstable
     if confidence < cfg.min_confidence:
         reasons.append(f"confidence {confidence:.2f} < {cfg.min_confidence}")
     return reasons
@@ -287,7 +314,8 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
         else:
             antecedent, reverse = check.antecedent, check.reverse
             confidence = support / antecedent if antecedent else 0.0
-        reasons = _reasons(support, float(wp[i]), cutoff, parts, confidence, cfg)
+        reasons = _reasons(support, float(wp[i]), cutoff, _unstable(ctx, held, parts),
+                           confidence, cfg)
         if check is not None and check.dominated:
             rival = ">".join(log.codes[c] for c in check.rival)
             reasons.append(f"order not specific: reverse/other order {rival} fits as well "

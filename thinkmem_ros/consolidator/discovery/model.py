@@ -88,6 +88,9 @@ class EventLog:
     partition: np.ndarray  # (E,) int64 temporal partition of each episode
     episode_ids: np.ndarray  # (E,) int64 experience/episode identifiers
     codes: tuple[str, ...]
+    # (E,) int64 independent source of each episode (the robot), or None where unknown:
+    # a pattern whose support is all recent can still replicate across robots
+    source: np.ndarray | None = None
 
     @property
     def n_codes(self) -> int:
@@ -127,13 +130,14 @@ class EventLog:
     def with_codes(self, code: np.ndarray) -> EventLog:
         """The same slots (episodes, times) holding other codes."""
         return EventLog(self.episode, self.time, np.asarray(code, dtype=np.int64),
-                        self.partition, self.episode_ids, self.codes)
+                        self.partition, self.episode_ids, self.codes, self.source)
 
     def slice(self, first: int, last: int) -> EventLog:
         """Episodes ``first`` .. ``last - 1`` (renumbered from 0): a view, no copy of events."""
         lo, hi = np.searchsorted(self.episode, [first, last])
         return EventLog(self.episode[lo:hi] - first, self.time[lo:hi], self.code[lo:hi],
-                        self.partition[first:last], self.episode_ids[first:last], self.codes)
+                        self.partition[first:last], self.episode_ids[first:last], self.codes,
+                        None if self.source is None else self.source[first:last])
 
     def select(self, rows: np.ndarray) -> EventLog:
         """Only the episodes whose row index is in ``rows`` (renumbered, order kept)."""
@@ -142,7 +146,8 @@ class EventLog:
         remap = np.full(len(self.episode_ids), -1, dtype=np.int64)
         remap[rows] = np.arange(len(rows))
         return EventLog(remap[self.episode[keep]], self.time[keep], self.code[keep],
-                        self.partition[rows], self.episode_ids[rows], self.codes)
+                        self.partition[rows], self.episode_ids[rows], self.codes,
+                        None if self.source is None else self.source[rows])
 
 
 @dataclass(frozen=True)
