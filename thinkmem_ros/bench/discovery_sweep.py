@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 spurious = sorted({k for row in rows for k in row["spurious"]})
                 print(f"seed {s}: planted at the last round {len(rows[-1]['planted'])}, "
                       f"spurious units promoted {len(spurious)} {spurious}")
+                print("  planted rules promoted by round: " + " ".join(
+                    str(len(row["planted"])) for row in rows))
                 print("  discovery s per round: " + " ".join(
                     f"{row['discovery_s']:.1f}" for row in rows))
                 if args.compare_python:
