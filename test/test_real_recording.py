@@ -54,6 +54,21 @@ def test_ros1_bag_and_its_rosbag2_conversion_give_the_same_frames(tmp_path):
     np.testing.assert_array_equal(direct.values, converted.values)
 
 
+def test_training_on_the_whole_recording_exits_cleanly(tmp_path, capsys):
+    """The default ``--train-fraction 1`` holds nothing out: no held-out score, exit 0."""
+    pytest.importorskip("torch")
+    from thinkmem_ros import cli
+
+    out = tmp_path / "whole"
+    code = cli.main(["train", "--bag", str(BAG), "--params", str(PARAMS), "--labels",
+                     str(RULES), "--window", "32", "--augment", "0", "--epochs", "1",
+                     "--min-steps", "0", "--batch-size", "64", "--out", str(out),
+                     "--no-progress"])
+    assert code == 0
+    assert "held-out" not in capsys.readouterr().err
+    assert load_bundle(out).manifest.frame_rate_hz == 10.0
+
+
 def test_adapters_calibrate_train_play_labels(tmp_path, capsys):
     pytest.importorskip("torch")
     from thinkmem_ros import cli

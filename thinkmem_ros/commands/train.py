@@ -368,7 +368,8 @@ def main_bags(args: argparse.Namespace) -> int:
                 **({"feedback_topic": hindsight.config.topic} if hindsight else {})})
     print(f"wrote {bundle.path} (sha256 {bundle.manifest.sha256}, train "
           f"{time.perf_counter() - start:.0f} s, signal set {bundle.manifest.signal_set[:12]})")
-    for bag, tail in zip(args.bag, tails, strict=True):
+    # nothing held out (train on everything): no tails to score
+    for bag, tail in zip(args.bag, tails, strict=True) if tails else ():
         scores = (score_labelled if hindsight else score_recording)(
             bundle, tail, stale_after_s=signal_map.stale_after_s)
         if hindsight and not scores["frames"]:
