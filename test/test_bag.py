@@ -158,6 +158,22 @@ def test_bad_inputs_raise_naming_the_problem(written, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_overwrite_replaces_a_bag_and_nothing_else(written, tmp_path):
+    """A mistyped output path with ``overwrite`` must not delete someone's files."""
+    stream, out, _ = written
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("keep me too")
+    for target in (precious, plain):
+        with pytest.raises(BagError, match="not a rosbag2 folder"):
+            write_stream(stream, target, overwrite=True)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert plain.read_text() == "keep me too"
+    assert write_stream(stream, out, overwrite=True).message_count > 0  # a bag: replaced
+
+
 def test_the_player_streams_the_bag_instead_of_listing_it(written):
     """A pass pulls messages as it publishes them: memory does not grow with the bag."""
     from thinkmem_ros.playback.bag_files import BagStream

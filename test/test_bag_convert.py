@@ -127,6 +127,11 @@ def test_convert_writes_a_rosbag2_that_rclpy_decodes(ros1_bag, tmp_path):
         convert_ros1(ros1_bag, tmp_path / "out")
     assert convert_ros1(ros1_bag, tmp_path / "out", storage="sqlite3",
                         overwrite=True).storage == "sqlite3"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("x")
+    with pytest.raises(BagError, match="not a rosbag2 folder"):
+        convert_ros1(ros1_bag, tmp_path / "notes", overwrite=True)
+    assert (tmp_path / "notes" / "keep.txt").exists()
 
 
 @pytest.mark.parametrize("make_args, message", [

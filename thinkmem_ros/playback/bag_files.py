@@ -170,15 +170,38 @@ def _stamp(store, msg: Any, t_ns: int) -> None:
             sec=t_ns // 10**9, nanosec=t_ns % 10**9)
 
 
+def _clear_output(out: Path, overwrite: bool) -> None:
+    """Remove an existing output bag when asked to; refuse anything that is not a bag.
+
+    ``--overwrite`` is for re-running a command into the same output folder; a typo in
+    the path must not delete a folder of other files (or a plain file) along with it.
+    """
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise BagError(f"output {out} already exists (pass --overwrite to replace it)")
+    if out.is_symlink() or not out.is_dir() or not _bag_files_only(out):
+        raise BagError(f"refusing to overwrite {out}: it is not a rosbag2 folder "
+                       f"(files other than a bag's); remove it yourself or pick another "
+                       f"output")
+    shutil.rmtree(out)
+
+
+BAG_FILE_SUFFIXES = (".yaml", ".mcap", ".db3", ".db3-wal", ".db3-shm", ".db3-journal")
+"""What a rosbag2 folder holds (a run cut short leaves its storage file without the
+metadata.yaml, and a re-run must still be able to replace it)."""
+
+
+def _bag_files_only(folder: Path) -> bool:
+    return all(p.is_file() and p.name.endswith(BAG_FILE_SUFFIXES) for p in folder.iterdir())
+
+
 def _open_writer(out: Path, storage: str, overwrite: bool):
     from rosbags.rosbag2 import StoragePlugin, Writer
 
     if storage not in STORAGES:
         raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
-    if out.exists():
-        if not overwrite:
-            raise BagError(f"bag output {out} already exists (pass overwrite=True)")
-        shutil.rmtree(out)
+    _clear_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
     return Writer(out, version=9, storage_plugin=plugin)
@@ -326,10 +349,7 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
         raise BagError(f"bag not found: {src}")
     if not is_ros1_bag(src):
         raise BagError(f"not a ROS 1 bag file (no '#ROSBAG V2.0' header): {src}")
-    if dst.exists():
-        if not overwrite:
-            raise BagError(f"output {dst} already exists (pass --overwrite to replace it)")
-        shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+    _clear_output(dst, overwrite)
     if dst.suffix == ".bag":
         raise BagError(f"output {dst} must be a folder name, not a .bag file")
     dst.parent.mkdir(parents=True, exist_ok=True)
