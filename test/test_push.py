@@ -104,3 +104,13 @@ def test_push_reaches_connected_and_late_robots(publisher, source_bundle, tmp_pa
         for shipper in robots:
             shipper.close()
         rx.stop()
+
+
+def test_a_public_key_is_refused_as_a_signing_key(tmp_path):
+    """Both halves are 32 bytes of hex: a ``.pub`` passed by mistake would sign silently."""
+    from thinkmem_ros.link.security import SecurityError, load_signing_key
+
+    public, secret = write_signing_keypair(tmp_path, "fleet")
+    with pytest.raises(SecurityError, match="public key"):
+        load_signing_key(public)
+    assert bytes(load_signing_key(secret).verify_key).hex() == public.read_text().strip()

@@ -364,7 +364,15 @@ def write_signing_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
 
 
 def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
-    """Read the Ed25519 signing key from a ``.sign.key`` file."""
+    """Read the Ed25519 signing key from a ``.sign.key`` file.
+
+    Both halves of a pair are 32 bytes of hex, so a public key passed by mistake would
+    read as a valid (and unrelated) secret seed and sign bundles no robot trusts: a
+    ``.pub`` file is refused by its name.
+    """
+    if Path(path).name.endswith(".pub"):
+        raise SecurityError(f"{path}: this is a public key; sign with the matching secret "
+                            f"key (NAME.sign.key)")
     try:
         return nacl.signing.SigningKey(bytes.fromhex(Path(path).read_text().strip()))
     except (OSError, ValueError, nacl.exceptions.CryptoError) as exc:
