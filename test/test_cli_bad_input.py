@@ -209,3 +209,54 @@ def test_usage_errors_are_one_line_pointing_at_help(capsys, entry, argv, names):
     assert code == 2
     assert_one_line(code, err, *names)
     assert "usage:" not in err
+
+
+# ------------------------------------------------------------------ damaged knowledge, last net
+
+def _knowledge_db(path: Path, **column) -> Path:
+    """A store with one knowledge unit, one column overwritten with a damaged value."""
+    from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeUnit
+
+    with KnowledgeStore(path) as store:
+        store.save([KnowledgeUnit(pattern=("a", "b", "c"), relation="sequence3",
+                                  constraints={}, thinking="consider:c", confidence=0.9,
+                                  status="promoted")])
+    with sqlite3.connect(path) as conn:
+        for name, value in column.items():
+            conn.execute(f"UPDATE knowledge_units SET {name} = ?", (value,))
+    return path
+
+
+@pytest.mark.parametrize("column", [{"pattern": "not json"}, {"confidence": "high"},
+                                    {"status": "weird"}, {"history": "[5]"}, None],
+                         ids=["pattern", "confidence", "status", "history", "no-table"])
+def test_knowledge_list_of_damaged_units_is_one_line(tmp_path, capsys, column):
+    db = _knowledge_db(tmp_path / "k.db", **(column or {}))
+    if column is None:
+        with sqlite3.connect(db) as conn:
+            conn.execute("DROP TABLE knowledge_units")
+    for extra in ([], ["--json"]):
+        code, err = run(capsys, "knowledge", "list", "--db", db, *extra)
+        assert_one_line(code, err, "thinkmem knowledge:", "k.db")
+
+
+def test_an_error_no_verb_anticipated_is_still_one_line(tmp_path, capsys, monkeypatch):
+    """A recursion limit in a hostile YAML file (5,000 nested lists) reaches no verb's
+    handler; the command's last net turns it into one line, and the variable shows it."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    code, err = run(capsys, "calibrate", REAL / "husky_outdoor.bag", "--params", deep)
+    assert_one_line(code, err, "thinkmem calibrate: error:")
+    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    with pytest.raises(RecursionError):
+        cli.main(["calibrate", str(REAL / "husky_outdoor.bag"), "--params", str(deep)])
+
+
+@pytest.mark.parametrize("entry", [cli.main, service.main], ids=["thinkmem", "service"])
+def test_consolidator_refuses_a_damaged_knowledge_store_before_a_round(tmp_path, signing_key,
+                                                                      capsys, entry):
+    db = _knowledge_db(tmp_path / "c.db", pattern="not json")
+    prefix = ["consolidator"] if entry is cli.main else []
+    code, err = run(capsys, *prefix, "--once", "--signing-key", signing_key, "--db", db,
+                    entry=entry)
+    assert_one_line(code, err, "thinkmem consolidator:", "malformed knowledge unit")

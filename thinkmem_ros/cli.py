@@ -8,6 +8,7 @@ command line names them, so ``thinkmem bag play`` on a robot never imports torch
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from thinkmem_ros.core.arguments import OneLineParser
@@ -71,6 +72,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence, see below
+        return _unexpected(args.verb, exc)
+
+
+TRACEBACK_ENV = "THINKMEM_TRACEBACK"
+"""Set (to anything) to see the traceback of an error no verb turned into a message."""
+
+
+def _unexpected(verb: str, exc: Exception) -> int:
+    """One line and exit 1 for an error no verb anticipated (never a traceback).
+
+    Each verb names the input errors it knows; what slips past them (a recursion limit in
+    a hostile YAML file, a full disk under stdout, a bug) still reaches the user as one
+    line with the exception's kind, and ``THINKMEM_TRACEBACK=1`` shows where it came from.
+    """
+    if os.environ.get(TRACEBACK_ENV):
+        raise exc
+    from thinkmem_ros.commands import one_line
+
+    text = one_line(exc)
+    if len(text) > 300:
+        text = text[:297] + "..."
+    try:
+        print(f"thinkmem {verb}: error: {type(exc).__name__}: {text} "
+              f"({TRACEBACK_ENV}=1 shows where)", file=sys.stderr)
+    except OSError:
+        pass
+    return 1
 
 
 if __name__ == "__main__":

@@ -275,16 +275,27 @@ class KnowledgeStore:
             query += " WHERE status = ?"
             params = (status,)
         query += " ORDER BY confidence DESC, key"
-        out = []
-        for row in self._conn.execute(query, params):
-            out.append(KnowledgeUnit(
+        try:
+            rows = self._conn.execute(query, params).fetchall()
+        except sqlite3.Error as exc:
+            raise KnowledgeStoreError(f"{self.path}: cannot read the knowledge units: "
+                                      f"{exc}") from exc
+        return [self._unit(row) for row in rows]
+
+    def _unit(self, row: tuple) -> KnowledgeUnit:
+        """One stored unit; a row another program damaged is named, not a traceback."""
+        try:
+            return KnowledgeUnit(
                 pattern=tuple(json.loads(row[0])), relation=row[1],
                 constraints=json.loads(row[2]), thinking=row[3], confidence=row[4],
                 status=row[5], experiences=tuple(json.loads(row[6])), rounds=row[7],
                 supported_rounds=row[8], last_support=row[9], created_round=row[10],
                 updated_round=row[11], statement=row[12],
-                history=[tuple(h) for h in json.loads(row[13])]))
-        return out
+                history=[tuple(h) for h in json.loads(row[13])])
+        except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            reason = " ".join(str(exc).split())
+            raise KnowledgeStoreError(f"{self.path}: a malformed knowledge unit (pattern "
+                                      f"{str(row[0])[:60]!r}): {reason}") from exc
 
     def units(self) -> dict[str, KnowledgeUnit]:
         """All units keyed by pattern key, ready for :func:`consolidate`."""

@@ -809,6 +809,9 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
         load_npz(config.rehearsal.npz)
     if once:  # serving opens it in the receiver, before READY
         ExperienceStore(config.db_path).close()
+    if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
+        with KnowledgeStore(config.db_path, read_only=True) as knowledge:
+            knowledge.load()
 
 
 def run(args: argparse.Namespace) -> int:
