@@ -97,6 +97,7 @@ def test_bag_with_malformed_metadata_is_one_line(files, capsys, verb):
 
 @pytest.mark.parametrize("argv, name", [
     (["--epochs", "-1"], "--epochs must be >= 1"),
+    (["--model-version", "-1"], "--model-version must be >= 0"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--lr", "nan"], "--lr must be a finite number > 0"),
     (["--signal-drop", "1"], "--signal-drop"),
@@ -105,7 +106,7 @@ def test_bag_with_malformed_metadata_is_one_line(files, capsys, verb):
     (["--preset", "bogus"], "--preset 'bogus': unknown"),
     (["--scenario", "bogus"], "unknown scenario 'bogus'"),
     (["--duration", "nan"], "duration must be a finite number > 0"),
-], ids=["epochs", "threads", "lr-nan", "signal-drop", "test-duration-negative",
+], ids=["epochs", "model-version", "threads", "lr-nan", "signal-drop", "test-duration-negative",
         "test-duration-short", "preset", "scenario", "duration-nan"])
 def test_train_refuses_bad_options_before_building_data(tmp_path, capsys, argv, name):
     code, err = run(capsys, "train", *SMALL_TRAIN, *argv, "--out", tmp_path / "b")
@@ -260,3 +261,13 @@ def test_consolidator_refuses_a_damaged_knowledge_store_before_a_round(tmp_path,
     code, err = run(capsys, *prefix, "--once", "--signing-key", signing_key, "--db", db,
                     entry=entry)
     assert_one_line(code, err, "thinkmem consolidator:", "malformed knowledge unit")
+
+
+@pytest.mark.parametrize("argv", [["--duration", "1e308"], ["--duration", "5", "--rate", "1e9"],
+                                  ["--duration", "0.01"]], ids=["inf", "rate", "no-frame"])
+def test_bag_write_refuses_a_stream_that_cannot_be(tmp_path, capsys, argv):
+    """A typo'd duration or rate: one line at once, not a memory error minutes later."""
+    code, err = run(capsys, "bag", "write", "--scenario", "mixed", *argv,
+                    "--out", tmp_path / "b")
+    assert_one_line(code, err, "thinkmem bag write: error:", "frames")
+    assert not (tmp_path / "b").exists()

@@ -288,3 +288,15 @@ def test_resent_and_hostile_delta_frames_over_zeromq(tmp_path, receiver):
     assert sorted(rows) == [0, 1, 2, 3, 4, 5, 50, 100, 101, 104, 105]
     assert all(math.isfinite(float(e.window.sum())) for e in rows.values())
     assert receiver.stats.rejected_records == 2 + 6
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:0",
+                                      "tcp://127.0.0.1", "tcp://127.0.0.1:5x"])
+def test_an_endpoint_with_an_impossible_port_is_refused(tmp_path, endpoint):
+    """ZeroMQ binds a random port for 99999: a typo must fail, not listen somewhere else."""
+    from thinkmem_ros.link.receiver import ReceiverConfig
+
+    with pytest.raises(ValueError, match="port must be 1-65535"):
+        ShipperConfig(endpoint=endpoint, robot_id="r1", spool_path=tmp_path / "s")
+    with pytest.raises(ValueError, match="port must be 1-65535"):
+        ReceiverConfig(db_path=tmp_path / "db", bind=endpoint)

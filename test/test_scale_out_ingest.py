@@ -200,6 +200,7 @@ def _receive_cli(*args, timeout=20):
 
 @pytest.mark.parametrize("args, says", [
     (["--bind", "nonsense"], "bind must look like tcp://host:port"),
+    (["--bind", "tcp://127.0.0.1:99999", "--curve", "off"], "port must be 1-65535"),
     (["--bind", "tcp://10.9.8.7:5756"], "CURVE is required"),
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--once"], "rounds only: --once"),
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--initial-bundle", "/nonexistent"],

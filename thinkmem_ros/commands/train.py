@@ -169,7 +169,7 @@ def check_options(args: argparse.Namespace) -> None:
     from thinkmem_ros.policy.training.train import STREAMING_PRESETS
 
     for name, low in (("epochs", 1), ("patience", 1), ("batch_size", 1), ("threads", 1),
-                      ("streams", 1), ("min_steps", 0)):
+                      ("streams", 1), ("min_steps", 0), ("model_version", 0)):
         if getattr(args, name) < low:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= {low}, "
                              f"got {getattr(args, name)}")

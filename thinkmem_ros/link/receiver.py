@@ -53,6 +53,7 @@ from thinkmem_ros.link.security import (
     load_allow_list,
     load_curve_keypair,
     release_domain,
+    tcp_port_problem,
 )
 from thinkmem_ros.link.sockets import (
     RateLimitedLog,
@@ -111,6 +112,9 @@ class ReceiverConfig:
         if not self.bind or "://" not in self.bind:
             raise ValueError(f"ReceiverConfig.bind must look like tcp://host:port, "
                              f"got {self.bind!r}")
+        problem = tcp_port_problem(self.bind)
+        if problem:
+            raise ValueError(f"ReceiverConfig.bind: {problem}")
         if not 0 < self.max_frame_bytes <= protocol.MAX_FRAME_BYTES:
             raise ValueError(f"ReceiverConfig.max_frame_bytes must be in "
                              f"(0, {protocol.MAX_FRAME_BYTES}], got {self.max_frame_bytes}")

@@ -248,6 +248,22 @@ def _bind(robots: dict[bytes, str], key: bytes, robot: object, where: str) -> No
     robots[key] = robot
 
 
+def tcp_port_problem(endpoint: str) -> str | None:
+    """What is wrong with a ``tcp://`` endpoint's port, or None (other schemes: None).
+
+    ZeroMQ takes a port it cannot use (99999) as "any port" and binds a random one, so a
+    typo would leave robots shipping to an address nobody listens on.
+    """
+    if not endpoint.startswith("tcp://"):
+        return None
+    port = endpoint.rsplit(":", 1)[-1] if endpoint.count(":") >= 2 else ""
+    if port == "*":
+        return None
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"the port must be 1-65535 or '*', got {port!r} in {endpoint!r}"
+    return None
+
+
 def is_loopback(endpoint: str) -> bool:
     """Tell whether an endpoint is local (ipc, inproc, 127.0.0.0/8, ::1, localhost)."""
     scheme = endpoint.split("://", 1)[0]

@@ -79,6 +79,7 @@ from thinkmem_ros.link.security import (
     curve_enabled,
     load_curve_keypair,
     load_curve_public,
+    tcp_port_problem,
 )
 from thinkmem_ros.link.sockets import RateLimitedLog, TransportError, context
 from thinkmem_ros.link.spool import Spool, SpoolError, SpoolFull
@@ -167,6 +168,9 @@ def parse_endpoints(endpoint: str | Sequence[str]) -> tuple[str, ...]:
         if not isinstance(text, str) or "://" not in text or " " in text:
             raise ValueError(f"ShipperConfig.endpoint must look like tcp://host:port (or "
                              f"several, comma-separated), got {item!r} in {endpoint!r}")
+        problem = tcp_port_problem(text)
+        if problem:
+            raise ValueError(f"ShipperConfig.endpoint: {problem}")
         if text in out:
             raise ValueError(f"ShipperConfig.endpoint names {text!r} twice: {endpoint!r}")
         out.append(text)

@@ -418,13 +418,23 @@ def _dropouts(values: np.ndarray, rate_hz: float, per_s: float,
         values[start:start + length, int(rng.integers(0, len(SIGNALS)))] = np.nan
 
 
+MAX_FRAMES = 50_000_000
+"""Most frames one simulated stream may hold (~20 GB of float64 working arrays): a typo'd
+duration or rate gets a message instead of a memory error minutes later."""
+
+
 def simulate_stream(scenario: str, duration_s: float, rate_hz: float,
                     rng: np.random.Generator) -> tuple[SignalStream, np.ndarray]:
     """Like ``generate_stream`` but also return the clean (T, F) signal the labels come from."""
     spec = _scenario(scenario)
-    if duration_s <= 0 or rate_hz <= 0:
+    if not (duration_s > 0 and rate_hz > 0):  # NaN fails too
         raise ValueError(f"duration_s and rate_hz must be > 0, got {duration_s}, {rate_hz}")
-    n = int(round(duration_s * rate_hz))
+    frames = duration_s * rate_hz
+    if not 1 <= frames <= MAX_FRAMES:
+        raise ValueError(f"{duration_s:g} s at {rate_hz:g} Hz is {frames:.3g} frames; a "
+                         f"simulated stream holds 1 to {MAX_FRAMES:.0e} (a day at 100 Hz is "
+                         f"8.6e+06)")
+    n = int(round(frames))
     times = np.arange(n, dtype=np.float64) / rate_hz
     events: list[tuple[float, str]] = []
     clean = _baseline(times, rng)
