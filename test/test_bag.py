@@ -218,3 +218,20 @@ def test_bag_stream_refuses_unknown_topics(written):
     _, out, _ = written
     with pytest.raises(BagError, match="/no/such"):
         BagStream(out, topics=["/no/such"])
+
+
+def test_a_damaged_storage_file_is_an_error_not_a_short_read(tmp_path):
+    """A zeroed stretch of an MCAP file ends the reader's pass early without an error; the
+    pass must say the bag is damaged instead of handing back part of it as the whole."""
+    from thinkmem_ros.world.streams import generate_stream
+
+    stream = generate_stream("mixed", 5.0, 10.0, np.random.default_rng(0))
+    out = tmp_path / "damaged"
+    info = write_stream(stream, out)
+    storage = next(out.glob("*.mcap"))
+    data = bytearray(storage.read_bytes())
+    middle = len(data) * 3 // 10
+    data[middle:middle + 64] = bytes(64)
+    storage.write_bytes(bytes(data))
+    with pytest.raises(BagError, match=f"damaged: read \\d+ of the {info.message_count}"):
+        read_bag(out)
