@@ -271,3 +271,29 @@ def test_bag_write_refuses_a_stream_that_cannot_be(tmp_path, capsys, argv):
                     "--out", tmp_path / "b")
     assert_one_line(code, err, "thinkmem bag write: error:", "frames")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.fixture
+def unloadable_bundle(source_bundle, tmp_path) -> Path:
+    """A bundle whose manifest hashes its model correctly, but the model is not ONNX."""
+    from thinkmem_ros.policy.bundle import read_manifest, write_bundle
+
+    return write_bundle(tmp_path / "junk", b"not an onnx graph",
+                        read_manifest(source_bundle)).path
+
+
+def test_bench_loads_a_given_bundle_before_running(unloadable_bundle, capsys, monkeypatch):
+    def never(quick, seeds, bundle):
+        raise AssertionError("the benchmark started before its bundle was loaded")
+
+    monkeypatch.setattr("thinkmem_ros.bench.latency.run", never)
+    code, err = run(capsys, "bench", "latency", "--bundle", unloadable_bundle)
+    assert_one_line(code, err, "--bundle", "ONNX Runtime cannot load the model")
+
+
+def test_consolidator_loads_its_initial_bundle_before_serving(unloadable_bundle, signing_key,
+                                                             tmp_path, capsys):
+    code, err = run(capsys, "consolidator", "--signing-key", signing_key, "--db",
+                    tmp_path / "c.db", "--initial-bundle", unloadable_bundle,
+                    "--bind", "tcp://127.0.0.1:*", "--curve", "off")
+    assert_one_line(code, err, "thinkmem consolidator:", "ONNX Runtime cannot load the model")

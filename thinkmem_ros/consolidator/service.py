@@ -798,17 +798,21 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
 
 
 def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
-    """Open --rehearsal-npz (and with --once the store) before any round runs.
+    """Open --rehearsal-npz, the initial bundle's model (and with --once the store) first.
 
     A round meets them only once it has started: a garbage npz or a --db that is not a
     database would be a traceback after the round's log line, or fail every served round.
     """
     from thinkmem_ros.consolidator.rehearsal import load_npz
+    from thinkmem_ros.core.paths import resolve_bundle_path
+    from thinkmem_ros.policy.runtime import PolicyRuntime
 
     if config.rehearsal.npz is not None:
         load_npz(config.rehearsal.npz)
     if once:  # serving opens it in the receiver, before READY
         ExperienceStore(config.db_path).close()
+    # the bundle robots run before the first round: its model must load, not only hash
+    PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
     if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
         with KnowledgeStore(config.db_path, read_only=True) as knowledge:
             knowledge.load()
