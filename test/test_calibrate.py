@@ -75,3 +75,23 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     args.params = str(bad)
     assert command.main(args) == 2
     assert "signals.gyro: unknown key 'nrom'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("entry, key", [
+    ({"field": "linear_acceleration.nope"}, "field"),
+    ({"field": "linear_acceleration", "norm": False}, "field"),
+    ({"field": "linear_acceleration.x", "norm": True}, "norm"),
+], ids=["missing-field", "vector-read-plainly", "norm-of-a-number"])
+def test_what_the_node_refuses_at_start_is_refused(tmp_path, capsys, entry, key):
+    """Such mistakes only show as "no usable sample" in the data; the node names them."""
+    raw = yaml.safe_load(PARAMS.read_text())
+    vibration = raw["/**"]["ros__parameters"]["signals"]["vibration"]
+    for drop in ("norm", "remove_gravity", "absolute"):
+        vibration.pop(drop, None)
+    vibration.update(entry)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    args = argparse.Namespace(bag=str(BAG), params=str(bad), bundle=None, json=None)
+    assert command.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"signals.vibration.{key}" in err and "refuses to start" in err, err

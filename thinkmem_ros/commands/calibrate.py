@@ -45,6 +45,7 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     from thinkmem_ros.policy.bundle import read_manifest
 
     signal_map = load_signal_map(params)
+    _check_as_the_node_does(signal_map)
     if bundle is None:
         raw = yaml.safe_load(Path(params).read_text(encoding="utf-8"))
         found = _find_key(raw, "bundle_path")
@@ -94,6 +95,32 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     return {"bag": str(bag), "params": str(params), "bundle": str(folder),
             "bundle_frame_rate_hz": manifest.frame_rate_hz,
             "duration_s": samples.duration_s, "signals": rows, "warnings": warnings}
+
+
+def _check_as_the_node_does(signal_map) -> None:
+    """Refuse what the node refuses at start: a field the message lacks, a norm of a number.
+
+    Those mistakes only show as "no usable sample" in the recording; the node names them
+    and will not start, so calibration names them too (ValueError, exit 2). A message
+    type that is not installed here (a robot's own package) cannot be checked: its
+    fields are read from the bag's own definitions as before.
+    """
+    from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message_class
+
+    for name, binding in signal_map.bindings.items():
+        if binding.absent:
+            continue
+        try:
+            msg_type = canonical_type(binding.msg_type)
+            message_class(msg_type)
+        except ValueError:
+            continue
+        try:
+            check_adapter(msg_type, binding.adapter)
+        except ValueError as exc:
+            key = getattr(exc, "key", "field")
+            raise ValueError(f"signals.{name}.{key}: {exc} (the node refuses to start with "
+                             f"it)") from None
 
 
 def _find_key(raw, key: str):
