@@ -297,3 +297,11 @@ def test_consolidator_loads_its_initial_bundle_before_serving(unloadable_bundle,
                     tmp_path / "c.db", "--initial-bundle", unloadable_bundle,
                     "--bind", "tcp://127.0.0.1:*", "--curve", "off")
     assert_one_line(code, err, "thinkmem consolidator:", "ONNX Runtime cannot load the model")
+
+
+def test_train_refuses_an_augmentation_that_cannot_fit(capsys, tmp_path):
+    code, err = run(capsys, "train", "--bag", REAL / "husky_outdoor.bag", "--labels",
+                    REAL / "husky_rules.yaml", "--params", REAL / "husky_params.yaml",
+                    "--augment", "100000000", "--out", tmp_path / "b", "--no-progress")
+    assert_one_line(code, err, "--augment", "[0, 256]")
+    assert not (tmp_path / "b").exists()

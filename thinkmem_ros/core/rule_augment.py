@@ -40,6 +40,11 @@ import numpy as np
 from thinkmem_ros.core.data import SignalStream
 
 
+MAX_COPIES = 256
+"""Relabelled copies of a recording at most: each is a full copy of its windows in memory
+(the default 8 already adds most of what the transforms can vary)."""
+
+
 @dataclass(frozen=True)
 class AugmentConfig:
     """How many relabelled copies to add and how far each transform may go."""
@@ -52,8 +57,9 @@ class AugmentConfig:
     flip_signs: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.copies, int) or self.copies < 0:
-            raise ValueError(f"copies must be an integer >= 0, got {self.copies!r}")
+        if not isinstance(self.copies, int) or not 0 <= self.copies <= MAX_COPIES:
+            raise ValueError(f"copies must be an integer in [0, {MAX_COPIES}], got "
+                             f"{self.copies!r}")
         if not 0.0 <= self.decorrelate <= 1.0:
             raise ValueError(f"decorrelate must be in [0, 1], got {self.decorrelate!r}")
         for name in ("stretch", "gain"):
