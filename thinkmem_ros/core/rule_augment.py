@@ -39,7 +39,6 @@ import numpy as np
 
 from thinkmem_ros.core.data import SignalStream
 
-
 MAX_COPIES = 256
 """Relabelled copies of a recording at most: each is a full copy of its windows in memory
 (the default 8 already adds most of what the transforms can vary)."""
