@@ -164,9 +164,9 @@ def test_config_and_cli_name_the_bad_value(capsys, tmp_path):
     assert not CanaryConfig().enabled and CanaryConfig(robots="a,b").robots == ("a", "b")
     with pytest.raises(ValueError, match="canary"):
         ConsolidatorConfig(signing_key="k", canary={"fraction": 0.1})
-    for argv, words in ((["--canary-fraction", "1.5"], "CanaryConfig.fraction"),
-                        (["--canary-min-feedback", "0"], "CanaryConfig.min_feedback"),
-                        (["--canary-max-wait-s", "-3"], "CanaryConfig.max_wait_s")):
+    for argv, words in ((["--canary-fraction", "1.5"], "--canary-fraction"),
+                        (["--canary-min-feedback", "0"], "--canary-min-feedback"),
+                        (["--canary-max-wait-s", "-3"], "--canary-max-wait-s")):
         assert service_module.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err

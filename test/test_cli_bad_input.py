@@ -187,8 +187,8 @@ def test_bench_refuses_an_unwritable_output_before_running(files, capsys, monkey
     (["--db", "not.db"], "file is not a database"),
     (["--db", "a_folder"], "cannot open store"),
     (["--rehearsal-npz", "garbage.bin"], "not a rehearsal npz"),
-    (["--check-s", "nan"], "check_s must be > 0"),
-    (["--period-s", "nan"], "period_s must be > 0"),
+    (["--check-s", "nan"], "--check-s must be > 0"),
+    (["--period-s", "nan"], "--period-s must be > 0"),
 ], ids=["db-not-sqlite", "db-folder", "npz-garbage", "check-s-nan", "period-s-nan"])
 @pytest.mark.parametrize("entry", [cli.main, service.main], ids=["thinkmem", "service"])
 def test_consolidator_once_bad_input(files, signing_key, capsys, argv, name, entry):

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -818,6 +819,24 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
             knowledge.load()
 
 
+_CONFIG_FIELD = re.compile(r"\b([A-Z][A-Za-z]*)Config\.([a-z_]+)")
+_FIELD_OPTIONS = {"engine_threads": "threads", "engine_address": "address",
+                  "db_path": "db", "buffer_limit": "buffer_limit"}
+
+
+def _as_options(text: str, args: argparse.Namespace) -> str:
+    """Name the command-line option behind a config field (``CanaryConfig.fraction`` ->
+    ``--canary-fraction``): the user typed options, not the classes they fill."""
+    def option(match: re.Match) -> str:
+        owner, name = match.group(1).lower(), match.group(2)
+        for dest in (_FIELD_OPTIONS.get(name, name), f"{owner}_{name}"):
+            if dest in vars(args):
+                return "--" + dest.replace("_", "-")
+        return match.group(0)
+
+    return _CONFIG_FIELD.sub(option, text)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the service from parsed options; prints ``READY <endpoint>`` once bound."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -831,7 +850,8 @@ def run(args: argparse.Namespace) -> int:
             service._discovery_engine()
         check_inputs(config, once=args.once)
     except (ValueError, OSError, RuntimeError) as exc:
-        print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
+        text = _as_options(f"{exc}".splitlines()[0] if f"{exc}" else "", args)
+        print(f"thinkmem consolidator: {text}", file=sys.stderr)
         return 2
     if args.once:
         service.run_round("once")
