@@ -825,8 +825,10 @@ _FIELD_OPTIONS = {"engine_threads": "threads", "engine_address": "address",
 
 
 def _as_options(text: str, args: argparse.Namespace) -> str:
-    """Name the command-line option behind a config field (``CanaryConfig.fraction`` ->
-    ``--canary-fraction``): the user typed options, not the classes they fill.
+    """Name the command-line option behind a config field.
+
+    ``CanaryConfig.fraction`` becomes ``--canary-fraction``: the user typed options, not
+    the classes they fill.
     """
     def option(match: re.Match) -> str:
         owner, name = match.group(1).lower(), match.group(2)
