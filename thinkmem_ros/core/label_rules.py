@@ -269,11 +269,13 @@ def load_rules(path: Path | str,
     """Read and parse a YAML rules file (RulesError naming the file on any problem)."""
     import yaml
 
+    from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
+
     path = Path(path)
     try:
         if path.stat().st_size > MAX_RULES_BYTES:
             raise RulesError(f"{path}: larger than {MAX_RULES_BYTES} bytes")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_numbers_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RulesError(f"{path}: cannot read rules: {exc}") from None
     return parse_rules(raw, source=str(path), signal_names=signal_names)

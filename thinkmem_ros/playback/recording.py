@@ -143,11 +143,13 @@ def load_signal_map(path: Path | str) -> SignalMap:
     """Read a node parameter file's signal map (ValueError naming the file and key)."""
     import yaml
 
+    from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
+
     path = Path(path)
     try:
         if path.stat().st_size > MAX_PARAMS_BYTES:
             raise ValueError(f"{path}: larger than {MAX_PARAMS_BYTES} bytes")
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_numbers_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{path}: cannot read parameters: {exc}") from None
     return parse_signal_map(raw, source=str(path))
