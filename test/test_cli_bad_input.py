@@ -305,3 +305,13 @@ def test_train_refuses_an_augmentation_that_cannot_fit(capsys, tmp_path):
                     "--augment", "100000000", "--out", tmp_path / "b", "--no-progress")
     assert_one_line(code, err, "--augment", "[0, 256]")
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--delay", "1e12"], "delay_s must be in [0,"), (["--rate", "1e-300"], "rate must be in"),
+    (["--clock", "1e-300"], "clock_hz must be in"), (["--clock", "1e12"], "clock_hz must be in"),
+], ids=["delay", "slow-rate", "slow-clock", "fast-clock"])
+def test_bag_play_refuses_timing_it_cannot_keep(tmp_path, capsys, argv, says):
+    """Extreme speeds overflowed the clock mid-play or published no /clock tick at all."""
+    code, err = run(capsys, "bag", "play", REAL / "husky_outdoor.bag", *argv)
+    assert_one_line(code, err, "thinkmem bag play: error:", says)

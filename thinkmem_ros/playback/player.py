@@ -41,6 +41,14 @@ from thinkmem_ros.playback.bag_files import (
 LOG = logging.getLogger(__name__)
 
 
+MIN_RATE, MAX_RATE = 1e-3, 1e4
+"""Playback speed bounds: a bag played a thousand times slower, or ten thousand times
+faster; past them the player's sleeps overflow the clock or it publishes as fast as it can
+anyway."""
+MIN_CLOCK_HZ, MAX_CLOCK_HZ = 1e-3, 1e4
+MAX_WAIT_S = 7 * 86_400.0  # a --delay past a week is a typo
+
+
 @dataclass(frozen=True)
 class PlayConfig:
     """How to play: speed, repetition, simulated clock, topic filter and start."""
@@ -57,15 +65,16 @@ class PlayConfig:
     skip_unknown: bool = False  # leave out topics whose type is not installed (one warning)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"rate must be a finite number > 0, got {self.rate}")
+        if not (math.isfinite(self.rate) and MIN_RATE <= self.rate <= MAX_RATE):
+            raise ValueError(f"rate must be in [{MIN_RATE:g}, {MAX_RATE:g}], got {self.rate}")
         if self.clock_hz is not None and not (math.isfinite(self.clock_hz)
-                                              and self.clock_hz > 0):
-            raise ValueError(f"clock_hz must be > 0, got {self.clock_hz}")
+                                              and MIN_CLOCK_HZ <= self.clock_hz <= MAX_CLOCK_HZ):
+            raise ValueError(f"clock_hz must be in [{MIN_CLOCK_HZ:g}, {MAX_CLOCK_HZ:g}] Hz, "
+                             f"got {self.clock_hz}")
         if not (math.isfinite(self.start_offset_s) and self.start_offset_s >= 0):
             raise ValueError(f"start_offset_s must be >= 0, got {self.start_offset_s}")
-        if not (math.isfinite(self.delay_s) and self.delay_s >= 0):
-            raise ValueError(f"delay_s must be >= 0, got {self.delay_s}")
+        if not (math.isfinite(self.delay_s) and 0 <= self.delay_s <= MAX_WAIT_S):
+            raise ValueError(f"delay_s must be in [0, {MAX_WAIT_S:g}] s, got {self.delay_s}")
         if not (math.isfinite(self.wait_for_subscribers_s) and self.wait_for_subscribers_s >= 0):
             raise ValueError("wait_for_subscribers_s must be >= 0, got "
                              f"{self.wait_for_subscribers_s}")
