@@ -315,3 +315,12 @@ def test_bag_play_refuses_timing_it_cannot_keep(tmp_path, capsys, argv, says):
     """Extreme speeds overflowed the clock mid-play or published no /clock tick at all."""
     code, err = run(capsys, "bag", "play", REAL / "husky_outdoor.bag", *argv)
     assert_one_line(code, err, "thinkmem bag play: error:", says)
+
+
+@pytest.mark.parametrize("option", [["--serial", "5"], ["--chain", "x.json"],
+                                    ["--signing-key", "a.sign.key"]],
+                         ids=["serial", "chain", "signing-key"])
+def test_keys_rotation_options_without_a_rotation(tmp_path, capsys, option):
+    code, err = run(capsys, "keys", "--out", tmp_path / "k", *option)
+    assert_one_line(code, err, "thinkmem keys:", option[0], "only with --rotate")
+    assert not (tmp_path / "k").exists()

@@ -94,6 +94,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "rotate", None) or getattr(args, "revoke", None):
             return _rotation(args)
+        unused = [f"--{k.replace('_', '-')}" for k in ("signing_key", "chain", "serial")
+                  if getattr(args, k, None) is not None]
+        if unused:  # silently ignored, the user would believe a rotation happened
+            raise SystemExit(f"thinkmem keys: {', '.join(unused)} only with --rotate or "
+                             f"--revoke")
         return _pairs(args)
     except (SecurityError, OSError) as exc:
         raise SystemExit(f"thinkmem keys: {one_line(exc)}") from None
