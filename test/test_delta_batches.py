@@ -300,3 +300,56 @@ def test_an_endpoint_with_an_impossible_port_is_refused(tmp_path, endpoint):
         ShipperConfig(endpoint=endpoint, robot_id="r1", spool_path=tmp_path / "s")
     with pytest.raises(ValueError, match="port must be 1-65535"):
         ReceiverConfig(db_path=tmp_path / "db", bind=endpoint)
+
+
+def test_a_store_error_no_check_foresaw_leaves_the_receiver_serving(tmp_path, receiver,
+                                                                    monkeypatch):
+    """Fault injected with a mock: once the values are validated the real store cannot be
+    made to fail this way (a reward past 2**63 did, and stopped the receiver for good).
+    The batch goes unacknowledged, the robot re-sends it, and nothing is lost or doubled."""
+    from thinkmem_ros.consolidator.store import ExperienceStore
+
+    real_insert = ExperienceStore.insert_many
+    failures = []
+
+    def fail_once(self, rows):
+        if not failures:
+            failures.append(len(rows))
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return real_insert(self, rows)
+
+    monkeypatch.setattr(ExperienceStore, "insert_many", fail_once)
+    records = episode_records(40, episodes=2, ship_every=1)
+    for record in records:
+        record.seq = None
+    cfg = ShipperConfig(endpoint=receiver.endpoint, robot_id="r1", spool_path=tmp_path / "s.db",
+                        batch_size=16, ack_timeout_s=0.5, backoff_initial_s=0.05,
+                        backoff_max_s=0.2)
+    with ExperienceShipper(cfg) as shipper:
+        for record in records:
+            assert shipper.ship(record)
+        assert shipper.flush(20.0)
+    assert failures and receiver.stats.store_errors == 1
+    assert len(stored(tmp_path / "store.db")) == 40
+
+
+def test_a_reward_past_what_a_store_holds_is_rejected_by_index(tmp_path, receiver):
+    """A robot's record with reward 2**63 (msgpack carries it) stopped the receiver when the
+    store could not hold it; now it is refused by index and the rest of the batch stored."""
+    records = episode_records(3)
+    items = [encode_experience(e, seq=10 + i) for i, e in enumerate(records)]
+    poisoned = msgpack.unpackb(items[1])
+    poisoned["reward"] = 2**63
+    items[1] = msgpack.packb(poisoned, use_bin_type=True)
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(receiver.endpoint)
+    try:
+        for batch in (1, 2):  # the re-send a robot makes: refused again, nothing doubled
+            sock.send(protocol.experience_batch(batch, "r1", items))
+            assert sock.poll(5000), "no reply: the receiver stopped"
+            body = protocol.decode_frame(sock.recv()).body
+            assert [i for i, _ in body["rejected"]] == [1] and "reward" in body["rejected"][0][1]
+    finally:
+        sock.close(0)
+    assert sorted(stored(tmp_path / "store.db")) == [10, 12]

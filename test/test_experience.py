@@ -66,6 +66,8 @@ def test_numpy_scalars_accepted_at_construction():
     (dict(stamp=-1.0), "stamp"),
     (dict(stamp=math.inf), "stamp"),
     (dict(reward=math.nan), "reward"),
+    (dict(reward=2**63), "reward"),
+    (dict(reward=-10**400), "reward"),
     (dict(outcome=math.inf), "outcome"),
     (dict(outcome=[1]), "outcome"),
     (dict(trace="x" * (LIMITS["max_trace"] + 1)), "trace"),
@@ -148,6 +150,8 @@ def _f4(*values):
     (dict(outcome="x" * (LIMITS["max_text"] + 1)), "outcome"),
     (dict(reward=math.nan), "reward"),
     (dict(reward=True), "reward"),
+    (dict(reward=2**63), "reward"),
+    (dict(reward=1e300), "reward"),
     (dict(required=["ok", "not ok"]), r"required\[1\]"),
 ])
 def test_wire_path_makes_every_constructor_check(overrides, field):

@@ -330,9 +330,7 @@ def _checked_map(data: Any) -> dict[str, Any]:
     _check_outcome(data["outcome"])
     if data["required"] is not None:
         _check_names("required", data["required"], LIMITS["max_labels"])
-    reward = data["reward"]
-    if reward is not None and not math.isfinite(reward):
-        raise ExperienceError(f"reward: expected a finite number or None, got {reward!r}")
+    _check_reward(data["reward"])
     return data
 
 
@@ -523,9 +521,21 @@ def _validate(exp: Experience) -> None:
     _check_outcome(exp.outcome)
     if exp.required is not None:
         _check_names("required", exp.required, LIMITS["max_labels"])
-    if exp.reward is not None and (
-            type(exp.reward) not in (float, int) or not math.isfinite(exp.reward)):
+    if exp.reward is not None and type(exp.reward) not in (float, int):
         raise ExperienceError(f"reward: expected a finite number or None, got {exp.reward!r}")
+    _check_reward(exp.reward)
+
+
+MAX_REWARD = 1e15
+"""Largest reward magnitude: feedback is a score, and an integer past 2**63 cannot be
+stored (one such record stopped the consolidator's receiver on every re-send)."""
+
+
+def _check_reward(reward: float | int | None) -> None:
+    # abs() first: an int past float range would overflow math.isfinite; NaN compares False
+    if reward is not None and not abs(reward) <= MAX_REWARD:
+        raise ExperienceError(f"reward: expected a finite number of magnitude at most "
+                              f"{MAX_REWARD:g}, or None, got {reward!r}")
 
 
 def _check_window(exp: Experience) -> None:

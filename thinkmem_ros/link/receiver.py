@@ -318,7 +318,12 @@ class ExperienceReceiver:
                     break
                 # ZAP's User-Id (the sender's Z85 key) travels with every message
                 user = parts[-1].get("User-Id") if self._allow is not None else None
-                self._handle(store, parts, user)
+                try:
+                    self._handle(store, parts, user)
+                except Exception:  # noqa: BLE001 - one message must not stop the receiver
+                    self.stats.bad_frames += 1
+                    log.exception("handling a message failed; it is dropped unacknowledged "
+                                  "(a robot re-sends its batch) and the receiver serves on")
 
     def _send_pushes(self) -> None:
         while True:
@@ -493,6 +498,11 @@ class ExperienceReceiver:
         except SinkError as exc:  # no ACK: the robot keeps the batch and re-sends it
             self.stats.store_errors += 1
             log.error("store write failed, batch %s not acknowledged: %s", body["batch"], exc)
+            return
+        except Exception:  # noqa: BLE001 - a value validation missed: same, and say where
+            self.stats.store_errors += 1
+            log.exception("store write failed unexpectedly, batch %s not acknowledged",
+                          body["batch"])
             return
         self.stats.batches += 1
         self.stats.stored += stored
