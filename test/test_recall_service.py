@@ -76,3 +76,21 @@ def test_the_recall_index_holds_the_newest_experiences_it_is_allowed(tmp_path):
     _, key = write_signing_keypair(tmp_path / "keys", "c")
     with pytest.raises(ValueError, match="recall_experiences"):
         ConsolidatorConfig(db_path=tmp_path / "c.db", signing_key=key, recall_experiences=-1)
+
+
+def test_windows_of_another_length_are_left_out_of_the_index(tmp_path, caplog):
+    """One robot's records from a bundle with another window stopped the consolidator's
+    start (the index could not stack them); they stay stored and stay out of recall."""
+    from thinkmem_ros.consolidator.recall_server import index_store
+
+    bundle = world.running_bundle(tmp_path / "running")
+    exps = [replace(e, seq=i) for i, e in enumerate(world.experiences("r0", 4, 5, seed=4))]
+    short = [replace(e, seq=100 + i, robot_id="r9", window=e.window[-2:],
+                     mask=None if e.mask is None else e.mask[-2:])
+             for i, e in enumerate(exps[:3])]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in exps + short])
+    with caplog.at_level("WARNING"):
+        index = index_store(tmp_path / "c.db", load_bundle(bundle), limit=0)
+    assert sorted(r.seq for r in index.refs) == list(range(len(exps)))
+    assert "3 stored experiences with windows other than" in caplog.text

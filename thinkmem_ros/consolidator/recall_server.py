@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,10 +154,30 @@ def index_store(db_path: Path | str, bundle, batch: int = 256,
     dim = int(runtime.predict(*_probe_inputs(runtime)).embedding.shape[1])
     if limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+    want = (runtime.window, len(runtime.manifest.signals))
+    skipped = 0
+
+    def fitting(experiences: Iterable[Experience]) -> Iterator[Experience]:
+        """Only the windows this bundle can embed.
+
+        A robot that ran a bundle of another window length (its records are stored) made
+        the whole index, and so the consolidator's start, fail on a shape error.
+        """
+        nonlocal skipped
+        for exp in experiences:
+            if exp.window.shape == want:
+                yield exp
+            else:
+                skipped += 1
+
     with ExperienceStore(db_path) as store:
         after = max(0, store.last_id() - limit) if limit else 0
-        return index_experiences(store.iter_all(after_id=after),
-                                 lambda chunk: embed_experiences(runtime, chunk), dim, batch)
+        index = index_experiences(fitting(store.iter_all(after_id=after)),
+                                  lambda chunk: embed_experiences(runtime, chunk), dim, batch)
+    if skipped:
+        log.warning("recall index: %d stored experiences with windows other than %s left "
+                    "out (recorded under another bundle)", skipped, want)
+    return index
 
 
 def _probe_inputs(runtime) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
