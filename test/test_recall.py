@@ -210,3 +210,54 @@ def test_index_from_experiences_with_the_runtime(source_bundle):
                             dim=embed_experiences(runtime, exps[:1]).shape[1])
     query = embed_experiences(runtime, exps[2:3])[0]
     assert len(idx) == 6 and idx.query(query, 1)[0]["episode_id"] == "ep2"
+
+
+GOOD_ITEM = {"robot_id": "r1", "episode_id": "ep", "seq": 3, "stamp": 1.5, "score": 0.9,
+             "labels": ["trend"], "reward": None}
+
+
+@pytest.mark.parametrize("items, says", [
+    ([{**GOOD_ITEM, "episode_id": b"bytes"}], "episode_id"),
+    ([{**GOOD_ITEM, "score": float("nan")}], "score"),
+    ([{**GOOD_ITEM, "seq": 2**64 - 1}], "seq"),
+    ([{**GOOD_ITEM, "labels": [1, 2]}], "labels"),
+    ([{**GOOD_ITEM, "extra": 1}], "not an evidence map"),
+    ([GOOD_ITEM] * 5, "at most 4"),
+], ids=["bytes", "nan", "big-int", "labels", "extra-key", "too-many"])
+def test_evidence_the_node_could_not_publish_is_refused(items, says):
+    """A broken or hostile server's evidence must not reach the node's JSON and gates."""
+    import threading
+
+    import zmq
+
+    from thinkmem_ros.link.sockets import context
+
+    router = context().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind("tcp://127.0.0.1:*")
+    endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def answer() -> None:
+        for reply_items in (items, [GOOD_ITEM]):  # the hostile reply, then a good one
+            if not router.poll(5000):
+                return
+            identity, request = router.recv_multipart()
+            from thinkmem_ros.link.protocol import decode_frame
+
+            req_id = decode_frame(request).body["id"]
+            router.send_multipart([identity, b"garbage, not a frame"])  # a stray frame too
+            router.send_multipart([identity, encode_frame(
+                Kind.RECALL_REP, {"id": req_id, "items": reply_items})])
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    client = RecallClient(endpoint, "r1", deadline_s=2.0, k=4)
+    try:
+        with pytest.raises(RecallError, match=says):
+            client.recall(np.ones(D))
+        assert client.recall(np.ones(D)) == [GOOD_ITEM]  # the stray frame was skipped
+        assert client.bad_frames == 2
+    finally:
+        client.close()
+        thread.join(5)
+        router.close(0)

@@ -9,6 +9,7 @@ offboard (``consolidator.recall_server``); the wire format is in ``link.protocol
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -54,6 +55,7 @@ class RecallClient:
         self._socket.connect(endpoint)
         self._next_id = 0
         self.timeouts = 0
+        self.bad_frames = 0
 
     def recall(self, embedding: np.ndarray, robot_id: str | None = None) -> list[dict]:
         """Top-k evidence for ``embedding`` within the deadline; raises RecallError otherwise."""
@@ -76,15 +78,15 @@ class RecallClient:
             data = self._socket.recv()
             try:
                 reply = decode_frame(data)
-            except ProtocolError as exc:
-                raise RecallError(f"bad recall reply: {exc}") from exc
+            except ProtocolError as exc:  # a stray frame: wait on for our reply
+                self.bad_frames += 1
+                log.debug("recall: undecodable frame skipped: %s", exc)
+                remaining_ms = clock.remaining_ms()
+                continue
             if reply.kind is Kind.REFUSED:
                 raise RecallError(f"recall refused: {reply.body.get('reason')}")
             if reply.kind is Kind.RECALL_REP and reply.body.get("id") == req_id:
-                items = reply.body.get("items")
-                if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                    raise RecallError("bad recall reply: items must be a list of maps")
-                return items
+                return checked_evidence(reply.body.get("items"), self.k)
             remaining_ms = clock.remaining_ms()  # a stale reply to an earlier request
         self.timeouts += 1
         raise RecallError(f"recall timed out after {self.deadline_s * 1000:.0f} ms")
@@ -92,6 +94,49 @@ class RecallClient:
     def close(self) -> None:
         """Close the socket without lingering."""
         self._socket.close(0)
+
+
+_EVIDENCE_FIELDS = {"robot_id": str, "episode_id": str, "seq": int, "stamp": float,
+                    "score": float, "labels": list, "reward": float}
+_MAX_TEXT = 256
+
+
+def checked_evidence(items: object, k: int) -> list[dict]:
+    """The reply's evidence when every item is what the server sends; else RecallError.
+
+    The node publishes evidence as JSON and the gates read its fields: bytes, NaN, a
+    2**64 integer or ten thousand items from a broken or hostile server must be refused
+    here, not fail the node's frame (the frame's experience was lost that way).
+    """
+    if not isinstance(items, list) or len(items) > k:
+        raise RecallError(f"bad recall reply: items must be a list of at most {k} maps")
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != set(_EVIDENCE_FIELDS):
+            raise RecallError("bad recall reply: an item is not an evidence map")
+        for name, kind in _EVIDENCE_FIELDS.items():
+            value = item[name]
+            if name == "reward" and value is None:
+                continue
+            if not _is_kind(value, kind):
+                raise RecallError(f"bad recall reply: {name} {value!r:.40}")
+        labels = item["labels"]
+        if len(labels) > MAX_RECALL_K * 64 or not all(
+                isinstance(x, str) and len(x) <= _MAX_TEXT for x in labels):
+            raise RecallError("bad recall reply: labels must be short names")
+        out.append(dict(item))
+    return out
+
+
+def _is_kind(value: object, kind: type) -> bool:
+    if kind is float:
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and abs(value) <= 1e300)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    if kind is str:
+        return isinstance(value, str) and len(value) <= _MAX_TEXT
+    return isinstance(value, kind)
 
 
 class _Deadline:
