@@ -223,6 +223,9 @@ def test_a_real_receiver_accepts_a_locally_trained_bundle_of_the_served_signal_s
                 assert ship.flush(15.0), f"{robot}: not acknowledged"
                 stats = ship.stats()
             assert stats["acked"] == len(records) and stats["spool_rows"] == 0, robot
+            # a refused robot is told why (by index, in the ACK), not sent an empty ACK
+            refused = robot in ("other-robot", "old-local-robot")
+            assert stats["rejected"] == (len(records) if refused else 0), (robot, stats)
         deadline = time.monotonic() + 5.0
         while sum(accept.refused.values()) < 6 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
 from thinkmem_ros.core.arguments import OneLineParser
@@ -45,8 +45,9 @@ class SignalSetFilter:
     - one with neither is accepted when its window has the line's number of signals.
 
     Everything else is refused with a counted reason (``refused``): ``signal_set``,
-    ``unknown_bundle`` or ``window_width``. Refused experiences are still acknowledged, so
-    a robot's spool does not resend them forever.
+    ``unknown_bundle`` or ``window_width``. Refused experiences are rejected by index in
+    the batch's ACK with that reason: the robot logs why and drops them (its spool does
+    not resend them forever), instead of seeing an ACK that stored nothing.
     """
 
     def __init__(self, bundles: Iterable[Bundle]) -> None:
@@ -81,32 +82,20 @@ class SignalSetFilter:
                 return None if self.known[sha] in self.served else "signal_set"
             return None if width in self.widths else "window_width"
 
-    def split(self, experiences: Sequence[Experience]) -> list[Experience]:
-        """The accepted experiences; each refusal is counted under its reason."""
-        kept = []
-        for experience in experiences:
-            why = self.reason(experience)
-            if why is None:
-                kept.append(experience)
-            else:
-                with self._lock:
-                    self.refused[why] = self.refused.get(why, 0) + 1
-        return kept
+    def refusal(self, experience: Experience) -> str | None:
+        """The receiver's screen: None when accepted, else the reason the robot is told.
 
-
-class _FilteredStore:
-    """An experience store that stores only what the signal-set filter accepts."""
-
-    def __init__(self, store: ExperienceStore, accept: SignalSetFilter) -> None:
-        self.store, self.accept = store, accept
-
-    def insert_many(self, rows: Sequence[tuple[Experience, bytes]]) -> tuple[int, int]:
-        kept = self.accept.split([e for e, _ in rows])
-        keep = {id(e) for e in kept}
-        return self.store.insert_many([(e, raw) for e, raw in rows if id(e) in keep])
-
-    def close(self) -> None:
-        self.store.close()
+        The reason goes into the ACK's rejected list; it is counted under ``refused``.
+        """
+        why = self.reason(experience)
+        if why is None:
+            return None
+        with self._lock:
+            self.refused[why] = self.refused.get(why, 0) + 1
+        return (f"not of this consolidator's signal set ({why}: fingerprint "
+                f"{experience.signal_set[:12] or '-'}, bundle "
+                f"{experience.bundle_sha256[:12] or '-'}, {experience.window.shape[1]} "
+                f"signals); run a consolidator for that line")
 
 
 def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
@@ -120,9 +109,8 @@ def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
     def store() -> ExperienceStore:
         return ExperienceStore(config.db_path, flush_rows=flush_rows)
 
-    if accept is None:
-        return ExperienceReceiver(config, open_store=store)
-    return ExperienceReceiver(config, open_store=lambda: _FilteredStore(store(), accept))
+    return ExperienceReceiver(config, open_store=store,
+                              screen=accept.refusal if accept is not None else None)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -150,9 +150,16 @@ class ReceiverStats:
 class ExperienceReceiver:
     """ROUTER that validates, stores exactly once (commit before ACK) and acknowledges."""
 
-    def __init__(self, config: ReceiverConfig, open_store: Callable[[], ExperienceSink]) -> None:
+    def __init__(self, config: ReceiverConfig, open_store: Callable[[], ExperienceSink],
+                 screen: Callable[[Experience], str | None] | None = None) -> None:
+        """Serve ``config``, storing into what ``open_store`` opens.
+
+        ``screen``: why a valid experience is not taken here (None: taken); such records
+        are rejected by index in the ACK, so the robot logs the reason and drops them.
+        """
         self.config = config
         self._open_sink = open_store
+        self._screen = screen
         self.stats = ReceiverStats()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -491,6 +498,10 @@ class ExperienceReceiver:
             if experience.robot_id != body["robot_id"]:
                 rejected.append((index, f"robot_id {experience.robot_id!r} != batch's "
                                         f"{body['robot_id']!r}"))
+                continue
+            why = self._screen(experience) if self._screen is not None else None
+            if why is not None:
+                rejected.append((index, why))
                 continue
             valid.append(result)
         try:
