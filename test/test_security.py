@@ -210,3 +210,19 @@ def test_alive_follows_the_shipper_thread(tmp_path):
     assert shipper.alive()
     shipper.close()
     assert not shipper.alive()
+
+
+def test_anonymous_routing_ids_cannot_be_predicted():
+    """libzmq numbers anonymous peers from an unseeded rand(): every process's first ROUTER
+    gave the same id, so a peer could claim the next ids and make the next genuine
+    connection abort the process. Two fresh processes must now give different ids."""
+    import subprocess
+    import sys
+
+    code = ("import zmq\nfrom thinkmem_ros.link.sockets import context\nctx = context()\n"
+            "r = ctx.socket(zmq.ROUTER); r.bind('tcp://127.0.0.1:*')\n"
+            "d = ctx.socket(zmq.DEALER); d.connect(r.getsockopt_string(zmq.LAST_ENDPOINT))\n"
+            "d.send(b'x'); print(r.recv_multipart()[0].hex())\n")
+    ids = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip() for _ in range(3)}
+    assert len(ids) == 3 and "006b8b4567" not in ids, ids

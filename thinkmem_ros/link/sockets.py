@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 
 import zmq
 
@@ -20,7 +21,33 @@ class TransportError(RuntimeError):
 
 def context() -> zmq.Context:
     """Return the process's one ZeroMQ Context (sockets share its I/O thread and ZAP)."""
+    _seed_routing_ids()
     return zmq.Context.instance()
+
+
+_SEEDED: list[bool] = []
+
+
+def _seed_routing_ids() -> None:
+    """Make the routing ids a ROUTER gives anonymous peers unpredictable.
+
+    libzmq (4.3.5) numbers them from the C library's ``rand()``, which nothing seeds: the
+    first ROUTER of every process starts at the same id, and the id of the next peer is
+    not checked against ids that peers chose themselves. A peer that connects with the
+    next few ids first makes the next genuine connection abort the whole process (an
+    assertion in libzmq, found by a hostile-input audit). Seeded from the OS, the next id
+    is one of 2^32 and cannot be claimed in advance. Done once, before any socket exists.
+    """
+    if _SEEDED:
+        return
+    _SEEDED.append(True)
+    name = ctypes.util.find_library("c")
+    try:
+        seed = ctypes.CDLL(name).srand if name else None
+    except (OSError, AttributeError):
+        return
+    if seed is not None:
+        seed(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
 
 
 class RateLimitedLog:
