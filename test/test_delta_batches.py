@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import msgpack
 import numpy as np
@@ -353,3 +354,26 @@ def test_a_reward_past_what_a_store_holds_is_rejected_by_index(tmp_path, receive
     finally:
         sock.close(0)
     assert sorted(stored(tmp_path / "store.db")) == [10, 12]
+
+
+def test_a_many_part_message_is_trimmed_after_like_a_big_frame(tmp_path, receiver,
+                                                               monkeypatch):
+    """ZeroMQ's size limit is per part, so one message of many parts can hold far more
+    than a frame; the receiver must count it towards the idle heap trim and let go of
+    its buffers (the audit's 1.5 GB message stayed resident before)."""
+    import thinkmem_ros.link.receiver as receiver_module
+
+    trims = []
+    monkeypatch.setattr(receiver_module, "release_freed_memory", lambda: trims.append(1))
+    monkeypatch.setattr(receiver_module, "_TRIM_AFTER_BYTES", 2 * 1024 * 1024)
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(receiver.endpoint)
+    try:
+        sock.send_multipart([bytes(900_000)] * 4)  # 3.6 MB in one message of 4 parts
+        deadline = time.monotonic() + 5.0
+        while not trims and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sock.close(0)
+    assert trims and receiver.stats.bad_frames == 1

@@ -331,6 +331,9 @@ class ExperienceReceiver:
                     self.stats.bad_frames += 1
                     log.exception("handling a message failed; it is dropped unacknowledged "
                                   "(a robot re-sends its batch) and the receiver serves on")
+                # the frames hold ZeroMQ's buffers (copy=False): let them go now, not when
+                # the next message arrives, so an idle trim can return a big one's memory
+                del parts
 
     def _send_pushes(self) -> None:
         while True:
@@ -443,6 +446,9 @@ class ExperienceReceiver:
     def _handle(self, store: ExperienceSink, parts: list, user: str | None = None) -> None:
         self.stats.frames += 1
         if len(parts) != 2:
+            # a many-part message is held whole by ZeroMQ (its size limit is per part):
+            # count what it held so the heap is trimmed after it as after big frames
+            self._bytes_since_trim += sum(len(p) for p in parts)
             self._bad(f"expected [identity, frame], got {len(parts)} parts")
             return
         # zmq.Frame (the serving loop, copy=False) or bytes (callers that already copied)
