@@ -32,7 +32,7 @@ from thinkmem_ros.link.protocol import (
     encode_frame,
     refused,
 )
-from thinkmem_ros.link.sockets import context
+from thinkmem_ros.link.sockets import RateLimitedLog, context
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,8 @@ class RecallServer:
                  poll_ms: int = 50) -> None:
         self.index = index
         self._lock = threading.Lock()
+        # a flood of bad requests must not flood the log: the first, then every 100th
+        self._refusal_log = RateLimitedLog(log, 100)
         self._socket = context().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         # a request is an embedding and a few ints: anything far bigger is not one, and
@@ -233,7 +235,7 @@ class RecallServer:
                 items = self.index.query(np.frombuffer(raw, dtype="<f4"), k)
         except (ProtocolError, ValueError) as exc:
             self.refused += 1
-            log.warning("recall request refused: %s", exc)
+            self._refusal_log(logging.WARNING, "recall request refused: %s", exc)
             return refused(str(exc))
         self.served += 1
         return encode_frame(Kind.RECALL_REP, {"id": req_id, "items": items})

@@ -47,6 +47,7 @@ from thinkmem_ros.link.security import (
     SignatureError,
     load_verify_key,
 )
+from thinkmem_ros.link.sockets import RateLimitedLog
 from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
 from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig, log_outcome
 
@@ -128,6 +129,7 @@ class BundleReceiver:
         self.on_install = on_install
         self._lock = threading.Lock()
         self._counters = _Counters()
+        self._refusal_log = RateLimitedLog(log, 100)  # a flood of bad pushes: first, every 100th
         self.last_reason = ""
         self.bundles_dir: Path = config.bundles_dir
         self.bundles_dir.mkdir(parents=True, exist_ok=True)
@@ -169,8 +171,8 @@ class BundleReceiver:
             except PushRejected as exc:
                 self._counters.rejected[exc.kind] += 1
                 self.last_reason = f"{exc.kind}: {exc}"
-                log.warning("REFUSED pushed bundle (%s): %s; keeping v%d", exc.kind, exc,
-                            self.version)
+                self._refusal_log(logging.WARNING, "REFUSED pushed bundle (%s): %s; keeping v%d",
+                                  exc.kind, exc, self.version)
                 return None
             if path is None:
                 return None
