@@ -167,3 +167,11 @@ def test_a_backward_sim_clock_jump_resets_the_window(probe_ctx):
 
     record = probe_sim_clock_backward(probe_ctx)
     assert not record["crashed"] and record["ok"], record["detail"]
+
+
+def test_a_bad_bundle_path_set_at_runtime_is_refused_with_a_reason(probe_ctx):
+    """A missing folder, and a name past the file system's limit (which stopped the node)."""
+    from thinkmem_ros.bench.fault_probes_node import probe_param_set_bad_bundle
+
+    record = probe_param_set_bad_bundle(probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]

@@ -489,7 +489,11 @@ def probe_extreme_stamps(ctx: ProbeContext) -> dict:
 
 
 def probe_sim_clock_backward(ctx: ProbeContext) -> dict:
-    """With use_sim_time, /clock steps back 500 s (a restarted simulation): window reset."""
+    """With use_sim_time, /clock steps back 500 s (a restarted simulation): window reset.
+
+    Then one /clock message with negative seconds: rclpy's own clock callback raises on
+    it, which used to stop the node; it is counted (``input_errors``) and the node goes on.
+    """
     from rosgraph_msgs.msg import Clock
     from sensor_msgs.msg import Temperature
 
@@ -526,13 +530,23 @@ def probe_sim_clock_backward(ctx: ProbeContext) -> dict:
             time.sleep(1.5)
             fresh = obs.wait(lambda: _temperature_fresh(obs), 3.0)
             ooo = obs.counter("out_of_order") - ooo0
+            errors0 = obs.counter("input_errors")
+            from builtin_interfaces.msg import Time
+
+            clock.publish(Clock(clock=Time(sec=-5, nanosec=0)))  # a broken simulator
+            counted = obs.wait(lambda: obs.counter("input_errors") > errors0, 5.0)
+            time.sleep(1.0)
+            survived = node.proc.poll() is None and obs.wait(
+                lambda: _temperature_fresh(obs), 5.0)
         finally:
             stop.set()
             ticker.join(timeout=2.0)
             feeder.join(timeout=2.0)
-        ok = reset and fresh and ooo <= 3
+        ok = reset and fresh and ooo <= 3 and counted and survived
         return ok, (f"time_jumps {obs.counter('time_jumps')}, out_of_order +{ooo} after the "
-                    f"jump; temperature {'fresh' if fresh else 'STALE (blinded)'}")
+                    f"jump; temperature {'fresh' if fresh else 'STALE (blinded)'}; negative "
+                    f"/clock {'counted' if counted else 'NOT counted'}, node "
+                    f"{'running' if survived else 'STOPPED'}")
 
     return _with_node(ctx, "sim_clock_backward", {"use_sim_time": True}, body,
                       wait_frames=False)
@@ -629,19 +643,29 @@ def probe_param_set_bad_bundle(ctx: ProbeContext) -> dict:
     from rcl_interfaces.srv import GetParameters, SetParameters
     from rclpy.parameter import Parameter
 
-    def body(node: Child, obs: Observer) -> tuple[bool, str]:
+    def set_bundle(value: str):
         request = SetParameters.Request(parameters=[
-            Parameter("bundle_path", value="/nonexistent/bundle").to_parameter_msg()])
-        answer = obs.call(SetParameters, "/thinking_node/set_parameters", request)
-        if answer is None:
+            Parameter("bundle_path", value=value).to_parameter_msg()])
+        answer = obs_ref[0].call(SetParameters, "/thinking_node/set_parameters", request)
+        return None if answer is None else answer.results[0]
+
+    obs_ref: list = []
+
+    def body(node: Child, obs: Observer) -> tuple[bool, str]:
+        obs_ref.append(obs)
+        outcome = set_bundle("/nonexistent/bundle")
+        # a name past the file system's limit (ENAMETOOLONG) stopped the node once
+        too_long = set_bundle("/tmp/" + "y" * 300)
+        if outcome is None or too_long is None:
             return False, "set_parameters did not answer"
-        outcome = answer.results[0]
         now = obs.call(GetParameters, "/thinking_node/get_parameters",
                        GetParameters.Request(names=["bundle_path"]))
         kept = now is not None and now.values[0].string_value == str(ctx.bundle)
         running = _still_publishing(obs)
-        ok = not outcome.successful and "not found" in outcome.reason and kept and running
-        return ok, (f"successful={outcome.successful} reason={outcome.reason!r}; parameter "
+        ok = (not outcome.successful and "not found" in outcome.reason
+              and not too_long.successful and kept and running)
+        return ok, (f"successful={outcome.successful} reason={outcome.reason!r}; a 300-"
+                    f"character name: {too_long.reason[:60]!r}; parameter "
                     f"{'kept' if kept else 'CHANGED'}")
 
     return _with_node(ctx, "param_set_bad_bundle", {}, body)

@@ -493,8 +493,11 @@ class ThinkingNode(Node):
             folder = resolve_bundle_path(value)
         except FileNotFoundError as exc:  # '' and no shipped default installed
             return str(exc)
-        if not folder.is_dir():
-            return f"bundle folder not found: {folder}"
+        try:
+            if not folder.is_dir():
+                return f"bundle folder not found: {folder}"
+        except OSError as exc:  # a name past the file system's limit (ENAMETOOLONG)
+            return f"bundle folder unusable: {folder}: {exc.strerror or exc}"
         try:
             manifest = read_manifest(folder)
         except BundleError as exc:
@@ -548,6 +551,14 @@ class ThinkingNode(Node):
             self._stats.input_errors += 1
         self.get_logger().error(f"{handler}: message dropped: {type(exc).__name__}: "
                                 f"{str(exc)[:200]}", throttle_duration_sec=5.0)
+
+    def callback_failed(self, exc: BaseException) -> None:
+        """Count a callback that raised outside the node's handlers; the node goes on.
+
+        rclpy's own sim-time clock callback raises on a /clock message with negative
+        seconds; it is counted as an input error like a bad sensor message.
+        """
+        self._input_error("callback", exc)
 
     def _on_time_jump(self, jump: TimeJump) -> None:
         """ROS time jumped back (or switched source): start the window afresh."""
@@ -963,7 +974,7 @@ def main(args: list[str] | None = None) -> int:
         return 0
     try:
         init = rclpy.init(args=args)
-    except _rclpy.RCLError as exc:
+    except (_rclpy.RCLError, _rclpy.UnknownROSArgsError) as exc:  # a typo'd --param-file
         return _refuse(exc)
     try:
         with init:
@@ -991,7 +1002,7 @@ def main(args: list[str] | None = None) -> int:
                 node.drain_queued = kind != "events"  # see ThinkingNode._on_samples
                 node.get_logger().info(f"executor: {kind}")
                 executor.add_node(node)
-                spin(executor, kind, node.context)
+                spin(executor, kind, node.context, on_error=node.callback_failed)
             except (_rclpy.RCLError, RuntimeError):
                 # SIGINT/SIGTERM shut the context down between two waits (or right after
                 # "ready", before the executor took the node): building the next wait set

@@ -15,7 +15,10 @@ has no events executor (older distributions), ``events`` falls back to the singl
 
 from __future__ import annotations
 
-from rclpy.executors import Executor, SingleThreadedExecutor
+from collections.abc import Callable
+
+from rclpy.executors import Executor, ExternalShutdownException, SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.task import Future
 
 from thinkmem_ros.robot.node_config import EXECUTOR_CHOICES
@@ -38,13 +41,26 @@ def make_executor(kind: str, context=None) -> tuple[Executor, str]:
     raise ValueError(f"executor must be one of {list(EXECUTOR_CHOICES)}, got {kind!r}")
 
 
-def spin(executor: Executor, kind: str, context) -> None:
+def spin(executor: Executor, kind: str, context,
+         on_error: Callable[[BaseException], None] | None = None) -> None:
     """Run callbacks until ``context`` shuts down.
 
-    Either executor may then raise ``ExternalShutdownException``: a requested stop.
+    Either executor may then raise ``ExternalShutdownException``: a requested stop (and
+    rcl errors or RuntimeError while the context shuts down: the caller tells those
+    apart). Any other exception out of a callback, including rclpy's own (its sim-time
+    clock callback raises on a /clock message with negative seconds), is one bad message:
+    ``on_error`` hears of it and spinning goes on, where it used to stop the node.
     """
-    if kind == "single":
-        executor.spin()
-        return
     while context.ok():
-        executor.spin_until_future_complete(Future(), timeout_sec=SLICE_S)
+        try:
+            if kind == "single":
+                executor.spin()
+                return
+            executor.spin_until_future_complete(Future(), timeout_sec=SLICE_S)
+        except (ExternalShutdownException, KeyboardInterrupt, _rclpy.RCLError,
+                RuntimeError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if on_error is None:
+                raise
+            on_error(exc)
