@@ -713,6 +713,21 @@ def probe_params_unparsable(ctx: ProbeContext) -> dict:
     return _refusal_probe(ctx, "params_unparsable", ["--params-file", str(path)], "not YAML")
 
 
+def probe_params_aliases(ctx: ProbeContext) -> dict:
+    """535 bytes of nested YAML aliases: expanding them hung the start at 100 % CPU."""
+    lines = ["/**:", "  ros__parameters:", "    a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = _params_file(ctx.folder("params_aliases"), "\n".join(lines) + "\n")
+    return _refusal_probe(ctx, "params_aliases", ["--params-file", str(path)],
+                          "YAML aliases")
+
+
+def probe_ros_args_typo(ctx: ProbeContext) -> dict:
+    """``--param-file`` for ``--params-file``: rclpy's error was a traceback."""
+    return _refusal_probe(ctx, "ros_args_typo", ["--param-file", "x.yaml"],
+                          "unknown ROS arguments")
+
+
 def probe_params_unknown_parameter(ctx: ProbeContext) -> dict:
     """A misspelt parameter (``frame_rate``) in the params file."""
     text = _default_params_text().replace("frame_rate_hz:", "frame_rate:")
@@ -1198,6 +1213,8 @@ PROBES: dict[str, Callable[[ProbeContext], dict]] = {
     "param_set_bad_bundle": probe_param_set_bad_bundle,
     "params_missing": probe_params_missing,
     "params_unparsable": probe_params_unparsable,
+    "params_aliases": probe_params_aliases,
+    "ros_args_typo": probe_ros_args_typo,
     "params_unknown_parameter": probe_params_unknown_parameter,
     "params_signal_key": probe_params_signal_key,
     "params_signal_name": probe_params_signal_name,

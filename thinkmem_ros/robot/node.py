@@ -974,7 +974,10 @@ def main(args: list[str] | None = None) -> int:
         return 0
     try:
         init = rclpy.init(args=args)
-    except (_rclpy.RCLError, _rclpy.UnknownROSArgsError) as exc:  # a typo'd --param-file
+    except _rclpy.UnknownROSArgsError as exc:  # a typo'd --params-file
+        return _refuse(f"unknown ROS arguments {exc} (see ros2 run --help; the params file "
+                       f"option is --params-file)")
+    except _rclpy.RCLError as exc:
         return _refuse(exc)
     try:
         with init:

@@ -608,9 +608,25 @@ def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[
         raise ParamsFileError(f"{where}: nested too deeply") from None
     if root is None:
         return {}
+    _refuse_aliases(text, where)
     out: dict[str, str] = {}
     _walk_nodes(root, [], node_fqn, out, where)
     return out
+
+
+def _refuse_aliases(text: str, where: str) -> None:
+    """Rcl refuses YAML aliases (``*name``) in a params file; say so before reading on.
+
+    Walking an alias graph is where a recursive alias (``a: &a [x, *a]``) ran out of stack
+    and 535 bytes of nested aliases expanded without end, before rcl could refuse them.
+    """
+    import yaml
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1 if event.start_mark else "?"
+            raise ParamsFileError(f"{where}: line {line}: YAML aliases (*{event.anchor}) "
+                                  f"are not supported in a params file (rcl refuses them)")
 
 
 def _line(node) -> str:
