@@ -204,3 +204,17 @@ def test_robot_side_imports_and_predicts_with_torch_unimportable(bundle):
                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
     assert "(1, 10)" in result.stdout
+
+
+def test_an_event_list_longer_than_the_model_knows_is_refused(source_bundle, tmp_path):
+    """The node maps each listed name to an id: one past the model's table made every
+    frame fail for as long as that event stayed in the history."""
+    manifest = read_manifest(source_bundle)
+    if not manifest.streaming:
+        pytest.skip("the shipped default is a streaming policy; this one is not")
+    longer = replace(manifest, event_vocabulary=[*manifest.event_vocabulary,
+                                                 *(f"extra_{i}" for i in range(20))])
+    onnx = (source_bundle / ONNX_FILE).read_bytes()
+    written = write_bundle(tmp_path / "longer", onnx, longer)
+    with pytest.raises(BundleError, match="event_vocabulary lists"):
+        PolicyRuntime(written)

@@ -138,6 +138,11 @@ class PolicyRuntime:
                 if (config.window, config.n_signals, config.n_labels, config.max_events) != (
                         m.window, len(m.signals), len(m.labels), m.max_events):
                     raise ValueError("model_config disagrees with window/signals/labels/events")
+                if len(m.event_vocabulary) > config.n_event_vocab:
+                    # the node maps each listed name to an id; a name past the model's
+                    # table failed every frame while it stayed in the event history
+                    raise ValueError(f"event_vocabulary lists {len(m.event_vocabulary)} "
+                                     f"names, the model knows {config.n_event_vocab}")
                 self.engine = StreamingEngine(model, config, self.session, engine=engine)
                 # restart schedule (StreamingConfig.restart): a second, staggered state
                 self._twin = (StreamingEngine(model, config, self.session, engine=engine)
