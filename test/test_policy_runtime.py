@@ -218,3 +218,23 @@ def test_an_event_list_longer_than_the_model_knows_is_refused(source_bundle, tmp
     written = write_bundle(tmp_path / "longer", onnx, longer)
     with pytest.raises(BundleError, match="event_vocabulary lists"):
         PolicyRuntime(written)
+
+
+def test_an_absurd_but_finite_sample_never_makes_the_output_nan(source_bundle):
+    """A broken driver's 3e38 overflowed the recurrent state: ~60 frames of NaN after it."""
+    runtime = PolicyRuntime(source_bundle)
+    if runtime.engine is None:
+        pytest.skip("the shipped default is a streaming policy; this one is not")
+    k, f = runtime.window, len(runtime.manifest.signals)
+    base = np.asarray(runtime.manifest.normalisation["mean"], np.float32)
+    window = np.tile(base, (k, 1))
+    mask, events = np.ones((k, f), np.float32), np.zeros(runtime.max_events, np.int64)
+    finite = []
+    for t in range(120):
+        window = np.roll(window, -1, axis=0)
+        window[-1] = base
+        if t == 40:
+            window[-1, 1] = 3e38
+        out = runtime.predict_frame(window, mask, events, t=t * 0.1, seq=t + 1)
+        finite.append(bool(np.isfinite(out.probabilities).all()))
+    assert all(finite), f"non-finite on {finite.count(False)} frames"

@@ -104,6 +104,11 @@ def session_options(threads: int = 1, allow_spinning: bool = False,
     return options
 
 
+CLIP_STDS = 1e6
+"""A streaming frame's values are held within this many training standard deviations of
+the training mean (far past any real signal; 1e25 and above overflowed the state)."""
+
+
 class PolicyRuntime:
     """A loaded, verified bundle ready to answer 'which thinking now?' for situations."""
 
@@ -151,6 +156,11 @@ class PolicyRuntime:
                 raise BundleError(f"{path}: streaming policy cannot run (sha256 "
                                   f"{m.sha256}): {exc}") from exc
             self.gap_s = float(m.streaming.get("gap_s", 2.5 / m.frame_rate_hz))
+            mean = np.asarray(m.normalisation["mean"], np.float64)
+            spread = CLIP_STDS * np.maximum(np.asarray(m.normalisation["std"], np.float64),
+                                            1e-6)
+            self._frame_low = (mean - spread).astype(np.float32)
+            self._frame_high = (mean + spread).astype(np.float32)
             self.stream_resets = {"start": 0, "gap": 0, "backward": 0, "requested": 0}
             self._last_t: float | None = None
             self._last_seq: int | None = None
@@ -360,6 +370,11 @@ class PolicyRuntime:
         apart, and the older one answers: it has seen P/2+1..P frames, a history length
         training cropped its windows to.
         """
+        # a finite but absurd sample (3e38 from a broken driver) overflowed the recurrent
+        # state and made every output NaN for seconds; no real signal sits a million
+        # training standard deviations from its mean, so such values are held at that edge
+        if np.shape(frame) == self._frame_low.shape:  # a wrong shape is the engine's error
+            frame = np.clip(frame, self._frame_low, self._frame_high)
         twin = self._twin
         if twin is None:
             return self.engine.step(frame, mask, events)
