@@ -124,7 +124,7 @@ def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle
 REFUSALS = ["params_missing", "params_unparsable", "params_unknown_parameter",
             "params_signal_key", "params_signal_name", "param_unknown_override",
             "bundle_list_field", "bundle_deep_nesting", "bundle_not_object",
-            "params_aliases", "ros_args_typo"]
+            "params_aliases", "ros_args_typo", "frame_rate_tiny", "bundle_rate_tiny"]
 
 
 @pytest.fixture

@@ -763,6 +763,23 @@ def probe_param_unknown_override(ctx: ProbeContext) -> dict:
                           "stale_after")
 
 
+def probe_frame_rate_tiny(ctx: ProbeContext) -> dict:
+    """``-p frame_rate_hz:=1.0e-10``: a timer period past the clock's range (a traceback)."""
+    return _refusal_probe(ctx, "frame_rate_tiny",
+                          ["-p", f"bundle_path:={ctx.bundle}", "-p", "frame_rate_hz:=1.0e-10"],
+                          "frame_rate_hz must be")
+
+
+def probe_bundle_rate_tiny(ctx: ProbeContext) -> dict:
+    """A bundle whose manifest says 1e-12 Hz: the timer's period overflowed (a traceback)."""
+    def change(manifest: dict) -> None:
+        manifest["frame_rate_hz"] = 1e-12
+
+    folder = _broken_bundle(ctx, "bundle_rate_tiny", change)
+    return _refusal_probe(ctx, "bundle_rate_tiny", ["-p", f"bundle_path:={folder}"],
+                          "frame_rate_hz")
+
+
 def _broken_bundle(ctx: ProbeContext, name: str, change: Callable[[dict], object]) -> Path:
     import shutil
 
@@ -1215,6 +1232,8 @@ PROBES: dict[str, Callable[[ProbeContext], dict]] = {
     "params_unparsable": probe_params_unparsable,
     "params_aliases": probe_params_aliases,
     "ros_args_typo": probe_ros_args_typo,
+    "frame_rate_tiny": probe_frame_rate_tiny,
+    "bundle_rate_tiny": probe_bundle_rate_tiny,
     "params_unknown_parameter": probe_params_unknown_parameter,
     "params_signal_key": probe_params_signal_key,
     "params_signal_name": probe_params_signal_name,

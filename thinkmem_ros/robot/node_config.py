@@ -45,6 +45,8 @@ from thinkmem_ros.core.vocabulary import SIGNALS
 from thinkmem_ros.link.security import CURVE_MODES, SecurityError, curve_enabled
 from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message_class
 
+MIN_FRAME_RATE_HZ, MAX_FRAME_RATE_HZ = 0.01, 1000.0
+"""Frame rates the node's timer can keep: one frame every 100 s to one per millisecond."""
 QOS_CHOICES = ("sensor_data", "reliable", "best_effort")
 TRIGGER_CHOICES = ("timer", "samples")
 EXECUTOR_CHOICES = ("events", "single")
@@ -155,7 +157,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("bundle_path", "", "model bundle folder; '' = the shipped default bundle. "
               "Changing it at run time verifies and hot-swaps the bundle", read_only=False),
     ParamSpec("robot_id", "robot", "robot identity reported in diagnostics and experiences"),
-    ParamSpec("frame_rate_hz", 0.0, "frame rate; 0 = the bundle's frame_rate_hz", 0.0, 1000.0),
+    ParamSpec("frame_rate_hz", 0.0, "frame rate; 0 = the bundle's frame_rate_hz", 0.0,
+              1000.0),
     ParamSpec("frame_trigger", "timer", "'timer': frames at a fixed rate; 'samples': a frame "
               "as soon as every fresh signal has a new sample (lowest latency)"),
     ParamSpec("executor", "events", "'events': rclpy's C++ events executor (about half the "
@@ -301,7 +304,11 @@ class NodeConfig:
     signal_map: dict[str, SignalSource] = field(default_factory=lambda: dict(DEFAULT_SIGNAL_MAP))
 
     def __post_init__(self) -> None:
-        _positive_or_zero("frame_rate_hz", self.frame_rate_hz, upper=1000.0)
+        _positive_or_zero("frame_rate_hz", self.frame_rate_hz, upper=MAX_FRAME_RATE_HZ)
+        if 0 < self.frame_rate_hz < MIN_FRAME_RATE_HZ:
+            raise ValueError(f"frame_rate_hz must be 0 (the bundle's) or in "
+                             f"[{MIN_FRAME_RATE_HZ:g}, {MAX_FRAME_RATE_HZ:g}], got "
+                             f"{self.frame_rate_hz}")
         _positive("stale_after_s", self.stale_after_s)
         _positive_or_zero("event_horizon_s", self.event_horizon_s)
         _positive("future_stamp_tolerance_s", self.future_stamp_tolerance_s)
@@ -433,8 +440,17 @@ class NodeConfig:
         return tuple(name for name, src in self.signal_map.items() if src.absent)
 
     def effective_rate(self, bundle_rate_hz: float) -> float:
-        """Return the configured frame rate, or the bundle's when left at 0."""
-        return self.frame_rate_hz if self.frame_rate_hz > 0 else float(bundle_rate_hz)
+        """Return the configured frame rate, or the bundle's when left at 0.
+
+        A bundle's rate outside what a timer can keep (1e-12 Hz: a timer period past the
+        clock's range; 1e9 Hz: a busy loop) is refused here, as a configured one is.
+        """
+        rate = self.frame_rate_hz if self.frame_rate_hz > 0 else float(bundle_rate_hz)
+        if not MIN_FRAME_RATE_HZ <= rate <= MAX_FRAME_RATE_HZ:
+            raise ValueError(f"the bundle's frame_rate_hz {rate:g} is outside "
+                             f"[{MIN_FRAME_RATE_HZ:g}, {MAX_FRAME_RATE_HZ:g}] Hz; set "
+                             f"frame_rate_hz to run it at another rate")
+        return rate
 
 
 def source_from_entry(name: str, entry: Mapping[str, Any]) -> SignalSource:
