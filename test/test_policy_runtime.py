@@ -238,3 +238,18 @@ def test_an_absurd_but_finite_sample_never_makes_the_output_nan(source_bundle):
         out = runtime.predict_frame(window, mask, events, t=t * 0.1, seq=t + 1)
         finite.append(bool(np.isfinite(out.probabilities).all()))
     assert all(finite), f"non-finite on {finite.count(False)} frames"
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: replace(m, streaming={**m.streaming, "state": {**m.streaming["state"], "h": 64}}),
+    lambda m: replace(m, model_config={**m.model_config, "taps": [10**9]}),
+], ids=["state-shape-not-a-list", "taps-past-any-memory"])
+def test_a_malformed_streaming_manifest_is_a_bundle_error(source_bundle, tmp_path, change):
+    """Each was a TypeError or a 52 GiB MemoryError traceback when the node started."""
+    manifest = read_manifest(source_bundle)
+    if not manifest.streaming:
+        pytest.skip("the shipped default is a streaming policy; this one is not")
+    onnx = (source_bundle / ONNX_FILE).read_bytes()
+    written = write_bundle(tmp_path / "bad", onnx, change(manifest))
+    with pytest.raises(BundleError):
+        PolicyRuntime(written)

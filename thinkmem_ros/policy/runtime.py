@@ -137,7 +137,11 @@ class PolicyRuntime:
         self.streaming = bool(m.streaming)
         self.engine: StreamingEngine | None = None
         if self.streaming:
-            self._check_streaming_graph(m, path)
+            try:
+                self._check_streaming_graph(m, path)
+            except (TypeError, ValueError) as exc:  # a state shape that is not a list
+                raise BundleError(f"{path}: streaming state in bundle.json is malformed "
+                                  f"(sha256 {m.sha256}): {exc}") from exc
             try:
                 config = StreamingConfig.from_dict(m.model_config)
                 if (config.window, config.n_signals, config.n_labels, config.max_events) != (
@@ -152,9 +156,10 @@ class PolicyRuntime:
                 # restart schedule (StreamingConfig.restart): a second, staggered state
                 self._twin = (StreamingEngine(model, config, self.session, engine=engine)
                               if config.restart else None)
-            except (ValueError, StreamingError) as exc:
+            except (ValueError, TypeError, StreamingError, MemoryError) as exc:
+                # MemoryError: dimensions no robot could hold (taps of 1e9 frames)
                 raise BundleError(f"{path}: streaming policy cannot run (sha256 "
-                                  f"{m.sha256}): {exc}") from exc
+                                  f"{m.sha256}): {type(exc).__name__}: {exc}") from exc
             self.gap_s = float(m.streaming.get("gap_s", 2.5 / m.frame_rate_hz))
             mean = np.asarray(m.normalisation["mean"], np.float64)
             spread = CLIP_STDS * np.maximum(np.asarray(m.normalisation["std"], np.float64),

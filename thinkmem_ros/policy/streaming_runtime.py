@@ -70,6 +70,11 @@ class StreamingError(RuntimeError):
     """A streaming bundle cannot run: bad graph, missing weights, or no engine available."""
 
 
+MAX_DIMENSION = 100_000
+"""Largest window, width or tap a streaming manifest may declare: the engine allocates
+arrays of these sizes (taps of 1e9 frames asked for 52 GiB when a node started)."""
+
+
 @dataclass(frozen=True)
 class StreamingConfig:
     """Shape of a streaming policy; ``bundle.json`` carries it as ``model_config``.
@@ -103,9 +108,10 @@ class StreamingConfig:
     def __post_init__(self) -> None:
         for name in ("window", "n_signals", "n_labels", "hidden", "max_events"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"StreamingConfig.{name} must be an integer >= 1, got "
-                                 f"{value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not \
+                    1 <= value <= MAX_DIMENSION:
+                raise ValueError(f"StreamingConfig.{name} must be an integer in [1, "
+                                 f"{MAX_DIMENSION}], got {value!r}")
         if isinstance(self.n_event_vocab, bool) or not isinstance(self.n_event_vocab, int) \
                 or self.n_event_vocab < 0:
             raise ValueError(f"StreamingConfig.n_event_vocab must be an integer >= 0, got "
@@ -116,10 +122,11 @@ class StreamingConfig:
             raise ValueError(f"StreamingConfig.ema_alpha must be in (0, 1], got "
                              f"{self.ema_alpha!r}")
         taps = tuple(self.taps)
-        if not taps or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
-                           for t in taps) or list(taps) != sorted(set(taps)):
-            raise ValueError(f"StreamingConfig.taps must be increasing integers >= 1, got "
-                             f"{self.taps!r}")
+        if not taps or any(isinstance(t, bool) or not isinstance(t, int)
+                           or not 1 <= t <= MAX_DIMENSION for t in taps) \
+                or list(taps) != sorted(set(taps)):
+            raise ValueError(f"StreamingConfig.taps must be increasing integers in [1, "
+                             f"{MAX_DIMENSION}], got {self.taps!r}")
         object.__setattr__(self, "taps", taps)
         if isinstance(self.restart, bool) or not isinstance(self.restart, int) or not (
                 self.restart == 0 or 2 <= self.restart <= self.window):
