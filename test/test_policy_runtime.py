@@ -243,7 +243,9 @@ def test_an_absurd_but_finite_sample_never_makes_the_output_nan(source_bundle):
 @pytest.mark.parametrize("change", [
     lambda m: replace(m, streaming={**m.streaming, "state": {**m.streaming["state"], "h": 64}}),
     lambda m: replace(m, model_config={**m.model_config, "taps": [10**9]}),
-], ids=["state-shape-not-a-list", "taps-past-any-memory"])
+    lambda m: replace(m, streaming={**m.streaming, "gap_s": float("nan")}),
+    lambda m: replace(m, streaming={**m.streaming, "gap_s": 0}),
+], ids=["state-shape-not-a-list", "taps-past-any-memory", "gap-nan", "gap-zero"])
 def test_a_malformed_streaming_manifest_is_a_bundle_error(source_bundle, tmp_path, change):
     """Each was a TypeError or a 52 GiB MemoryError traceback when the node started."""
     manifest = read_manifest(source_bundle)

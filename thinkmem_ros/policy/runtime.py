@@ -30,6 +30,7 @@ call per frame:
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -160,7 +161,13 @@ class PolicyRuntime:
                 # MemoryError: dimensions no robot could hold (taps of 1e9 frames)
                 raise BundleError(f"{path}: streaming policy cannot run (sha256 "
                                   f"{m.sha256}): {type(exc).__name__}: {exc}") from exc
-            self.gap_s = float(m.streaming.get("gap_s", 2.5 / m.frame_rate_hz))
+            gap = m.streaming.get("gap_s", 2.5 / m.frame_rate_hz)
+            if isinstance(gap, bool) or not isinstance(gap, int | float) or not (
+                    math.isfinite(gap) and gap > 0):
+                # NaN never restarts the stream after a gap; 0 or less restarts every frame
+                raise BundleError(f"{path}: streaming.gap_s must be a finite number > 0, "
+                                  f"got {gap!r}")
+            self.gap_s = float(gap)
             mean = np.asarray(m.normalisation["mean"], np.float64)
             spread = CLIP_STDS * np.maximum(np.asarray(m.normalisation["std"], np.float64),
                                             1e-6)
