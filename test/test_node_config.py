@@ -93,6 +93,22 @@ def test_signals_must_not_share_topics():
         NodeConfig(signal_map=signal_map)
 
 
+@pytest.mark.parametrize("kwargs, key", [
+    ({"events_topic": "thinking/activation"}, "events_topic"),
+    ({"events_topic": "/thinking/evidence"}, "events_topic"),
+    ({"feedback_topic": "thinking/activation"}, "feedback_topic"),
+], ids=["events-own-activation", "events-own-evidence", "feedback-own-activation"])
+def test_inputs_must_not_be_the_nodes_own_outputs(kwargs, key):
+    """The node would read what it publishes: an event of 588 characters every frame."""
+    with pytest.raises(ValueError, match=f"{key} .* one of the node's own outputs"):
+        NodeConfig(**kwargs)
+    current = DEFAULT_SIGNAL_MAP["current"]
+    own = SignalSource("thinking/probabilities", "std_msgs/msg/Float32MultiArray", "data.2")
+    with pytest.raises(ValueError, match="signals.current.topic .* own outputs"):
+        NodeConfig(signal_map=dict(DEFAULT_SIGNAL_MAP, current=own))
+    assert current.topic != own.topic
+
+
 @pytest.mark.parametrize("text", ["hazard", "hazard=x", "=0.3", "hazard=1.2"])
 def test_bad_threshold_entries(text):
     with pytest.raises(ValueError, match="thresholds"):

@@ -336,6 +336,14 @@ class NodeConfig:
             raise ValueError(f"signals share topics {dup}; each signal needs its own topic")
         if self.events_topic and _topic_key(self.events_topic) in topics:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
+        outputs = {_topic_key(t) for t in (ACTIVATION_TOPIC, PROBABILITIES_TOPIC,
+                                           DIAGNOSTICS_TOPIC, EVIDENCE_TOPIC)}
+        for what, topic in ([("events_topic", self.events_topic),
+                             ("feedback_topic", self.feedback_topic)]
+                            + [(f"signals.{n}.topic", src.topic)
+                               for n, src in self.signal_map.items() if not src.absent]):
+            if topic and _topic_key(topic) in outputs:  # the node would read itself
+                raise ValueError(f"{what} {topic!r} is one of the node's own outputs")
         self._validate_shipping(topics)
         self._validate_memory()
 
