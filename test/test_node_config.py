@@ -109,7 +109,8 @@ def test_inputs_must_not_be_the_nodes_own_outputs(kwargs, key):
     assert current.topic != own.topic
 
 
-@pytest.mark.parametrize("text", ["hazard", "hazard=x", "=0.3", "hazard=1.2"])
+@pytest.mark.parametrize("text", ["hazard", "hazard=x", "=0.3", "hazard=1.2",
+                                  "hazard=0.1,hazard=0.9"])
 def test_bad_threshold_entries(text):
     with pytest.raises(ValueError, match="thresholds"):
         parse_thresholds(text)

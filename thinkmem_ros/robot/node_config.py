@@ -257,6 +257,8 @@ def parse_thresholds(text: str) -> dict[str, float]:
             tau = math.nan
         if not sep or not label.strip() or not 0.0 <= tau <= 1.0:
             raise ValueError(f"thresholds entry {entry!r} must be 'label=tau' with tau in [0, 1]")
+        if label.strip() in out:  # which one was meant? the last silently won
+            raise ValueError(f"thresholds names {label.strip()!r} twice")
         out[label.strip()] = tau
     return out
 
