@@ -220,9 +220,10 @@ def test_an_event_list_longer_than_the_model_knows_is_refused(source_bundle, tmp
         PolicyRuntime(written)
 
 
-def test_an_absurd_but_finite_sample_never_makes_the_output_nan(source_bundle):
+@pytest.mark.parametrize("engine", ["auto", "ort"])
+def test_an_absurd_but_finite_sample_never_makes_the_output_nan(source_bundle, engine):
     """A broken driver's 3e38 overflowed the recurrent state: ~60 frames of NaN after it."""
-    runtime = PolicyRuntime(source_bundle)
+    runtime = PolicyRuntime(source_bundle, engine=engine)
     if runtime.engine is None:
         pytest.skip("the shipped default is a streaming policy; this one is not")
     k, f = runtime.window, len(runtime.manifest.signals)

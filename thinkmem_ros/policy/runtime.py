@@ -384,9 +384,10 @@ class PolicyRuntime:
         """
         # a finite but absurd sample (3e38 from a broken driver) overflowed the recurrent
         # state and made every output NaN for seconds; no real signal sits a million
-        # training standard deviations from its mean, so such values are held at that edge
-        if np.shape(frame) == self._frame_low.shape:  # a wrong shape is the engine's error
-            frame = np.clip(frame, self._frame_low, self._frame_high)
+        # training standard deviations from its mean, so such values are held at that edge:
+        # the compiled kernel holds it there itself at no cost; the ONNX Runtime path here
+        if self.engine.kernel is None and np.shape(frame) == self._frame_low.shape:
+            frame = np.clip(frame, self._frame_low, self._frame_high)  # (shape: engine's)
         twin = self._twin
         if twin is None:
             return self.engine.step(frame, mask, events)

@@ -369,7 +369,11 @@ def _step_source(params, state, x, m, ev, out, meta):
     gate = out[lab + h + nin:lab + h + nin + g3]
     hid = out[lab + h + nin + g3:lab + h + nin + 2 * g3]
     for i in range(f):
-        xn = (x[i] - mean[i]) / std[i] * m[i]
+        # a finite but absurd sample (3e38) is held a million stds from the mean: past
+        # that, the recurrent state overflowed and every output was NaN for seconds
+        lim = np.float32(1e6) * std[i]
+        xi = min(max(x[i], mean[i] - lim), mean[i] + lim)
+        xn = (xi - mean[i]) / std[i] * m[i]
         o = np.float32(1.0) if m[i] > 0.0 else np.float32(0.0)
         mu = mus[i]
         var = vrs[i]
