@@ -58,7 +58,7 @@ class WriteVerb:
         parser.add_argument("--seed", type=int, default=0, help="world generator seed")
         parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
         parser.add_argument("--overwrite", action="store_true",
-                            help="replace an existing output folder")
+                            help="replace an existing bag there (never a folder of other files)")
 
     def main(self, args: argparse.Namespace) -> int:
         """Generate the stream and write it; prints the bag summary."""
@@ -158,7 +158,7 @@ class ConvertVerb:
         parser.add_argument("out", help="output rosbag2 folder (must not exist)")
         parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
         parser.add_argument("--overwrite", action="store_true",
-                            help="replace an existing output folder")
+                            help="replace an existing bag there (never a folder of other files)")
 
     def main(self, args: argparse.Namespace) -> int:
         """Convert and print the new bag's summary."""
