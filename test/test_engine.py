@@ -176,7 +176,7 @@ def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "thinkmem consolidator: ConsolidatorConfig.engine_threads must be >= 0, got -1"]
+        "thinkmem consolidator: --threads must be >= 0, got -1"]
 
 
 def test_the_engines_build_the_same_material(ray_engine):

@@ -137,7 +137,7 @@ def _experience(sha: str, width: int, seq: int):
 
 
 def test_consolidator_stores_only_its_signal_set(tmp_path):
-    from thinkmem_ros.consolidator.ingest import SignalSetFilter, _FilteredStore
+    from thinkmem_ros.consolidator.ingest import SignalSetFilter
     from thinkmem_ros.consolidator.store import ExperienceStore
     from thinkmem_ros.link.experience import encode_experience
 
@@ -149,12 +149,15 @@ def test_consolidator_stores_only_its_signal_set(tmp_path):
     accept = SignalSetFilter([ours])
     rows = [_experience(ours.manifest.sha256, 2, 1), _experience(other.manifest.sha256, 2, 2),
             _experience("", 2, 3), _experience("", 7, 4)]
-    store = _FilteredStore(ExperienceStore(tmp_path / "db.sqlite"), accept)
-    try:
-        assert store.insert_many([(e, encode_experience(e)) for e in rows]) == (2, 0)
-        assert store.store.seqs("husky") == [1, 3]
-    finally:
-        store.close()
+    # the receiver's screen: refused records are named (they go back in the ACK), the
+    # rest are stored
+    reasons = [accept.refusal(e) for e in rows]
+    assert [r is None for r in reasons] == [True, False, True, False]
+    assert "unknown_bundle" in reasons[1] and "window_width" in reasons[3]
+    with ExperienceStore(tmp_path / "db.sqlite") as store:
+        kept = [(e, encode_experience(e)) for e, r in zip(rows, reasons) if r is None]
+        assert store.insert_many(kept) == (2, 0)
+        assert store.seqs("husky") == [1, 3]
     assert accept.refused == {"unknown_bundle": 1, "window_width": 1}
     assert accept.reason(_experience(other.manifest.sha256, 2, 5)) == "unknown_bundle"
     accept.serve(other)  # a consolidator serving the mm/s line too accepts both
