@@ -643,19 +643,16 @@ def probe_param_set_bad_bundle(ctx: ProbeContext) -> dict:
     from rcl_interfaces.srv import GetParameters, SetParameters
     from rclpy.parameter import Parameter
 
-    def set_bundle(value: str):
+    def set_bundle(obs: Observer, value: str):
         request = SetParameters.Request(parameters=[
             Parameter("bundle_path", value=value).to_parameter_msg()])
-        answer = obs_ref[0].call(SetParameters, "/thinking_node/set_parameters", request)
+        answer = obs.call(SetParameters, "/thinking_node/set_parameters", request)
         return None if answer is None else answer.results[0]
 
-    obs_ref: list = []
-
     def body(node: Child, obs: Observer) -> tuple[bool, str]:
-        obs_ref.append(obs)
-        outcome = set_bundle("/nonexistent/bundle")
+        outcome = set_bundle(obs, "/nonexistent/bundle")
         # a name past the file system's limit (ENAMETOOLONG) stopped the node once
-        too_long = set_bundle("/tmp/" + "y" * 300)
+        too_long = set_bundle(obs, "/tmp/" + "y" * 300)
         if outcome is None or too_long is None:
             return False, "set_parameters did not answer"
         now = obs.call(GetParameters, "/thinking_node/get_parameters",

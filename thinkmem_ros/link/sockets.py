@@ -41,11 +41,7 @@ def _seed_routing_ids() -> None:
     if _SEEDED:
         return
     _SEEDED.append(True)
-    name = ctypes.util.find_library("c")
-    try:
-        seed = ctypes.CDLL(name).srand if name else None
-    except (OSError, AttributeError):
-        return
+    seed = _libc_function("srand")
     if seed is not None:
         seed(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
 
@@ -75,14 +71,19 @@ def release_freed_memory() -> bool:
     would look hundreds of MB bigger for good. Trimming after a burst makes that memory
     the system's again; it costs a few milliseconds, so callers do it when idle.
     """
-    if not _LIBC:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC.append(ctypes.CDLL(name).malloc_trim if name else None)
-        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-            _LIBC.append(None)
-    trim = _LIBC[0]
+    trim = _libc_function("malloc_trim")  # glibc only (musl, macOS: nothing to trim)
     if trim is None:
         return False
     trim(0)
     return True
+
+
+def _libc_function(name: str):
+    """The C library's ``name``, or None where the library or the function is missing."""
+    if not _LIBC:
+        path = ctypes.util.find_library("c")
+        try:
+            _LIBC.append(ctypes.CDLL(path) if path else None)
+        except OSError:
+            _LIBC.append(None)
+    return getattr(_LIBC[0], name, None) if _LIBC[0] is not None else None

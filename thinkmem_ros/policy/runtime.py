@@ -38,6 +38,7 @@ import onnxruntime as ort
 
 from thinkmem_ros.policy.bundle import Bundle, BundleError, BundleManifest, load_bundle
 from thinkmem_ros.policy.streaming_runtime import (
+    CLIP_STDS,
     STATE_INPUTS,
     STEP_INPUTS,
     STEP_OUTPUTS,
@@ -103,11 +104,6 @@ def session_options(threads: int = 1, allow_spinning: bool = False,
     options.add_session_config_entry("session.inter_op.allow_spinning", spin)
     options.log_severity_level = 3
     return options
-
-
-CLIP_STDS = 1e6
-"""A streaming frame's values are held within this many training standard deviations of
-the training mean (far past any real signal; 1e25 and above overflowed the state)."""
 
 
 class PolicyRuntime:

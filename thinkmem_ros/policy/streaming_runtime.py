@@ -70,6 +70,11 @@ class StreamingError(RuntimeError):
     """A streaming bundle cannot run: bad graph, missing weights, or no engine available."""
 
 
+CLIP_STDS = 1e6
+"""A streaming frame's values are held within this many training standard deviations of
+the training mean (far past any real signal; 1e25 and above overflowed the state)."""
+
+
 MAX_DIMENSION = 100_000
 """Largest window, width or tap a streaming manifest may declare: the engine allocates
 arrays of these sizes (taps of 1e9 frames asked for 52 GiB when a node started)."""
@@ -371,7 +376,7 @@ def _step_source(params, state, x, m, ev, out, meta):
     for i in range(f):
         # a finite but absurd sample (3e38) is held a million stds from the mean: past
         # that, the recurrent state overflowed and every output was NaN for seconds
-        lim = np.float32(1e6) * std[i]
+        lim = np.float32(CLIP_STDS) * std[i]
         xi = min(max(x[i], mean[i] - lim), mean[i] + lim)
         xn = (xi - mean[i]) / std[i] * m[i]
         o = np.float32(1.0) if m[i] > 0.0 else np.float32(0.0)
