@@ -1017,10 +1017,25 @@ def main(args: list[str] | None = None) -> int:
             finally:
                 if executor is not None:
                     executor.remove_node(node)
+                    _shut(executor)
                 node.destroy_node()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     return 0
+
+
+def _shut(executor) -> None:
+    """Shut the executor down before Python drops it.
+
+    Left to the interpreter's exit, the C++ events executor was destroyed with callbacks
+    still queued (a SIGINT right after "ready") and aborted the process: "Destroying
+    callback manager with callbacks remaining", exit -6 instead of 0 (one clean-clone run
+    in about a hundred).
+    """
+    try:
+        executor.shutdown()
+    except Exception:  # noqa: BLE001, S110 - the context is gone: nothing is left to stop
+        pass
 
 
 if __name__ == "__main__":
