@@ -112,6 +112,10 @@ def test_bad_data_is_nan_never_an_exception():
     assert math.isnan(SignalAdapter("linear_acceleration.x", scale=1e308).read(
         _imu(1e308, 0, 0)))  # overflow to inf
     assert math.isnan(SignalAdapter("linear_acceleration", norm=True).read(object()))
+    from std_msgs.msg import Float64MultiArray
+    # an empty array is a missing sample, not a norm of 0
+    assert math.isnan(SignalAdapter("data", norm=True).read(Float64MultiArray()))
+    assert SignalAdapter("data", norm=True).read(Float64MultiArray(data=[3.0, 4.0])) == 5.0
 
 
 @pytest.mark.parametrize("raw, says", [

@@ -86,12 +86,18 @@ def _number(value: Any) -> float:
 
 
 def vector_norm(value: Any) -> float:
-    """Euclidean norm of a Vector3/Quaternion/Point-like object or a sequence of numbers."""
+    """Euclidean norm of a Vector3/Quaternion/Point-like object or a sequence of numbers.
+
+    An empty sequence has no norm: a sensor that sent no numbers is a missing sample,
+    not a reading of 0.
+    """
     parts = [getattr(value, attr) for attr in _VECTOR_ATTRS if hasattr(value, attr)]
     if not parts:
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
             raise TypeError(f"{type(value).__name__} is not a vector")
         parts = list(value)
+        if not parts:
+            raise ValueError("an empty sequence has no norm")
     return math.sqrt(sum(_number(p) ** 2 for p in parts))
 
 
