@@ -108,7 +108,9 @@ def test_a_stop_between_ready_and_spin_is_a_clean_exit(ros_env, source_bundle):
     (("-p", "signals.temperature.field:=temp"), "signals.temperature.field"),
     (("-p", "thresholds:=hazard=2"), "thresholds"),
     (("-p", "bundle_path:=/nonexistent/bundle"), "/nonexistent/bundle"),
-], ids=["range", "choice", "field", "thresholds", "bundle"])
+    (("-p", "stats_file:=/nonexistent/folder/stats.json"), "stats_file"),
+    (("-p", "stats_file:=/"), "stats_file"),
+], ids=["range", "choice", "field", "thresholds", "bundle", "stats_missing", "stats_folder"])
 def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle):
     base = () if "bundle_path" in args[1] else ("-p", f"bundle_path:={source_bundle}")
     node = NodeProcess(node_cmd(*base, *args), ros_env)

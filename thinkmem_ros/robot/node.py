@@ -295,6 +295,7 @@ class ThinkingNode(Node):
         """Called on the inference thread after each activation is published (experience
         shipping hooks in here); a listener must not block and must not raise."""
         self.config = self._read_config()
+        self.config.check_stats_file()
         self._verify_key = self._load_verify_key()
         self._artefacts: dict[tuple[str, str], GateArtefacts] = {}
         self._artefacts_lock = threading.Lock()

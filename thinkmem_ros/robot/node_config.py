@@ -416,6 +416,25 @@ class NodeConfig:
         return (Path(self.bundles_dir).expanduser() if self.bundles_dir
                 else state_dir(self.robot_id) / "bundles")
 
+    def check_stats_file(self) -> None:
+        """Refuse a ``stats_file`` that cannot be written now, not at shutdown after a run.
+
+        Opening it for append creates it (the node overwrites it at shutdown) and is the
+        one check that holds for every cause: a missing folder, a folder at that path, a
+        read-only file system, permissions.
+        """
+        if not self.stats_file:
+            return
+        path = Path(self.stats_file).expanduser()
+        try:
+            if path.is_dir():
+                raise IsADirectoryError(21, "it is a folder")
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"stats_file {self.stats_file!r} cannot be written: "
+                             f"{exc.strerror or exc}") from None
+
     @classmethod
     def from_parameters(cls, values: Mapping[str, Any], signals: tuple[str, ...]) -> NodeConfig:
         """Copy flat ROS parameter values (``signals.<name>.topic`` ...) into a NodeConfig."""
