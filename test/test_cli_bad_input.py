@@ -228,9 +228,12 @@ def _knowledge_db(path: Path, **column) -> Path:
     return path
 
 
-@pytest.mark.parametrize("column", [{"pattern": "not json"}, {"confidence": "high"},
-                                    {"status": "weird"}, {"history": "[5]"}, None],
-                         ids=["pattern", "confidence", "status", "history", "no-table"])
+@pytest.mark.parametrize("column", [
+    {"pattern": "not json"}, {"confidence": "high"}, {"status": "weird"}, {"history": "[5]"},
+    None, {"pattern": '"EAB"'}, {"experiences": '{"a": 1}'}, {"constraints": "[1]"},
+    {"rounds": "abc"}, {"pattern": '["A", 2]'}],
+    ids=["pattern", "confidence", "status", "history", "no-table", "pattern-string",
+         "experiences-object", "constraints-list", "rounds-text", "pattern-number"])
 def test_knowledge_list_of_damaged_units_is_one_line(tmp_path, capsys, column):
     db = _knowledge_db(tmp_path / "k.db", **(column or {}))
     if column is None:

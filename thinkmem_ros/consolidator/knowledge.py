@@ -283,15 +283,27 @@ class KnowledgeStore:
         return [self._unit(row) for row in rows]
 
     def _unit(self, row: tuple) -> KnowledgeUnit:
-        """One stored unit; a row another program damaged is named, not a traceback."""
+        """One stored unit; a row another program damaged is named, not a traceback.
+
+        Every column's type is checked, not only that its JSON parses: a pattern stored as
+        the string ``"EAB"`` parsed as the pattern E, A, B and was shipped to robots.
+        """
         try:
+            _typed(row[1], str, "relation"), _typed(row[3], str, "thinking")
+            _typed(row[12], str, "statement")
+            for index, name in ((7, "rounds"), (8, "supported_rounds"),
+                                (10, "created_round"), (11, "updated_round")):
+                _typed(row[index], int, name)
+            _typed(row[9], (int, float), "last_support")
+            _typed(row[4], (int, float), "confidence")
             return KnowledgeUnit(
-                pattern=tuple(json.loads(row[0])), relation=row[1],
-                constraints=json.loads(row[2]), thinking=row[3], confidence=row[4],
-                status=row[5], experiences=tuple(json.loads(row[6])), rounds=row[7],
+                pattern=tuple(_json(row[0], "pattern", list, str)), relation=row[1],
+                constraints=_json(row[2], "constraints", dict), thinking=row[3],
+                confidence=row[4], status=row[5],
+                experiences=tuple(_json(row[6], "experiences", list, int)), rounds=row[7],
                 supported_rounds=row[8], last_support=row[9], created_round=row[10],
                 updated_round=row[11], statement=row[12],
-                history=[tuple(h) for h in json.loads(row[13])])
+                history=[tuple(h) for h in _json(row[13], "history", list, list)])
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             reason = " ".join(str(exc).split())
             raise KnowledgeStoreError(f"{self.path}: a malformed knowledge unit (pattern "
@@ -300,3 +312,22 @@ class KnowledgeStore:
     def units(self) -> dict[str, KnowledgeUnit]:
         """All units keyed by pattern key, ready for :func:`consolidate`."""
         return {u.key: u for u in self.load()}
+
+
+def _typed(value: object, kind: type | tuple[type, ...], name: str) -> None:
+    """Refuse a column of the wrong type (SQLite stores whatever a writer gave it)."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} is {type(value).__name__}, not "
+                        f"{getattr(kind, '__name__', 'a number')}")
+
+
+def _json(text: object, name: str, kind: type, item: type | None = None):
+    """Decode a JSON column and check its shape: a list of ``item`` or a ``kind``."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} is {type(text).__name__}, not JSON text")
+    value = json.loads(text)
+    if not isinstance(value, kind) or (item is not None and any(
+            isinstance(v, bool) or not isinstance(v, item) for v in value)):
+        what = f"a JSON {kind.__name__}" + (f" of {item.__name__}" if item else "")
+        raise TypeError(f"{name} must be {what}, got {text[:40]!r}")
+    return value
