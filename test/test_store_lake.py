@@ -17,6 +17,7 @@ import duckdb
 import pytest
 from test_store import exp
 
+from thinkmem_ros.consolidator.lake import OWNER_FILE
 from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
 from thinkmem_ros.link.experience import encode_experience
 
@@ -100,7 +101,7 @@ def test_the_lake_is_hive_partitioned_parquet_any_engine_reads(tmp_path):
         lake = store.lake_dir
     assert lake == tmp_path / "fleet.lake"
     robots = sorted(p.name for p in lake.iterdir())
-    assert robots == ["robot=r1", "robot=robot%3A2.b"]
+    assert robots == [OWNER_FILE, "robot=r1", "robot=robot%3A2.b"]  # and whose lake it is
     days = {p.name for p in lake.glob("robot=*/day=*")}
     assert len(days) == 1 and next(iter(days)).startswith("day=20")
     con = duckdb.connect()
@@ -120,7 +121,7 @@ def test_a_failed_flush_keeps_the_tail_and_leaves_no_listed_file(tmp_path):
         with pytest.raises(StoreError, match="flush to .* failed"):
             store.flush()
         assert store._conn.execute("SELECT COUNT(*) FROM lake_files").fetchone()[0] == 0
-        files = [p for p in store.lake_dir.rglob("*") if p.is_file()]
+        files = [p for p in store.lake_dir.rglob("*") if p.is_file() and p.name != OWNER_FILE]
         assert files == []  # r1's and r2's files went too, and r3's temporary one
         assert _answers_small(store) == before
         blocker.rmdir()
@@ -212,7 +213,7 @@ def test_a_receiver_killed_mid_flush_loses_and_duplicates_nothing(tmp_path):
         assert keys == 20000
         listed = {r[0] for r in store._conn.execute("SELECT path FROM lake_files")}
         on_disk = {str(p.relative_to(store.lake_dir)) for p in store.lake_dir.rglob("*")
-                   if p.is_file()}
+                   if p.is_file() and p.name != OWNER_FILE}
         assert on_disk == listed
 
 
@@ -279,3 +280,71 @@ def test_one_robots_files_are_found_through_the_manifest_index(tmp_path):
                 "EXPLAIN QUERY PLAN SELECT path, min_id FROM lake_files WHERE robot_id = ?"
                 " AND max_id >= ? AND min_id <= ?", ("r1", 1, 2)))
             assert "USING INDEX lake_files_robot" in plan, (path.name, plan)
+
+
+def test_an_unlisted_file_of_older_rows_is_left_in_place_and_reported(tmp_path, caplog):
+    """A manifest row deleted by hand: the file may be the only copy of its rows."""
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        store.insert_many([exp(1), exp(2)])
+        store.flush()
+        listed = next(store.lake_dir.rglob("*.parquet"))
+        with store._conn:
+            store._conn.execute("DELETE FROM lake_files")
+        notes = store.lake_dir / "NOTES.txt"  # an operator's file is never touched
+        notes.write_text("keep me")
+        store.insert_many([exp(3)])
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert store.flush() == 1
+        assert listed.exists() and notes.exists()
+        assert "not in the store's manifest" in caplog.text and listed.name in caplog.text
+
+
+def test_a_replaced_store_file_refuses_the_lake_of_the_old_one(tmp_path):
+    """An emptied store file beside its lake used to sweep all of the lake at its first flush."""
+    path = tmp_path / "c.db"
+    with ExperienceStore(path, flush_rows=0) as store:
+        store.insert_many([exp(i) for i in range(5)])
+        store.flush()
+        lake = store.lake_dir
+    before = sorted(p.name for p in lake.rglob("*.parquet"))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.write_bytes(b"")  # zero bytes: SQLite opens it as a new, empty store
+    with pytest.raises(StoreError, match="belongs to another store"):
+        ExperienceStore(path)
+    assert sorted(p.name for p in lake.rglob("*.parquet")) == before
+
+
+def test_a_lake_from_before_the_owner_marker_is_adopted_or_refused(tmp_path):
+    path = tmp_path / "c.db"
+    with ExperienceStore(path, flush_rows=0) as store:
+        store.insert_many([exp(1)])
+        store.flush()
+        marker = store.lake_dir / OWNER_FILE
+    marker.unlink()  # as a lake written before the marker existed
+    with ExperienceStore(path, flush_rows=0) as store:  # it lists files: its own lake
+        store.insert_many([exp(2)])
+        store.flush()
+        assert marker.is_file() and store.count() == 2
+    marker.unlink()
+    other = tmp_path / "c.sqlite"  # same stem, same folder, lists nothing
+    with pytest.raises(StoreError, match="does not list"):
+        ExperienceStore(other)
+
+
+def test_two_stores_with_one_stem_never_share_a_lake(tmp_path):
+    first = ExperienceStore(tmp_path / "c.db", flush_rows=0)
+    second = ExperienceStore(tmp_path / "c.sqlite", flush_rows=0)  # no lake yet: both open
+    try:
+        first.insert_many([exp(1)])
+        first.flush()
+        second.insert_many([exp(2)])
+        with pytest.raises(StoreError, match="belongs to another store"):
+            second.flush()  # its rows stay in its tail
+        assert second.count() == 1 and first.count() == 1
+        assert [e.seq for e in first.iter_all()] == [1]
+    finally:
+        first.close()
+        second.close()
+    with pytest.raises(StoreError, match="belongs to another store"):
+        ExperienceStore(tmp_path / "c.sqlite")

@@ -11,6 +11,12 @@ name and renamed, then listed in the manifest in the same transaction that delet
 tail rows, so a crash anywhere leaves each experience either in the tail or in a listed
 file, never both and never neither. Readers only read files the manifest lists, so a
 file orphaned by a crash before the commit is invisible (and removed by the next flush).
+The sweep removes only what a crashed flush can leave: temporary files, and part files
+whose rows are all still in the tail. A part file of older rows that the manifest does not
+list (a manifest row deleted by hand, a store file replaced) is left in place and reported:
+it may be the only copy of those experiences. The folder holds a marker with the id of the
+store that owns it (``OWNER_FILE``), so a second store with the same stem, or a store file
+replaced by an empty one, is refused instead of sweeping another store's files.
 
 Layout (Hive style, so DuckDB, pyarrow or Spark can read the folder directly)::
 
@@ -21,6 +27,7 @@ Layout (Hive style, so DuckDB, pyarrow or Spark can read the folder directly)::
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -34,6 +41,12 @@ from thinkmem_ros.policy.bundle import fsync_dir
 # Column order of a lake row: the SQLite tail's columns, so one SELECT feeds both.
 COLUMNS = ("id", "robot_id", "seq", "episode_id", "stamp", "bundle_version", "payload",
            "events", "reward", "received_at", "signal_set")
+
+
+OWNER_FILE = ".thinkmem-store"
+# What a flush writes: part files, and their temporary names before the rename.
+_PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
+_TEMPORARY = re.compile(r"\.part-\d+-\d+\.parquet\.[0-9a-f]+\.tmp")
 
 
 class LakeError(RuntimeError):
@@ -111,20 +124,73 @@ class ParquetLake:
                 tmp.unlink(missing_ok=True)
             written.append(LakeFile(rel, robot_id, day, len(part), part[0][0], part[-1][0]))
 
-    def remove_unlisted(self, listed: set[str]) -> int:
-        """Delete Parquet and temporary files the manifest does not list (crash leftovers).
+    def check_owner(self, identity: str, has_listed: bool) -> None:
+        """Raise ``LakeError`` unless this folder is the store ``identity``'s (or unclaimed).
 
-        Only safe under the store's write lock: a flush in progress holds it while its
-        files are not listed yet.
+        An unclaimed folder (a lake written before the marker existed) is this store's if
+        the store lists files, or if it holds no part file; a store that lists nothing
+        beside a folder of part files was replaced or emptied, and reading or sweeping
+        that folder would take or delete another store's experiences.
         """
-        removed = 0
+        marker = self.root / OWNER_FILE
+        if not self.root.exists():
+            return
+        if marker.is_file():
+            owner = marker.read_text(encoding="utf-8", errors="replace").strip()
+            if owner != identity:
+                raise LakeError(
+                    f"the lake folder {self.root} belongs to another store (its {OWNER_FILE} "
+                    f"says {owner[:40]!r}, this store is {identity}); give this store "
+                    f"another file name, or restore that store's file")
+            return
+        if not has_listed and any(self._parts()):
+            raise LakeError(
+                f"the lake folder {self.root} holds Parquet files this store does not list "
+                f"(was the store file replaced or emptied?); restore the store file, or "
+                f"move the folder away")
+
+    def claim(self, identity: str) -> None:
+        """Write the owner marker once (atomically) before this store's first flush.
+
+        A marker already there must be this store's: another store with the same stem may
+        have claimed the folder since this one opened it.
+        """
+        marker = self.root / OWNER_FILE
+        if marker.is_file():
+            self.check_owner(identity, has_listed=True)
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f"{OWNER_FILE}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(identity + "\n", encoding="utf-8")
+        os.replace(tmp, marker)
+
+    def _parts(self):
+        """Every part file under ``robot=*/day=*`` (what a flush writes), lazily."""
+        for path in self.root.glob("robot=*/day=*/*"):
+            if _PART.fullmatch(path.name) and path.is_file():
+                yield path
+
+    def remove_unlisted(self, listed: set[str], first_tail_id: int) -> list[str]:
+        """Delete a crashed flush's leftovers; return unlisted part files of older rows.
+
+        Leftovers are temporary files and part files whose first id is in the tail
+        (``>= first_tail_id``): their rows are still in SQLite and will be written again.
+        Any other unlisted part file is left alone. Only safe under the store's write
+        lock: a flush in progress holds it while its files are not listed yet.
+        """
+        left: list[str] = []
         if not self.root.is_dir():
-            return 0
-        for path in self.root.rglob("*"):
-            if path.is_file() and str(path.relative_to(self.root)) not in listed:
+            return left
+        for path in self.root.glob("robot=*/day=*/*"):
+            rel = str(path.relative_to(self.root))
+            part = _PART.fullmatch(path.name)
+            if rel in listed or not path.is_file():
+                continue
+            if _TEMPORARY.fullmatch(path.name) or (part and int(part[1]) >= first_tail_id):
                 path.unlink(missing_ok=True)
-                removed += 1
-        return removed
+            elif part:
+                left.append(rel)
+        return left
 
     def remove(self, files: Sequence[LakeFile]) -> None:
         """Delete files written by a flush whose transaction did not commit."""

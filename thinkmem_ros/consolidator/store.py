@@ -78,6 +78,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # discovery's input without scanning every row's history each round; an upgraded
     # store starts with no mark, and its first fold reads every row once
     histories.TABLES,
+    (  # 7: who this store is, so its lake folder can say whose it is (``lake.py``): a
+        # store file replaced or emptied, or a second store with the same stem, must not
+        # read or sweep another store's Parquet files as its own
+        "CREATE TABLE store_identity (id TEXT NOT NULL)",
+        "INSERT INTO store_identity VALUES (lower(hex(randomblob(16))))",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 PAGE_SIZE = 16384
@@ -134,8 +140,30 @@ class ExperienceStore:
             # (FULL would fsync every batch).
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._migrate(target_version)
+            self._identity = self._read_identity()
+            self._check_lake()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
+    def _read_identity(self) -> str | None:
+        """The store's id (None below schema 7: a store opened at an older version)."""
+        if self.schema_version < 7:
+            return None
+        row = self._conn.execute("SELECT id FROM store_identity").fetchone()
+        if row is None or not isinstance(row[0], str) or not row[0]:
+            raise StoreError(f"{self.path}: the store_identity table is damaged")
+        return row[0]
+
+    def _check_lake(self) -> None:
+        """Refuse a lake folder that is not this store's, before anything reads or sweeps it."""
+        if self._identity is None:
+            return
+        listed = self._conn.execute("SELECT 1 FROM lake_files LIMIT 1").fetchone() is not None
+        try:
+            self._lake.check_owner(self._identity, has_listed=listed)
+        except (LakeError, OSError) as exc:
+            self._conn.close()
+            raise StoreError(f"{self.path}: {exc}") from None
 
     @property
     def lake_dir(self) -> Path:
@@ -463,8 +491,7 @@ class ExperienceStore:
                 if not rows:
                     return 0
                 if sweep:  # leftovers of a crashed flush; once per flush, not per chunk
-                    listed = {r[0] for r in self._conn.execute("SELECT path FROM lake_files")}
-                    self._lake.remove_unlisted(listed)
+                    self._sweep(first_tail_id=rows[0][0])
                 self._lake.write(rows, written)
                 self._conn.executemany(
                     "INSERT INTO lake_files VALUES (?, ?, ?, ?, ?, ?)",
@@ -478,6 +505,21 @@ class ExperienceStore:
             if isinstance(exc, (sqlite3.Error, OSError)):
                 raise StoreError(f"{self.path}: flush to {self.lake_dir} failed: {exc}") from exc
             raise
+
+    def _sweep(self, first_tail_id: int) -> None:
+        """Remove a crashed flush's files; leave (and report) unlisted files of other rows."""
+        if self._identity is not None:
+            try:
+                self._lake.claim(self._identity)
+            except LakeError as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+        listed = {r[0] for r in self._conn.execute("SELECT path FROM lake_files")}
+        left = self._lake.remove_unlisted(listed, first_tail_id)
+        if left:
+            log.warning("%d Parquet file(s) in %s are not in the store's manifest and hold "
+                        "rows that are not in its tail either (first: %s): left in place "
+                        "and not read; restore their manifest rows or move them away",
+                        len(left), self.lake_dir, left[0])
 
     def _migrate(self, target: int) -> None:
         if not 1 <= target <= SCHEMA_VERSION:
