@@ -206,3 +206,21 @@ def test_folds_while_another_connection_writes_miss_and_double_nothing(tmp_path)
         assert folds >= 1 and store.count() == sum(len(b) for b in batches)
         assert {(r[0], r[1]): (r[2], r[3]) for r in store.histories()} == {
             (r[0], r[1]): (r[2], r[5]) for r in store.latest_histories()}
+
+
+@pytest.mark.parametrize("damage", [10**6, "abc", -3], ids=["ahead", "text", "negative"])
+def test_a_mark_that_is_no_row_id_folds_every_row_again(tmp_path, caplog, damage):
+    """A mark ahead of the rows left every later episode out of discovery, silently."""
+    with ExperienceStore(tmp_path / "c.db", flush_rows=0) as store:
+        store.insert_many([exp(i, episode=f"e{i % 4}", events=[f"E{i}"]) for i in range(8)])
+        store.fold_histories()
+        store.insert_many([exp(8, episode="e9", events=["N"])])
+        with store._conn:
+            store._conn.execute("UPDATE histories_mark SET through_id = ?", (damage,))
+        with caplog.at_level("WARNING"):
+            folded = store.fold_histories()
+        assert "not a row id of this store" in caplog.text
+        assert (folded.after_id, folded.through_id) == (0, 9)
+        assert store.episode_events()[("r1", "e9")] == ["N"]
+        assert {(r[0], r[1]): r[3] for r in store.histories()} == {
+            (r[0], r[1]): r[5] for r in store.latest_histories()}

@@ -150,3 +150,8 @@ def test_a_reservoir_is_carried_for_its_own_budget_and_seed(tmp_path):
     with RoundMarks(tmp_path / "c.db") as marks, \
             pytest.raises(RoundMarkError, match="damaged"):
         marks.reservoir("a" * 64, 10, 0)
+    with sqlite3.connect(tmp_path / "c.db") as conn:  # a mark that is no row id
+        conn.execute("UPDATE round_marks SET through_id = 'abc' WHERE through_id = 130")
+    with RoundMarks(tmp_path / "c.db") as marks, \
+            pytest.raises(RoundMarkError, match="damaged round mark"):
+        marks.through("b" * 64)

@@ -19,6 +19,7 @@ mark" is exactly what arrived since.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ MARK_SQL = ("INSERT INTO histories_mark VALUES (1, ?) ON CONFLICT (one) DO UPDAT
 FOLD_CHUNK = 2000  # episodes upserted per write transaction (histories up to ~16 KB each)
 
 Row = tuple[str, str, float, float, int, str]  # robot, episode, first, stamp, seq, events
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,26 @@ class HistoriesFold:
     episodes: int  # episodes those rows touched (new or extended)
 
 
-def mark(conn: sqlite3.Connection) -> int:
-    """Every row up to this id is folded into ``episode_histories`` (0: none yet)."""
+def mark(conn: sqlite3.Connection, newest: int | None = None) -> int:
+    """Every row up to this id is folded into ``episode_histories`` (0: none yet).
+
+    A mark that is not a row id of this store (text, negative, or past ``newest``, the
+    store's newest row, when given) was written by something else: it is dropped with a
+    WARNING and 0 returned, so the next fold reads every row again. Trusted as it was, a
+    mark ahead of the rows left every episode after it out of discovery, silently.
+    """
     row = conn.execute("SELECT through_id FROM histories_mark").fetchone()
-    return int(row[0]) if row else 0
+    if row is None:
+        return 0
+    value = row[0]
+    if (isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            and (newest is None or value <= newest)):
+        return value
+    log.warning("the episode histories mark %.40r is not a row id of this store (newest "
+                "%s): every row is folded again", value, newest)
+    with conn:
+        conn.execute("DELETE FROM histories_mark")
+    return 0
 
 
 def latest(rows: Sequence[Row]) -> list[Row]:
@@ -102,7 +120,7 @@ def fold(conn: sqlite3.Connection, through_id: int,
     with the last: a fold that dies between chunks leaves the mark where it was, and the
     next one folds the same rows again, which changes nothing (idempotent).
     """
-    after = mark(conn)
+    after = mark(conn, newest=through_id)
     if through_id <= after:
         return HistoriesFold(after, after, 0)
     rows = latest(read(after, through_id))

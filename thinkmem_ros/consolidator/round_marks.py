@@ -75,7 +75,11 @@ class RoundMarks:
                                      "rehearsal_sha256 = ?", (rehearsal_sha256,)).fetchone()
         except sqlite3.Error as err:
             raise RoundMarkError(f"{self.path}: cannot read round marks: {err}") from err
-        return 0 if row is None else int(row[0])
+        if row is None:
+            return 0
+        if isinstance(row[0], bool) or not isinstance(row[0], int) or row[0] < 0:
+            raise RoundMarkError(f"{self.path}: a damaged round mark ({row[0]!r:.40})")
+        return row[0]
 
     def reservoir(self, rehearsal_sha256: str | None, budget: int, seed: int
                   ) -> Reservoir | None:
