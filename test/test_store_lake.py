@@ -217,17 +217,40 @@ def test_a_receiver_killed_mid_flush_loses_and_duplicates_nothing(tmp_path):
         assert on_disk == listed
 
 
-def test_a_damaged_lake_file_is_a_store_error_naming_the_lake(tmp_path):
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "foreign"])
+def test_a_damaged_lake_file_is_left_out_of_reads_and_named(tmp_path, caplog, damage):
+    """One bad file stopped every round for good: its rows are left out, the rest is read."""
     with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
         store.insert_many([exp(1), exp(2)])
         store.flush()
-        listed = next(store.lake_dir.rglob("*.parquet"))
-        listed.write_bytes(listed.read_bytes()[:40])  # truncated on disk
-        assert store.count() == 2  # the manifest still answers
-        with pytest.raises(StoreError, match="cannot read the lake"):
-            list(store.iter_all())
-        with pytest.raises(StoreError, match="cannot read the lake"):
-            store.episode_events()
+        bad = next(store.lake_dir.rglob("*.parquet"))
+        store.insert_many([exp(3, episode="e2")])
+        store.flush()
+        store.insert_many([exp(4, episode="e2")])  # stays in the tail
+        if damage == "truncated":
+            bad.write_bytes(bad.read_bytes()[:40])
+        elif damage == "deleted":
+            bad.unlink()
+        else:  # a valid Parquet file of something else under the listed name
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            pq.write_table(pa.table({"x": [1, 2]}), bad)
+        assert store.count() == 4  # the manifest still answers: nothing was deleted
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert [e.seq for e in store.iter_all()] == [3, 4]
+            assert store.episode_events()[("r1", "e2")] is not None
+        assert "cannot be read and are left out" in caplog.text and bad.name in caplog.text
+
+
+def test_a_stored_row_that_no_longer_decodes_is_left_out_and_named(tmp_path, caplog):
+    with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
+        store.insert_many([exp(i) for i in range(1, 6)])
+        with store._conn:
+            store._conn.execute("UPDATE experiences SET payload = x'c1' WHERE seq = 2")
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert [e.seq for e in store.iter_all(page=2)] == [1, 3, 4, 5]  # paging holds
+            assert [e.seq for _, e in store.iter_experiences()] == [1, 3, 4, 5]
+        assert "no longer decode" in caplog.text
 
 
 def test_a_flush_that_fails_during_ingest_keeps_ingesting(tmp_path, caplog):

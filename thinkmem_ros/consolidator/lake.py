@@ -211,6 +211,24 @@ class ParquetLake:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LakeError(f"{self.root}: cannot read the lake: {first}") from exc
 
+    def damaged(self, files: Sequence[str]) -> dict[str, str]:
+        """The listed files that cannot be opened as this lake's Parquet, with the reason.
+
+        Asked only after a query failed, to tell one bad file (truncated, overwritten,
+        deleted by hand) from a failure of the whole read.
+        """
+        import pyarrow.parquet as pq
+
+        bad: dict[str, str] = {}
+        for f in files:
+            try:
+                names = pq.ParquetFile(self.root / f).schema_arrow.names
+                if names != list(COLUMNS):
+                    raise ValueError(f"columns {names[:4]}... are not a lake file's")
+            except Exception as exc:  # noqa: BLE001 - any reason makes the file unreadable
+                bad[f] = " ".join(str(exc).split())[:160] or type(exc).__name__
+        return bad
+
     @property
     def db(self):
         """An in-process DuckDB connection, made on first use (one per store, one thread)."""

@@ -291,17 +291,22 @@ class ExperienceStore:
             params.append(limit)
         lake, tail = self._both(sql, params, robot_id, after_id)
         rows = (lake + tail)[:limit]  # every lake id is below every tail id
-        yield from zip((r[0] for r in rows), _decode_all([r[1] for r in rows]))
+        decoded = _decode_all([r[1] for r in rows], self.path)
+        yield from ((r[0], e) for r, e in zip(rows, decoded, strict=True) if e is not None)
 
     def iter_all(self, after_id: int = 0, page: int = 5000) -> Iterator[Experience]:
         """Every experience after row id ``after_id`` in arrival order, ``page`` rows at a time.
 
         For whole-store passes (an index, a replay): memory stays at one page of decoded
-        records however large the store is.
+        records however large the store is. Pages by stored row, not by decoded record, so
+        a row left out as undecodable never ends the pass early.
         """
         while True:
-            rows = list(self.iter_experiences(after_id=after_id, limit=page))
-            yield from (e for _, e in rows)
+            lake, tail = self._both("SELECT id, payload FROM {src} WHERE id > ? ORDER BY id"
+                                    " LIMIT ?", (after_id, page), None, after_id)
+            rows = (lake + tail)[:page]
+            decoded = _decode_all([r[1] for r in rows], self.path)
+            yield from (e for e in decoded if e is not None)
             if len(rows) < page:
                 return
             after_id = rows[-1][0]
@@ -312,7 +317,7 @@ class ExperienceStore:
             "SELECT stamp, seq, payload FROM {src} WHERE robot_id = ? AND episode_id = ?",
             (robot_id, episode_id), robot_id)
         rows = sorted(lake + tail, key=lambda r: (r[0], r[1]))
-        return _decode_all([r[2] for r in rows])
+        return [e for e in _decode_all([r[2] for r in rows], self.path) if e is not None]
 
     def episodes_through(self, keys: Iterable[tuple[str, str]], through_id: int,
                          spans: Iterable[tuple[int, int]] | None = None) -> list[Experience]:
@@ -344,7 +349,7 @@ class ExperienceStore:
         out: list[Experience] = []
         for key in keys:
             got = sorted(rows.get(key, []), key=lambda r: (r[0], r[1]))
-            out += _decode_all([r[2] for r in got])
+            out += [e for e in _decode_all([r[2] for r in got], self.path) if e is not None]
         return out
 
     def episode_events(self) -> dict[tuple[str, str], list[str]]:
@@ -429,8 +434,23 @@ class ExperienceStore:
         return self._lake_query(sql, files, params), tail
 
     def _lake_query(self, sql: str, files: list[str], params: Sequence = ()) -> list[tuple]:
+        """Query the listed files; a damaged one is left out of the answer with a WARNING.
+
+        Raising stopped every round on that one file, for good. Its rows are not deleted
+        (the manifest still lists it, so ``count`` still includes them) and every read
+        names it until it is restored; a failure no single file explains still raises.
+        """
         try:
             return self._lake.query(sql, files, params)
+        except LakeError as exc:
+            bad = self._lake.damaged(files)
+            if not bad:
+                raise StoreError(str(exc)) from exc
+        first = next(iter(bad.items()))
+        log.warning("%s: %d listed lake file(s) cannot be read and are left out of this read "
+                    "(first: %s: %s)", self.lake_dir, len(bad), *first)
+        try:
+            return self._lake.query(sql, [f for f in files if f not in bad], params)
         except LakeError as exc:
             raise StoreError(str(exc)) from exc
 
@@ -565,10 +585,21 @@ def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
-def _decode_all(payloads: list[bytes]) -> list[Experience]:
-    """Decode stored payloads in one batch; a row that no longer validates raises."""
-    out = decode_experiences(payloads)
-    for item in out:
+def _decode_all(payloads: list[bytes], path: Path) -> list[Experience | None]:
+    """Decode stored payloads in one batch; None (and a WARNING) for a row that no longer does.
+
+    A stored row was valid when it was acknowledged; one that no longer decodes was changed
+    on disk since. Raising stopped every round on that one row, for good; it is left out
+    of what is read (not deleted) and named in the log instead.
+    """
+    out: list[Experience | None] = []
+    bad: list[ExperienceError] = []
+    for item in decode_experiences(payloads):
         if isinstance(item, ExperienceError):
-            raise item
+            bad.append(item)
+            item = None
+        out.append(item)
+    if bad:
+        log.warning("%s: %d stored experience(s) no longer decode and are left out of this "
+                    "read (first: %s)", path, len(bad), " ".join(str(bad[0]).split())[:200])
     return out
