@@ -327,3 +327,39 @@ def test_keys_rotation_options_without_a_rotation(tmp_path, capsys, option):
     code, err = run(capsys, "keys", "--out", tmp_path / "k", *option)
     assert_one_line(code, err, "thinkmem keys:", option[0], "only with --rotate")
     assert not (tmp_path / "k").exists()
+
+
+@pytest.mark.parametrize("shared", ["db", "publish"])
+def test_a_second_consolidator_on_one_store_or_publish_folder_is_refused(tmp_path, signing_key,
+                                                                        capsys, shared):
+    """Two consolidators staged the same version: one failed mid-round, leftovers stayed."""
+    from thinkmem_ros.consolidator.round_lock import RoundLock
+
+    db, publish = tmp_path / "c.db", tmp_path / "pub"
+    other_db, other_publish = (db, tmp_path / "pub2") if shared == "db" else (
+        tmp_path / "c2.db", publish)
+    with RoundLock(db, publish):  # the running one
+        code, err = run(capsys, "consolidator", "--once", "--signing-key", signing_key,
+                        "--db", other_db, "--publish-dir", other_publish)
+    assert_one_line(code, err, "thinkmem consolidator:", "another consolidator runs rounds")
+
+
+def test_the_round_lock_holds_across_processes_and_dies_with_its_holder(tmp_path):
+    import subprocess
+    import sys
+
+    from thinkmem_ros.consolidator.round_lock import RoundLock, RoundLockError
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from thinkmem_ros.consolidator.round_lock "
+         "import RoundLock; RoundLock(sys.argv[1], sys.argv[2]); print('held', flush=True); "
+         "time.sleep(60)", str(tmp_path / "c.db"), str(tmp_path / "pub")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RoundLockError, match="the store"):
+            RoundLock(tmp_path / "c.db", tmp_path / "pub")
+    finally:
+        holder.kill()
+        holder.wait()
+    RoundLock(tmp_path / "c.db", tmp_path / "pub").release()  # a killed holder frees it

@@ -75,6 +75,7 @@ from thinkmem_ros.consolidator.recall_server import (
 )
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
+from thinkmem_ros.consolidator.round_lock import RoundLock
 from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
 from thinkmem_ros.consolidator.round_read import (
     DEFAULT_RESERVOIR,
@@ -852,10 +853,17 @@ def run(args: argparse.Namespace) -> int:
         if config.engine != "embedded":  # a cluster that cannot be reached fails here
             service._discovery_engine()
         check_inputs(config, once=args.once)
+        lock = RoundLock(config.db_path, config.publish_dir)
     except (ValueError, OSError, RuntimeError) as exc:
         text = _as_options(f"{exc}".splitlines()[0] if f"{exc}" else "", args)
         print(f"thinkmem consolidator: {text}", file=sys.stderr)
         return 2
+    with lock:
+        return _run_locked(service, args)
+
+
+def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
+    """One round (``--once``) or serve until stopped, holding the round lock."""
     if args.once:
         service.run_round("once")
         return 0
