@@ -189,10 +189,12 @@ def test_bench_refuses_an_unwritable_output_before_running(files, capsys, monkey
     (["--rehearsal-npz", "garbage.bin"], "not a rehearsal npz"),
     (["--check-s", "nan"], "--check-s must be > 0"),
     (["--period-s", "nan"], "--period-s must be > 0"),
-], ids=["db-not-sqlite", "db-folder", "npz-garbage", "check-s-nan", "period-s-nan"])
+    (["--db", "typo.db"], "no such store"),
+], ids=["db-not-sqlite", "db-folder", "npz-garbage", "check-s-nan", "period-s-nan", "db-typo"])
 @pytest.mark.parametrize("entry", [cli.main, service.main], ids=["thinkmem", "service"])
 def test_consolidator_once_bad_input(files, signing_key, capsys, argv, name, entry):
-    argv = [str(files / a) if a in ("not.db", "a_folder", "garbage.bin") else a for a in argv]
+    argv = [str(files / a) if a in ("not.db", "a_folder", "garbage.bin", "typo.db") else a
+            for a in argv]
     prefix = ["consolidator"] if entry is cli.main else []
     code, err = run(capsys, *prefix, "--once", "--signing-key", signing_key,
                     "--db", files / "c.db", *argv, entry=entry)

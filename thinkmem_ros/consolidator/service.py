@@ -811,7 +811,10 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
 
     if config.rehearsal.npz is not None:
         load_npz(config.rehearsal.npz)
-    if once:  # serving opens it in the receiver, before READY
+    if once:  # serving opens it in the receiver, before READY (and may create it)
+        if not Path(config.db_path).exists():  # a typo made an empty store and exit 0
+            raise ValueError(f"--db {config.db_path}: no such store (a round reads a store "
+                             f"the serving consolidator filled)")
         ExperienceStore(config.db_path).close()
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
