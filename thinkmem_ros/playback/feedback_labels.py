@@ -84,16 +84,16 @@ class FeedbackConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic.strip("/"):
-            raise ValueError(f"FeedbackConfig.topic must be a topic name, got {self.topic!r}")
+            raise ValueError(f"the feedback topic must be a topic name, got {self.topic!r}")
         if not self.topic.startswith("/"):
             self.topic = "/" + self.topic
         if self.labels is not None:
             self.labels = tuple(self.labels)
             if not self.labels or not all(isinstance(n, str) and n for n in self.labels):
-                raise ValueError(f"FeedbackConfig.labels must be non-empty names, "
+                raise ValueError(f"the feedback labels must be non-empty names, "
                                  f"got {self.labels!r}")
         if self.clock not in CLOCKS:
-            raise ValueError(f"FeedbackConfig.clock must be one of {CLOCKS}, "
+            raise ValueError(f"the feedback clock must be one of {CLOCKS}, "
                              f"got {self.clock!r}")
 
 
