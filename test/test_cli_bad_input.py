@@ -336,10 +336,12 @@ def test_a_second_consolidator_on_one_store_or_publish_folder_is_refused(tmp_pat
                                                                         capsys, shared):
     """Two consolidators staged the same version: one failed mid-round, leftovers stayed."""
     from thinkmem_ros.consolidator.round_lock import RoundLock
+    from thinkmem_ros.consolidator.store import ExperienceStore
 
     db, publish = tmp_path / "c.db", tmp_path / "pub"
     other_db, other_publish = (db, tmp_path / "pub2") if shared == "db" else (
         tmp_path / "c2.db", publish)
+    ExperienceStore(other_db).close()
     with RoundLock(db, publish):  # the running one
         code, err = run(capsys, "consolidator", "--once", "--signing-key", signing_key,
                         "--db", other_db, "--publish-dir", other_publish)
