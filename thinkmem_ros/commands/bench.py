@@ -58,17 +58,18 @@ def main(args: argparse.Namespace) -> int:
 def _bundle_arg(name: str, module, path: str) -> str:
     """``path`` when ``name`` can measure a given bundle and it loads; else one line, exit 1.
 
-    Loaded into ONNX Runtime, not only its manifest read: a model whose sha256 matches
-    but that ONNX Runtime cannot load would otherwise fail once the benchmark has started.
+    Loaded the way the node loads it (``load_policy``: ONNX Runtime plus the load-time test
+    inference), not only its manifest read: a model whose sha256 matches but that ONNX
+    Runtime cannot load or run would otherwise fail once the benchmark has started.
     """
     from thinkmem_ros.policy.bundle import BundleError
-    from thinkmem_ros.policy.runtime import PolicyRuntime
+    from thinkmem_ros.robot.hotswap import load_policy
 
     if "bundle" not in inspect.signature(module.run).parameters:
         raise SystemExit(f"thinkmem bench {name} does not take --bundle (it trains or builds "
                          "what it measures)")
     try:
-        PolicyRuntime(path, threads=1)
+        load_policy(path, threads=1)
     except (BundleError, FileNotFoundError, OSError, ValueError) as exc:
         raise SystemExit(f"--bundle {path}: {exc}") from None
     return path

@@ -195,11 +195,13 @@ class RuleSet:
     def load(cls, folder: Path | str) -> RuleSet:
         """Read and validate the rules, verifying ``rules.json`` against the recorded sha256."""
         folder = Path(folder)
-        read_hashed_artefact(folder, RULES_META, RULES_JSON, ARTEFACT_VERSION,
-                             RulesArtefactError, "anticipation rules")
-        try:
-            data = json.loads((folder / RULES_JSON).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _, raw = read_hashed_artefact(folder, RULES_META, RULES_JSON, ARTEFACT_VERSION,
+                                      RulesArtefactError, "anticipation rules")
+        try:  # the verified bytes, not a second read of a file that may have changed
+            data = json.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise RulesArtefactError(f"{folder / RULES_JSON}: nested too deeply") from None
+        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
             raise RulesArtefactError(f"{folder / RULES_JSON}: {exc}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
             raise RulesArtefactError(f"{folder / RULES_JSON}: expected {{'rules': [...]}}")

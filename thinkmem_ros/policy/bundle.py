@@ -8,12 +8,16 @@ touches it: a truncated or tampered file is refused, never half-loaded.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import math
 import os
 import re
+import stat
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +30,17 @@ MANIFEST = "bundle.json"
 ONNX_FILE = "policy.onnx"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 """Largest ``bundle.json`` read; real ones are a few kilobytes (metrics included)."""
+MAX_ARTEFACT_BYTES = 64 * 1024 * 1024
+"""Largest artefact file (values, memctl, rules and their sidecars) read from a bundle: the
+same bound as a whole push (``BundleReceiverConfig.max_bytes``), so no file a push could
+carry is refused, and a hand-placed huge file is refused instead of filling memory."""
+MAX_UNPACKED_BYTES = 4 * MAX_ARTEFACT_BYTES
+"""Largest total an artefact ``.npz`` may unpack to: a small compressed file must not
+expand into gigabytes (a zip bomb); real value tables unpack to a few megabytes."""
+MAX_NAME_CHARS = 128
+"""Longest signal, label or event name a manifest may hold; wire names are 64 at most."""
+NAME_KEYS = ("signals", "labels", "event_vocabulary")
+"""Manifest keys whose items become topic/parameter names and column keys on the robot."""
 
 
 class BundleError(RuntimeError):
@@ -101,6 +116,8 @@ class BundleManifest:
             raise BundleError(f"{source}: unknown keys {unknown[:8]}")
         for key, value in data.items():
             _check_field(source, key, value)
+        for key in NAME_KEYS:
+            _check_names(source, key, data.get(key, []))
         try:
             return cls(**data)
         except TypeError as exc:
@@ -162,6 +179,24 @@ def _check_field(source: str, key: str, value: object) -> None:
     check, expected = _FIELD_TYPES[key]
     if not check(value):
         raise BundleError(f"{source}: {key} must be {expected}, got {_kind(value)}")
+
+
+def _check_names(source: str, key: str, names: list[str]) -> None:
+    """Refuse empty, duplicate, over-long or unprintable names, naming the key and the item.
+
+    Why: a signal name becomes ROS parameter and topic names (a NUL cut it short, a
+    duplicate declared a parameter twice and stopped the node) and every name is a column
+    key, so two equal labels would silently share one threshold.
+    """
+    seen: set[str] = set()
+    for index, name in enumerate(names):
+        if not name or len(name) > MAX_NAME_CHARS or not name.isprintable():
+            raise BundleError(f"{source}: {key}[{index}] must be a non-empty printable name "
+                              f"of at most {MAX_NAME_CHARS} characters (no control "
+                              f"characters), got {_kind(name)}")
+        if name in seen:
+            raise BundleError(f"{source}: {key}[{index}] {name!r} is listed twice")
+        seen.add(name)
 
 
 def _kind(value: object) -> str:
@@ -297,28 +332,84 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     return load_bundle(folder)
 
 
-def read_hashed_artefact(folder: Path | str, meta_name: str, data_name: str, version: int,
-                         error: type[Exception], what: str) -> dict:
-    """Read an artefact's json sidecar and check its version and the data file's sha256.
+def read_bundle_file(path: Path | str, limit: int = MAX_ARTEFACT_BYTES) -> bytes:
+    """Read one regular file of at most ``limit`` bytes; OSError naming it otherwise.
 
-    Value tables and memory-control heads ship beside the ONNX graph as ``<x>.npz`` plus
-    ``<x>.json`` (which records the npz hash); both loaders must refuse a corrupted or
-    tampered file the same way, so the check lives here. Returns the parsed sidecar;
-    raises ``error`` naming the file otherwise.
+    A bundle folder is outside input: a FIFO there blocked the hot-swap thread forever and
+    a symlink to /dev/zero filled memory. The file is opened without blocking and checked
+    on the open descriptor (no race with a swap of the name), then read to ``limit`` + 1
+    bytes so a file that grows after the check is refused too.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_file_kind(mode)}); refused",
+                          str(path))
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes; refused", str(path))
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR,
+             "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK,
+             "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
+
+
+def read_hashed_artefact(folder: Path | str, meta_name: str, data_name: str, version: int,
+                         error: type[Exception], what: str) -> tuple[dict, bytes]:
+    """Read an artefact's json sidecar and data file, checking its version and sha256.
+
+    Value tables, memory-control heads and rules ship beside the ONNX graph as a data file
+    plus a json sidecar (which records the data's hash); every loader must refuse a
+    corrupted, tampered, special or oversized file the same way, so the check lives here.
+    Returns (sidecar, data bytes): loaders parse these verified bytes, never the file
+    again. Raises ``error`` naming the file otherwise.
     """
     folder = Path(folder)
+    path = folder / meta_name
     try:
-        meta = json.loads((folder / meta_name).read_text(encoding="utf-8"))
-        raw = (folder / data_name).read_bytes()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise error(f"{folder}: cannot read {what} artefact: {exc}") from exc
+        meta = json.loads(read_bundle_file(path).decode("utf-8"))
+        path = folder / data_name
+        raw = read_bundle_file(path)
+    except RecursionError:
+        raise error(f"{path}: cannot parse JSON: nested too deeply") from None
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise error(f"{path}: cannot read {what} artefact: {why}") from exc
     if not isinstance(meta, dict) or meta.get("artefact_version") != version:
         found = meta.get("artefact_version") if isinstance(meta, dict) else None
         raise error(f"{folder / meta_name}: artefact_version {found!r} is not {version}")
     if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
         raise error(f"{folder / data_name}: sha256 does not match {meta_name}; "
                     "corrupted or tampered with")
-    return meta
+    return meta, raw
+
+
+def read_npz(raw: bytes, limit: int | None = None) -> dict:
+    """Return {name: array} of verified ``.npz`` bytes; ValueError when they unpack too big.
+
+    No pickles (object arrays are refused by numpy) and the members' declared sizes are
+    summed first: zipfile never returns more than a member declares, so this bounds memory.
+    Other malformed bytes raise whatever numpy or zipfile raise; callers name the file.
+    """
+    import numpy as np
+
+    limit = MAX_UNPACKED_BYTES if limit is None else limit
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        total = sum(info.file_size for info in archive.infolist())
+    if total > limit:
+        raise ValueError(f"unpacks to {total} bytes, more than {limit}")
+    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+        return {name: np.asarray(data[name]) for name in data.files}
 
 
 def fsync_dir(path: Path) -> None:

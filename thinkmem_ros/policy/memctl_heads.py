@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.policy.bundle import read_hashed_artefact
+from thinkmem_ros.policy.bundle import read_hashed_artefact, read_npz
 
 MEMCTL_NPZ = "memctl.npz"
 MEMCTL_JSON = "memctl.json"
@@ -86,11 +86,58 @@ class MemctlHeads:
 
     @classmethod
     def load(cls, folder: Path | str) -> MemctlHeads:
-        """Read the probes (numpy only), verifying the npz against the recorded sha256."""
+        """Read the probes (numpy only), verifying the npz against the recorded sha256.
+
+        Any malformed content (a missing or empty array, thresholds that are not a map of
+        numbers, a file that is not an npz) is a MemctlArtefactError naming the file, so
+        the node skips the probes with one line instead of failing to start.
+        """
         folder = Path(folder)
-        meta = read_hashed_artefact(folder, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
-                                    MemctlArtefactError, "memctl")
-        with np.load(folder / MEMCTL_NPZ) as data:
-            heads = {h: ProbeHead(data[f"{h}_w"], float(data[f"{h}_b"][0]),
-                                  float(meta["thresholds"][h])) for h in HEADS}
-        return cls(heads["compress"], heads["recall"], meta.get("info", {}))
+        meta, raw = read_hashed_artefact(folder, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
+                                         MemctlArtefactError, "memctl")
+        thresholds = _thresholds(meta, folder / MEMCTL_JSON)
+        try:
+            heads = _heads(read_npz(raw), thresholds)
+        except Exception as exc:  # noqa: BLE001 - numpy/zipfile raise many kinds on bad bytes
+            raise MemctlArtefactError(f"{folder / MEMCTL_NPZ}: {type(exc).__name__}: "
+                                      f"{exc}") from None
+        info = meta.get("info", {})
+        return cls(heads["compress"], heads["recall"], info if isinstance(info, dict) else {})
+
+    @property
+    def dim(self) -> int:
+        """Embedding width the probes read (the policy's must match)."""
+        return int(self.compress.weights.shape[0])
+
+
+def _thresholds(meta: dict, source: Path) -> dict[str, float]:
+    """{head: threshold in [0, 1]} from the sidecar; MemctlArtefactError naming it otherwise."""
+    found = meta.get("thresholds")
+    if not isinstance(found, dict):
+        raise MemctlArtefactError(f"{source}: thresholds must be a map {{head: number}}, "
+                                  f"got {type(found).__name__}")
+    out = {}
+    for h in HEADS:
+        tau = found.get(h)
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) \
+                or not 0.0 <= tau <= 1.0:
+            raise MemctlArtefactError(f"{source}: thresholds.{h} must be a number in "
+                                      f"[0, 1], got {tau!r}")
+        out[h] = float(tau)
+    return out
+
+
+def _heads(arrays: dict[str, np.ndarray], thresholds: dict[str, float]) -> dict[str, ProbeHead]:
+    """Build both probes from the npz arrays; raises (the caller names the file) on a flaw."""
+    heads = {}
+    for h in HEADS:
+        weights, bias = arrays.get(f"{h}_w"), arrays.get(f"{h}_b")
+        if weights is None or bias is None:
+            raise ValueError(f"lacks {h}_w or {h}_b (has {sorted(arrays)})")
+        if weights.ndim != 1 or weights.size == 0 or bias.shape != (1,):
+            raise ValueError(f"{h}_w must be (d,) and {h}_b (1,), got {weights.shape} and "
+                             f"{bias.shape}")
+        heads[h] = ProbeHead(weights, float(bias[0]), thresholds[h])
+    if heads["compress"].weights.shape != heads["recall"].weights.shape:
+        raise ValueError("compress_w and recall_w differ in width")
+    return heads

@@ -60,6 +60,14 @@ InputError = StreamInputError
 """A situation or frame given to the runtime has the wrong shape, dtype or values."""
 
 
+class ThresholdError(BundleError, ValueError):
+    """Thresholds (the bundle's or an override) name unknown labels or leave [0, 1].
+
+    A BundleError as docs/contracts.md promises for anything wrong with a bundle, and still
+    a ValueError for callers that caught the override's mistakes as one.
+    """
+
+
 class Prediction:
     """Policy output for B situations.
 
@@ -102,7 +110,10 @@ def session_options(threads: int = 1, allow_spinning: bool = False,
     spin = "1" if allow_spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-    options.log_severity_level = 3
+    # 4 = fatal only: ONNX Runtime logged a failed run as a multi-line colour message on
+    # stderr besides raising it; the exception carries the same text, and callers turn it
+    # into their own one-line error (load_policy, the node's frame loop)
+    options.log_severity_level = 4
     return options
 
 
@@ -196,12 +207,13 @@ class PolicyRuntime:
         if override:
             unknown = sorted(set(override) - set(m.labels))
             if unknown:
-                raise ValueError(f"thresholds for unknown labels {unknown}; bundle labels "
-                                 f"are {m.labels}")
+                raise ThresholdError(f"thresholds for unknown labels {unknown}; bundle labels "
+                                     f"are {m.labels}")
             tau.update(override)
         for name, value in tau.items():
             if not 0.0 <= float(value) <= 1.0:
-                raise ValueError(f"threshold for {name!r} must be in [0, 1], got {value!r}")
+                raise ThresholdError(f"threshold for {name!r} must be in [0, 1], got "
+                                     f"{value!r}")
         return np.array([tau[name] for name in m.labels], dtype=np.float32)
 
     def _check_graph(self, m: BundleManifest, path: Path) -> None:

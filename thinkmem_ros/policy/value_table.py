@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.vocabulary import SAFETY_LABELS
-from thinkmem_ros.policy.bundle import read_hashed_artefact
+from thinkmem_ros.policy.bundle import read_hashed_artefact, read_npz
 
 VALUES_NPZ = "values.npz"
 VALUES_JSON = "values.json"
@@ -409,31 +409,84 @@ class ValueTable:
 
     @classmethod
     def load(cls, folder: Path | str) -> ValueTable:
-        """Read a saved table (numpy only), verifying the npz against its recorded sha256."""
+        """Read a saved table (numpy only), verifying the npz against its recorded sha256.
+
+        Any malformed content (a missing array, wrong shapes, NaN values, archive pairs
+        outside the table, a file that is not an npz) is a ValueArtefactError naming the
+        file, so the node skips the table with one line instead of failing to start.
+        """
         folder = Path(folder)
-        meta = read_hashed_artefact(folder, VALUES_JSON, VALUES_NPZ, ARTEFACT_VERSION,
-                                    ValueArtefactError, "values")
+        meta, raw = read_hashed_artefact(folder, VALUES_JSON, VALUES_NPZ, ARTEFACT_VERSION,
+                                         ValueArtefactError, "values")
         try:
-            config = ValueConfig(**meta["config"])
-            table = cls(meta["labels"], int(meta["dim"]), config)
-            table._set_key_labels(meta.get("key_labels", meta["labels"]))
-        except (KeyError, TypeError) as exc:
-            raise ValueArtefactError(f"{folder / VALUES_JSON}: {exc}") from exc
-        with np.load(folder / VALUES_NPZ) as data:
-            table.centroids = data["centroids"].astype(np.float64)
-            table._sums = table.centroids.copy()
-            table.q = data["q"].astype(np.float64)
-            table.n_sg = data["visits"].astype(np.int64)
-            table.n_s = data["cluster_visits"].astype(np.int64)
-            table._t_sum = data["t_sum"]
-            table._t_sq = data["t_sq"]
-            table._boot_n = np.maximum(table.n_s, 1)
-            table._boot_sum = data["vbar"].astype(np.float64) * table._boot_n
-            table.archived = np.zeros(table.q.shape, dtype=bool)
-            table._grace = np.zeros(table.q.shape, dtype=np.int64)
-            for s, g in data["archived"]:
-                table.archived[s, g] = True
-        if table.centroids.shape[1:] != (table.key_dim,) or table.q.shape != (
-                table.centroids.shape[0], len(table.labels)):
-            raise ValueArtefactError(f"{folder / VALUES_NPZ}: array shapes disagree")
+            table = cls._from_meta(meta)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueArtefactError(f"{folder / VALUES_JSON}: {type(exc).__name__}: "
+                                     f"{exc}") from None
+        try:
+            table._fill(read_npz(raw))
+        except Exception as exc:  # noqa: BLE001 - numpy/zipfile raise many kinds on bad bytes
+            raise ValueArtefactError(f"{folder / VALUES_NPZ}: {type(exc).__name__}: "
+                                     f"{exc}") from None
         return table
+
+    @classmethod
+    def _from_meta(cls, meta: dict) -> ValueTable:
+        """An empty table with the sidecar's labels, width and config (raises when malformed)."""
+        labels, key_labels = meta["labels"], meta.get("key_labels", meta["labels"])
+        for name, value in (("labels", labels), ("key_labels", key_labels)):
+            if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
+                raise TypeError(f"{name} must be a list of strings")
+        dim = meta["dim"]
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 1 << 16:
+            raise ValueError(f"dim must be an integer in [1, 65536], got {dim!r}")
+        if not isinstance(meta["config"], dict):
+            raise TypeError("config must be a map")
+        table = cls(labels, dim, ValueConfig(**meta["config"]))
+        table._set_key_labels(key_labels)
+        return table
+
+    def _fill(self, data: dict[str, np.ndarray]) -> None:
+        """Adopt the npz arrays after checking their shapes, values and archive pairs."""
+        missing = sorted({"centroids", "q", "visits", "cluster_visits", "t_sum", "t_sq",
+                          "vbar", "archived"} - set(data))
+        if missing:
+            raise ValueError(f"lacks arrays {missing}")
+        c = data["centroids"].shape[0] if data["centroids"].ndim == 2 else -1
+        n_labels = len(self.labels)
+        shapes = {"centroids": (c, self.key_dim), "q": (c, n_labels), "visits": (c, n_labels),
+                  "t_sum": (c, n_labels), "t_sq": (c, n_labels), "cluster_visits": (c,),
+                  "vbar": (c,)}
+        for name, shape in shapes.items():
+            if data[name].shape != shape:
+                raise ValueError(f"array shapes disagree: {name} is {data[name].shape}, "
+                                 f"expected {shape}")
+            if not np.isfinite(data[name].astype(np.float64)).all():
+                raise ValueError(f"{name} contains NaN or inf")
+        if (data["visits"] < 0).any() or (data["cluster_visits"] < 0).any():
+            raise ValueError("visit counts are negative")
+        self.centroids = data["centroids"].astype(np.float64)
+        self._sums = self.centroids.copy()
+        self.q = data["q"].astype(np.float64)
+        self.n_sg = data["visits"].astype(np.int64)
+        self.n_s = data["cluster_visits"].astype(np.int64)
+        self._t_sum = data["t_sum"].astype(np.float64)
+        self._t_sq = data["t_sq"].astype(np.float64)
+        self._boot_n = np.maximum(self.n_s, 1)
+        self._boot_sum = data["vbar"].astype(np.float64) * self._boot_n
+        self.archived = np.zeros(self.q.shape, dtype=bool)
+        self._grace = np.zeros(self.q.shape, dtype=np.int64)
+        self.archived[tuple(_archive_pairs(data["archived"], self.q.shape).T)] = True
+
+
+def _archive_pairs(pairs: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(A, 2) integer (cluster, label) pairs inside ``shape``; ValueError otherwise."""
+    if pairs.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype.kind not in "iu":
+        raise ValueError(f"archived must be (A, 2) integer pairs, got {pairs.dtype} "
+                         f"{pairs.shape}")
+    pairs = pairs.astype(np.int64)
+    if (pairs < 0).any() or (pairs >= np.array(shape)).any():
+        raise ValueError(f"archived pairs fall outside the table of shape {shape}")
+    return pairs

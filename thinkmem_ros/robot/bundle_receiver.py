@@ -177,6 +177,7 @@ class BundleReceiver:
             if path is None:
                 return None
             self._counters.accepted += 1
+            self.last_reason = f"accepted: v{self.version}"  # an old refusal no longer applies
         log.info("installed pushed bundle v%d at %s", self.version, path)
         if self.on_install is not None:
             try:

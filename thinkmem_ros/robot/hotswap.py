@@ -85,19 +85,42 @@ def load_policy(path: str | Path, *, signals: tuple[str, ...] | None = None,
         raise BundleError(f"{folder}: {exc}") from exc
     if list(runtime.labels) != list(m.labels) or runtime.window != m.window:
         raise BundleError(f"{folder}: runtime labels/window disagree with bundle.json")
-    probe = runtime.predict_one(np.zeros((m.window, len(m.signals)), np.float32),
-                                np.ones((m.window, len(m.signals)), np.float32),
-                                np.zeros(m.max_events, np.int64))
-    probs = np.asarray(probe.probabilities)
-    if probs.shape != (1, len(m.labels)) or not np.isfinite(probs).all():
-        raise BundleError(f"{folder}: probe inference gave probabilities of shape "
-                          f"{probs.shape} (expected (1, {len(m.labels)})) or non-finite values")
+    _probe(runtime, m, folder)
     return LoadedPolicy(
         path=folder, runtime=runtime, labels=tuple(m.labels), signals=tuple(m.signals),
         window=m.window, max_events=m.max_events, event_vocabulary=tuple(m.event_vocabulary),
         thresholds=np.asarray(runtime.thresholds, np.float32), version=m.model_version,
         sha256=m.sha256, frame_rate_hz=m.frame_rate_hz,
         signal_set=m.signal_set or signal_set_fingerprint(m))
+
+
+def _probe(runtime, m, folder: Path) -> None:
+    """Run the load-time test inference; BundleError (one line) when it fails or lies.
+
+    A graph can load and still fail its first run (a Reshape impossible at run time), or
+    answer probabilities outside [0, 1] or a non-finite embedding: each would break every
+    frame, so such a bundle is refused here, before it can become the running policy.
+    """
+    k, f = m.window, len(m.signals)
+    try:
+        probe = runtime.predict_one(np.zeros((k, f), np.float32), np.ones((k, f), np.float32),
+                                    np.zeros(m.max_events, np.int64))
+        probs = np.asarray(probe.probabilities)
+        embedding = np.asarray(probe.embedding)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own unexported types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise BundleError(f"{folder}: the load-time test inference failed (sha256 "
+                          f"{m.sha256}): {type(exc).__name__}: {first}") from None
+    if probs.shape != (1, len(m.labels)) or not np.isfinite(probs).all() \
+            or probs.min() < 0.0 or probs.max() > 1.0:
+        raise BundleError(f"{folder}: the load-time test inference gave probabilities of "
+                          f"shape {probs.shape} (expected (1, {len(m.labels)})) or values "
+                          "outside [0, 1]")
+    width = runtime.embedding_dim
+    if embedding.shape != (1, width) or not np.isfinite(embedding).all():
+        raise BundleError(f"{folder}: the load-time test inference gave an embedding of "
+                          f"shape {embedding.shape} (expected (1, {width})) or with NaN/inf "
+                          "values")
 
 
 class PolicySlot:

@@ -403,7 +403,8 @@ class ThinkingNode(Node):
         """Load a bundle (hot-swap thread) and the value/memctl artefacts beside it."""
         policy = load_policy(path, **kwargs)
         extras = getattr(policy.runtime.manifest, "extras", None)
-        artefacts = load_gate_artefacts(policy.path, extras)
+        artefacts = load_gate_artefacts(policy.path, extras,
+                                        getattr(policy.runtime, "embedding_dim", None))
         for err in artefacts.errors:
             self.get_logger().error(f"bundle {policy.path}: {err}; running without it")
         with self._artefacts_lock:
@@ -434,7 +435,11 @@ class ThinkingNode(Node):
             f"{cfg.recall_endpoint or 'off'}")
 
     def _load_start_policy(self) -> LoadedPolicy:
-        """Load ``bundle_path``, or a newer signed bundle a push installed under bundles_dir."""
+        """Load ``bundle_path``, or a newer signed bundle a push installed under bundles_dir.
+
+        An installed bundle that cannot run for any reason falls back to ``bundle_path``
+        with one logged line: a push must never turn into a crash on every restart.
+        """
         load = functools.partial(self._load_with_artefacts,
                                  signals=tuple(self.config.signal_map),
                                  thresholds=self.config.thresholds,
@@ -443,9 +448,9 @@ class ThinkingNode(Node):
         if installed is not None:
             try:
                 return load(installed)
-            except BundleError as exc:
+            except Exception as exc:  # noqa: BLE001 - BundleError, or a runtime/artefact bug
                 self.get_logger().error(f"installed bundle {installed} cannot run here, "
-                                        f"using bundle_path: {exc}")
+                                        f"using bundle_path: {type(exc).__name__}: {exc}")
         return load(self.config.bundle_path)
 
     def _start_shipping(self, policy: LoadedPolicy) -> None:

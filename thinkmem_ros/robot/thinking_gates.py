@@ -65,6 +65,7 @@ from thinkmem_ros.policy.anticipation_rules import (
     RulesArtefactError,
     RuleSet,
 )
+from thinkmem_ros.policy.bundle import read_bundle_file
 from thinkmem_ros.policy.memctl_heads import (
     MEMCTL_JSON,
     MEMCTL_NPZ,
@@ -86,7 +87,7 @@ def artefact_hashes(folder: Path | str) -> dict[str, str]:
     them (``policy.export.export_bundle(..., extras={"artefacts": ...})``).
     """
     folder = Path(folder)
-    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    return {name: hashlib.sha256(read_bundle_file(folder / name)).hexdigest()
             for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON, *RULES_FILES)
             if (folder / name).is_file()}
 
@@ -129,7 +130,7 @@ def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> 
         if want is None:
             raise ValueError(f"{folder / name}: not listed in the manifest's "
                              f"extras.{ARTEFACTS_KEY}; refusing an unsigned artefact")
-        got = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        got = hashlib.sha256(read_bundle_file(folder / name)).hexdigest()
         if got != want:
             raise ValueError(f"{folder / name}: sha256 {got[:12]} does not match the "
                              f"manifest's {str(want)[:12]}")
@@ -145,32 +146,61 @@ class GateArtefacts:
     errors: list[str] = field(default_factory=list)
 
 
-def load_gate_artefacts(folder: Path | str, extras: dict | None = None) -> GateArtefacts:
-    """Load the value table, probes and rules next to a bundle; a bad one is skipped, noted."""
+def load_gate_artefacts(folder: Path | str, extras: dict | None = None,
+                        embedding_dim: int | None = None) -> GateArtefacts:
+    """Load the value table, probes and rules next to a bundle; a bad one is skipped, noted.
+
+    Never raises: these files are optional, so any failure (unsigned, unreadable,
+    malformed, or keyed on an embedding of another width than ``embedding_dim``, the
+    policy's) leaves that artefact out with one line in ``errors`` naming the file.
+    """
     folder = Path(folder)
     listed = (extras or {}).get(ARTEFACTS_KEY)
     if listed is not None and not isinstance(listed, dict):
         listed = {}
     out = GateArtefacts()
     if (folder / VALUES_JSON).exists():
-        try:
-            _check_listed(folder, (VALUES_NPZ, VALUES_JSON), listed)
-            out.table = ValueTable.load(folder)
-        except (ValueArtefactError, ValueError, OSError) as exc:
-            out.errors.append(f"values: {exc}")
+        out.table = _load_one(out, "values", lambda: _load_table(folder, listed, embedding_dim))
     if (folder / MEMCTL_JSON).exists():
-        try:
-            _check_listed(folder, (MEMCTL_NPZ, MEMCTL_JSON), listed)
-            out.heads = MemctlHeads.load(folder)
-        except (MemctlArtefactError, ValueError, OSError) as exc:
-            out.errors.append(f"memctl: {exc}")
+        out.heads = _load_one(out, "memctl", lambda: _load_heads(folder, listed, embedding_dim))
     if (folder / RULES_META).exists() or (folder / RULES_JSON).exists():
-        try:
-            _check_listed(folder, RULES_FILES, listed)
-            out.rules = RuleSet.load(folder)
-        except (RulesArtefactError, ValueError, OSError) as exc:
-            out.errors.append(f"rules: {exc}")
+        out.rules = _load_one(out, "rules", lambda: _load_rules(folder, listed))
     return out
+
+
+def _load_one(out: GateArtefacts, kind: str, load: Callable[[], object]) -> object | None:
+    """Run one artefact's loader; any exception becomes a line in ``out.errors`` and None."""
+    try:
+        return load()
+    except (ValueArtefactError, MemctlArtefactError, RulesArtefactError, ValueError,
+            OSError) as exc:
+        out.errors.append(f"{kind}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - an optional file must never stop the node
+        out.errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+    return None
+
+
+def _load_table(folder: Path, listed: dict | None, width: int | None) -> ValueTable:
+    _check_listed(folder, (VALUES_NPZ, VALUES_JSON), listed)
+    table = ValueTable.load(folder)
+    if width is not None and table.dim != width:
+        raise ValueArtefactError(f"{folder / VALUES_JSON}: the table keys on embeddings of "
+                                 f"width {table.dim}, the policy's are {width}")
+    return table
+
+
+def _load_heads(folder: Path, listed: dict | None, width: int | None) -> MemctlHeads:
+    _check_listed(folder, (MEMCTL_NPZ, MEMCTL_JSON), listed)
+    heads = MemctlHeads.load(folder)
+    if width is not None and heads.dim != width:
+        raise MemctlArtefactError(f"{folder / MEMCTL_NPZ}: the probes read embeddings of "
+                                  f"width {heads.dim}, the policy's are {width}")
+    return heads
+
+
+def _load_rules(folder: Path, listed: dict | None) -> RuleSet:
+    _check_listed(folder, RULES_FILES, listed)
+    return RuleSet.load(folder)
 
 
 def merge_anticipation(active: list[str], held: list[str], covered: frozenset[str] | set[str],
