@@ -155,3 +155,20 @@ def test_a_reservoir_is_carried_for_its_own_budget_and_seed(tmp_path):
     with RoundMarks(tmp_path / "c.db") as marks, \
             pytest.raises(RoundMarkError, match="damaged round mark"):
         marks.through("b" * 64)
+
+
+def test_a_mark_past_the_stores_rows_reads_the_whole_store(tmp_path, caplog):
+    """A mark no row reaches read nothing new, and the round learned from nothing."""
+    import sqlite3
+
+    db = tmp_path / "c.db"
+    _store(db, "r1", 40, seed=1)
+    service = _service(tmp_path, round_reservoir=0)
+    assert service.run_round("first").published_version == 2
+    _store(db, "r2", 10, seed=2)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE round_marks SET through_id = 1000000000")
+    with caplog.at_level(logging.WARNING, logger="thinkmem_ros.consolidator.service"):
+        second = service.run_round("second")
+    assert "past the store's newest row" in caplog.text
+    assert second.read["since_id"] == 0 and second.experiences == 250

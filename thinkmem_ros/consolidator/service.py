@@ -442,6 +442,10 @@ class ConsolidatorService:
         previous = load_rehearsal(current, cfg.publish_dir, cfg.rehearsal)
         with ExperienceStore(cfg.db_path) as store:
             since, carried = self._mark(current, previous)
+            if since > store.last_id():  # no row id of this store: damaged, read it all
+                log.warning("the round mark %d is past the store's newest row %d: this "
+                            "round reads the whole store", since, store.last_id())
+                since, carried = 0, None
             read = read_round(store, cfg.round_experiences, cfg.seed,
                               lambda e: self.accept.reason(e) is None,  # another line's
                               since_id=since, reservoir=cfg.round_reservoir, carried=carried)
