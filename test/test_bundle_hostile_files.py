@@ -456,3 +456,28 @@ def test_node_refuses_a_graph_failing_its_test_inference_in_one_line(
     assert len(refusal) == 1 and "test inference failed" in refusal[0], node.output
     assert "Traceback" not in node.output and "\x1b[" not in node.output, node.output
 
+
+
+def test_a_push_that_cannot_run_is_refused_before_the_version_floor_moves(window_bundle,
+                                                                         tmp_path):
+    """Checked after install, it moved the floor: the fix could not ship as that version."""
+    from thinkmem_ros.consolidator.publish import push_frame
+    from thinkmem_ros.link.protocol import decode_frame
+    from thinkmem_ros.link.security import sign_bundle, write_signing_keypair
+    from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+    from thinkmem_ros.robot.hotswap import load_policy
+
+    pub, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    rx = BundleReceiver(BundleReceiverConfig(tmp_path / "robot", pub, current_version=1),
+                        check=load_policy)
+    bad = hostile_bundle(window_bundle, tmp_path / "bad", "runtime_fail")
+    manifest = json.loads((bad / "bundle.json").read_text())
+    (bad / "bundle.json").write_text(json.dumps({**manifest, "model_version": 2}))
+    sign_bundle(bad, key)
+    assert rx.handle_push(decode_frame(push_frame(bad)).body) is None
+    assert rx.last_reason.startswith("malformed") and "cannot run here" in rx.last_reason
+    assert rx.version == 1 and "\n" not in rx.last_reason
+    good = copy_bundle(window_bundle, tmp_path / "v2", model_version=2)
+    sign_bundle(good, key)
+    assert rx.handle_push(decode_frame(push_frame(good)).body) is not None  # the same v2
+    assert rx.version == 2

@@ -124,9 +124,14 @@ class BundleReceiver:
     """
 
     def __init__(self, config: BundleReceiverConfig,
-                 on_install: Callable[[Path], object] | None = None) -> None:
+                 on_install: Callable[[Path], object] | None = None,
+                 check: Callable[[Path], object] | None = None) -> None:
         self.config = config
         self.on_install = on_install
+        # Loads the verified staging folder as the robot would before it is installed: a
+        # signed graph that fails its test inference must not move the version floor (the
+        # robot would keep its bundle, and a fixed push of the same version be refused).
+        self.check = check
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._refusal_log = RateLimitedLog(log, 100)  # a flood of bad pushes: first, every 100th
@@ -234,6 +239,7 @@ class BundleReceiver:
                                               f"manifest says v{signed}")
             for name in _check_artefacts(artefacts, bundle.manifest.extras, version):
                 _write_synced(staging / name, artefacts[name])
+            self._check_runs(staging, version)
             target = self._publish(staging, version)
         except OSError as exc:
             raise PushRejected("install", f"cannot stage v{version} under "
@@ -247,6 +253,16 @@ class BundleReceiver:
         except OSError as exc:  # installed and linked already: pruning can wait
             log.warning("cannot prune old bundles in %s: %s", self.bundles_dir, exc)
         return target
+
+    def _check_runs(self, staging: Path, version: int) -> None:
+        """Refuse a verified bundle that cannot run here (``check`` raised), in one line."""
+        if self.check is None:
+            return
+        try:
+            self.check(staging)
+        except Exception as exc:  # noqa: BLE001 - whatever the loader raises refuses the push
+            text = " ".join(str(exc).replace(str(staging), "<push>").split())[:300]
+            raise PushRejected("malformed", f"v{version} cannot run here: {text}") from None
 
     def _apply_endorsements(self, manifest: bytes) -> None:
         """Apply the manifest's key chain to the trust list before its signature is checked.

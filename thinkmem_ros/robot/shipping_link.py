@@ -11,6 +11,7 @@ Nothing here runs on the tick except O(1) appends.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from thinkmem_ros.robot.experience_builder import (
     FeedbackError,
     parse_feedback,
 )
-from thinkmem_ros.robot.hotswap import LoadedPolicy
+from thinkmem_ros.robot.hotswap import LoadedPolicy, load_policy
 from thinkmem_ros.robot.node_config import NodeConfig
 from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig, log_outcome
 
@@ -110,7 +111,9 @@ class ShippingLink:
                 self.receiver = BundleReceiver(BundleReceiverConfig(
                     config.bundles_folder(), verify_key, current_version=policy.version,
                     current_sha256=policy.sha256, pin_version=config.pin_bundle_version),
-                    on_install=request_swap)
+                    on_install=request_swap,
+                    check=functools.partial(load_policy, signals=tuple(config.signal_map),
+                                            thresholds=config.thresholds, threads=1))
             except OSError as exc:
                 raise ValueError(f"bundles_dir {str(config.bundles_folder())!r}: {exc}") from None
         self.builder = ExperienceBuilder(
