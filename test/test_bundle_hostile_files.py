@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import copy_bundle
 
+from thinkmem_ros.bench.hostile_graphs import hostile_bundle
 from thinkmem_ros.policy import bundle as bundle_module
 from thinkmem_ros.policy.anticipation_rules import RULES_JSON, RULES_META
 from thinkmem_ros.policy.bundle import (
@@ -28,7 +29,6 @@ from thinkmem_ros.policy.bundle import (
     load_bundle,
     parse_manifest,
     read_manifest,
-    write_bundle,
 )
 from thinkmem_ros.policy.memctl_heads import MemctlHeads, ProbeHead
 from thinkmem_ros.policy.runtime import PolicyRuntime
@@ -236,59 +236,6 @@ def test_a_value_table_full_of_nan_is_refused(with_artefacts):
 
 
 # ------------------------------------------------------------------ defect 2: load-time run
-def hostile_graph(manifest, mode: str) -> bytes:
-    """A window graph with the manifest's I/O that fails or lies at run time."""
-    onnx = pytest.importorskip("onnx")
-    from onnx import TensorProto
-    from onnx import helper as oh
-    from onnx import numpy_helper as nh
-
-    k, f, n_labels = manifest.window, len(manifest.signals), len(manifest.labels)
-    d = manifest.model_config.get("d_model", 16)
-    rng = np.random.default_rng(0)
-    inits = [nh.from_array((rng.normal(size=(k * f, n_labels)) * 0.01).astype(np.float32),
-                           "w1"),
-             nh.from_array((rng.normal(size=(k * f, d)) * 0.01).astype(np.float32), "w2")]
-    nodes = [oh.make_node("Flatten", ["signals"], ["flat"], axis=1),
-             oh.make_node("MatMul", ["flat", "w1"], ["logit"]),
-             oh.make_node("Sigmoid", ["logit"], ["p"]),
-             oh.make_node("MatMul", ["flat", "w2"], ["e0"])]
-    extra = {"runtime_fail": np.array([-1, 7, 11], np.int64),
-             "prob_5": np.array(5.0, np.float32), "emb_nan": np.array(np.nan, np.float32)}
-    inits.append(nh.from_array(extra[mode], "x"))
-    if mode == "runtime_fail":  # a Reshape that no input can satisfy
-        nodes += [oh.make_node("Reshape", ["flat", "x"], ["r"]),
-                  oh.make_node("ReduceSum", ["r"], ["rs"], keepdims=0),
-                  oh.make_node("Add", ["e0", "rs"], ["embedding"]),
-                  oh.make_node("Identity", ["p"], ["probabilities"])]
-    elif mode == "prob_5":
-        nodes += [oh.make_node("Add", ["p", "x"], ["probabilities"]),
-                  oh.make_node("Identity", ["e0"], ["embedding"])]
-    else:
-        nodes += [oh.make_node("Add", ["e0", "x"], ["embedding"]),
-                  oh.make_node("Identity", ["p"], ["probabilities"])]
-
-    def info(name, kind, dims):
-        return oh.make_tensor_value_info(name, kind, dims)
-
-    graph = oh.make_graph(nodes, "hostile", [
-        info("signals", TensorProto.FLOAT, ["batch", k, f]),
-        info("mask", TensorProto.FLOAT, ["batch", k, f]),
-        info("events", TensorProto.INT64, ["batch", manifest.max_events])], [
-        info("probabilities", TensorProto.FLOAT, ["batch", n_labels]),
-        info("embedding", TensorProto.FLOAT, ["batch", d])], inits)
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
-
-
-def hostile_bundle(window_bundle: Path, folder: Path, mode: str) -> Path:
-    manifest = load_bundle(window_bundle).manifest
-    write_bundle(folder, hostile_graph(manifest, mode), manifest)
-    return folder
-
-
 @pytest.mark.parametrize("mode, match", [
     ("runtime_fail", "load-time test inference failed"),
     ("prob_5", "outside \\[0, 1\\]"),

@@ -126,7 +126,8 @@ def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle
 REFUSALS = ["params_missing", "params_unparsable", "params_unknown_parameter",
             "params_signal_key", "params_signal_name", "param_unknown_override",
             "bundle_list_field", "bundle_deep_nesting", "bundle_not_object",
-            "params_aliases", "ros_args_typo", "frame_rate_tiny", "bundle_rate_tiny"]
+            "params_aliases", "ros_args_typo", "frame_rate_tiny", "bundle_rate_tiny",
+            "graph_fails_probe"]
 
 
 @pytest.fixture
@@ -152,6 +153,13 @@ def test_shipped_params_file_is_accepted(ros_env, source_bundle):
     node.wait_for("ready:")
     node.proc.send_signal(signal.SIGINT)
     assert node.finish() == 0 and "Traceback" not in node.output, node.output
+
+
+def test_an_artefact_that_is_a_fifo_never_blocks_the_start(probe_ctx):
+    from thinkmem_ros.bench.fault_probes_node import PROBES
+
+    record = PROBES["artefact_fifo"](probe_ctx)
+    assert not record["crashed"] and record["ok"], record["detail"]
 
 
 # ---------------------------------------------------------------- hostile topic input

@@ -848,6 +848,50 @@ def probe_truncated_onnx_rehashed(ctx: ProbeContext) -> dict:
                           "policy.onnx")
 
 
+def probe_graph_fails_probe(ctx: ProbeContext) -> dict:
+    """A graph that loads but fails its first run (a Reshape no input fits): exit 2, one line.
+
+    ONNX Runtime accepts it at session creation; the node's first frame raised (a
+    traceback at start) until the load-time test inference caught it.
+    """
+    import shutil
+
+    from thinkmem_ros.bench.hostile_graphs import hostile_bundle
+    from thinkmem_ros.core.paths import window_bundle
+
+    folder = ctx.folder("graph_fails_probe") / "bundle"
+    shutil.rmtree(folder, ignore_errors=True)
+    hostile_bundle(window_bundle(), folder, "runtime_fail")
+    return _refusal_probe(ctx, "graph_fails_probe", ["-p", f"bundle_path:={folder}"],
+                          "test inference failed")
+
+
+def probe_artefact_fifo(ctx: ProbeContext) -> dict:
+    """The bundle's values.json is a FIFO nothing writes to: the node starts without values.
+
+    Reading it blocked the start (or the hot-swap thread) forever; an optional artefact that
+    cannot be read is skipped with one line naming it.
+    """
+    import shutil
+
+    from thinkmem_ros.policy.value_table import VALUES_JSON
+
+    folder = ctx.folder("artefact_fifo") / "bundle"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(ctx.bundle, folder)
+    os.mkfifo(folder / VALUES_JSON)
+    node = Child([sys.executable, "-m", "thinkmem_ros.robot.node", "--ros-args", "-p",
+                  f"bundle_path:={folder}"], ctx.env())
+    started = node.wait_for("ready:", ctx.start_timeout_s)
+    rc = node.stop(signal.SIGINT) if started else node.finish(timeout=5.0)
+    named = [line for line in node.output.splitlines()
+             if VALUES_JSON in line and "not a regular file" in line]
+    crashed = rc != 0 or "Traceback" in node.output
+    return result("artefact_fifo", crashed=crashed, ok=started and rc == 0 and len(named) == 1,
+                  detail=f"{'ready' if started else 'NEVER READY'}, exit {rc}; "
+                         + (named[0][-160:] if named else "no line named the FIFO"))
+
+
 # ------------------------------------------------------------------ the bag player
 
 def write_probe_bag(folder: Path, seconds: float = 3.0, rate_hz: float = 10.0) -> Path:
@@ -1238,6 +1282,8 @@ PROBES: dict[str, Callable[[ProbeContext], dict]] = {
     "bundle_list_field": probe_bundle_list_field,
     "bundle_deep_nesting": probe_bundle_deep_nesting,
     "bundle_not_object": probe_bundle_not_object,
+    "graph_fails_probe": probe_graph_fails_probe,
+    "artefact_fifo": probe_artefact_fifo,
     "bag_loop_clock": probe_bag_loop_clock,
     "bag_play_sigint": probe_bag_play_sigint,
     "bag_play_sigterm": probe_bag_play_sigterm,
