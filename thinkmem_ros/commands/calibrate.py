@@ -56,12 +56,18 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     stats = summarise(samples, signal_map.names)
     warnings: list[str] = []
     rows: dict[str, dict] = {}
+    undecodable = samples.undecodable()
     for name, binding in signal_map.bindings.items():
         row = {"topic": binding.topic, "type": binding.msg_type, "unit": binding.unit,
                "absent": binding.absent, **stats[name]}
         rows[name] = row
         if binding.absent:
             continue
+        if binding.topic in undecodable:
+            bad, total = undecodable[binding.topic]
+            row["undecodable"] = bad
+            warnings.append(f"{name}: {bad} of {total} messages on {binding.topic} could not "
+                            f"be decoded (wrong type or damaged bag); they are not counted")
         if name not in manifest.signals:
             warnings.append(f"{name}: not a signal of the bundle {list(manifest.signals)}; "
                             "it is read but never used")
@@ -123,12 +129,18 @@ def _check_as_the_node_does(signal_map) -> None:
                              f"it)") from None
 
 
-def _find_key(raw, key: str):
-    if isinstance(raw, dict):
+def _find_key(raw, key: str, seen: set[int] | None = None):
+    """The first value of ``key`` in nested mappings, each mapping visited once.
+
+    YAML aliases share one object; walking them as a tree is exponential in a 2 kB file.
+    """
+    seen = set() if seen is None else seen
+    if isinstance(raw, dict) and id(raw) not in seen:
+        seen.add(id(raw))
         if key in raw:
             return raw[key]
         for value in raw.values():
-            found = _find_key(value, key)
+            found = _find_key(value, key, seen)
             if found is not None:
                 return found
     return None

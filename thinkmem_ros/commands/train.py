@@ -270,6 +270,21 @@ def held_out_metrics(bundle, args: argparse.Namespace, rng) -> dict:
             "per_label_f1": per_label}
 
 
+def _refuse_labels_without_positives(data, rules_path: str) -> None:
+    """Exit naming each rules label that is never positive in the training windows.
+
+    Such a label trains a head that never fires; its validation F1 looks perfect (no
+    positive to miss) and the bundle ships it. Usually a threshold on the wrong scale or
+    unit, or a recording that never shows the situation.
+    """
+    never = [name for j, name in enumerate(data.label_names)
+             if not (data.labels[:, j] > 0.5).any()]
+    if never:
+        raise SystemExit(f"{rules_path}: label(s) {never} are never positive in the "
+                         f"{len(data)} training situations; check their rules against "
+                         f"'thinkmem calibrate' (scale, unit, thresholds) or remove them")
+
+
 def main_bags(args: argparse.Namespace) -> int:
     """Train a bundle for a robot's own signals from its recordings and a rules file.
 
@@ -278,9 +293,17 @@ def main_bags(args: argparse.Namespace) -> int:
     only the frames the recorded hindsight judged (``playback.feedback_labels``). With
     ``--train-fraction`` < 1 the last part of each bag is held out and the written bundle
     is scored on it the node's way (``metrics.held_out``).
+
+    Nothing is trained on data that could not be read: the signal map must pass the
+    checks the node (and ``thinkmem calibrate``) makes at start, every present signal
+    needs a usable sample in every bag, a topic may hold at most 1 % undecodable
+    messages (fewer are skipped with a warning; see ``recording.check_readable``), and
+    every rules label needs a positive frame in the training data (a label that never
+    fires trains a head that never fires, with a perfect-looking validation score).
     """
     import torch
 
+    from thinkmem_ros.commands.calibrate import _check_as_the_node_does
     from thinkmem_ros.core.data import SituationSet
     from thinkmem_ros.core.label_rules import RulesError, load_rules
     from thinkmem_ros.playback.bag_files import BagError
@@ -291,8 +314,10 @@ def main_bags(args: argparse.Namespace) -> int:
         score_labelled,
     )
     from thinkmem_ros.playback.recording import (
+        check_readable,
         load_signal_map,
         read_recording,
+        read_samples,
         recording_windows,
         score_recording,
         split_stream,
@@ -315,6 +340,7 @@ def main_bags(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     try:
         signal_map = load_signal_map(args.params)
+        _check_as_the_node_does(signal_map)
         rules = None if args.labels == "feedback" else load_rules(args.labels, signal_map.names)
         if rules is None:
             hindsight = HindsightLabels(args.bag, FeedbackConfig(
@@ -327,7 +353,10 @@ def main_bags(args: argparse.Namespace) -> int:
     parts, tails = [], []
     for i, bag in enumerate(args.bag):
         try:
-            stream = read_recording(bag, signal_map, rate, rules=rules)
+            samples = read_samples(bag, signal_map)
+            for warning in check_readable(bag, samples, signal_map):
+                print(f"WARN {warning}", file=sys.stderr)
+            stream = read_recording(bag, signal_map, rate, rules=rules, samples=samples)
             stream = hindsight.label(stream, i) if hindsight else stream
         except (BagError, ValueError) as exc:
             raise SystemExit(one_line(exc)) from None
@@ -343,6 +372,8 @@ def main_bags(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"{bag}: {one_line(exc)}") from None
     data = SituationSet.concat(parts)
+    if rules is not None:
+        _refuse_labels_without_positives(data, args.labels)
     if hindsight:
         print("\n".join(hindsight.report_lines()), file=sys.stderr)
         try:

@@ -363,7 +363,28 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
         shutil.rmtree(dst, ignore_errors=True)
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise BagError(f"cannot convert {src}: {reason}") from exc
-    return bag_info(dst)
+    info = bag_info(dst)
+    listed = ros1_indexed_count(src)
+    if info.message_count < listed:
+        shutil.rmtree(dst, ignore_errors=True)
+        raise BagError(f"ROS 1 bag {src} is damaged: converting it read {info.message_count} "
+                       f"of the {listed} messages its chunk index lists")
+    return info
+
+
+def ros1_indexed_count(path: Path | str) -> int:
+    """Messages a ROS 1 bag's chunk index lists (over every connection of every chunk).
+
+    rosbags' own counts come from the per-chunk message indexes, which a damaged chunk
+    cuts short without an error; this is what the bag was written with.
+    """
+    from rosbags.rosbag1 import Reader as Reader1
+
+    try:
+        with Reader1(Path(path)) as reader:
+            return sum(sum(info.connection_counts.values()) for info in reader.chunk_infos)
+    except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
+        raise BagError(f"cannot open ROS 1 bag {path}: {exc}") from exc
 
 
 def bag_info(path: Path | str) -> BagInfo:
@@ -420,7 +441,10 @@ class BagStream:
         yielded = 0
         try:
             conns = [c for c in reader.connections if c.topic in self.types]
-            messages = reader.messages(connections=conns, start=self.start_ns)
+            # from the start: every message, also one stamped before a (wrong) metadata
+            # start, which readers then name instead of losing it to this filter
+            start = self.start_ns if self.start_ns != self.info.start_ns else None
+            messages = reader.messages(connections=conns, start=start)
             while True:
                 try:
                     conn, stamp, data = next(messages)
@@ -430,14 +454,88 @@ class BagStream:
                 except Exception as exc:  # rosbags raises several types for corrupt bags
                     raise BagError(f"cannot read bag {self.path}: {exc}") from exc
                 yielded += 1
-                yield RawMessage(conn.topic, conn.msgtype, stamp, bytes(data))
+                yield RawMessage(conn.topic, conn.msgtype, self._stamp_of(conn.topic, stamp),
+                                 self._bytes_of(conn.topic, stamp, data))
         finally:
             reader.close()
 
+    def _stamp_of(self, topic: str, stamp: Any) -> int:
+        """A message's receive time, refusing what a damaged storage row holds instead.
+
+        SQLite stores whatever a row was given: a TEXT or NULL timestamp would otherwise
+        reach the clock arithmetic of every reader as a TypeError without a topic.
+        """
+        if isinstance(stamp, bool) or not isinstance(stamp, int):
+            raise BagError(f"bag {self.path} is damaged: a message on {topic} has the "
+                           f"timestamp {stamp!r} ({type(stamp).__name__}), not integer ns")
+        return stamp
+
+    def _bytes_of(self, topic: str, stamp: int, data: Any) -> bytes:
+        """A message's serialized bytes; NULL, TEXT or INTEGER storage data is a BagError.
+
+        ``bytes(12)`` is twelve zero bytes and ``bytes(10**12)`` a terabyte, so a number
+        stored where the CDR blob belongs must never be converted: it would decode as a
+        plausible 0.0 or exhaust memory.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise BagError(f"bag {self.path} is damaged: the message on {topic} at "
+                           f"{stamp} ns holds {type(data).__name__} data, not serialized "
+                           f"bytes")
+        return bytes(data)
+
     def _check_complete(self, yielded: int) -> None:
-        if self.start_ns == self.info.start_ns and yielded < self.count:
+        """A full pass must read exactly the messages metadata.yaml lists.
+
+        Fewer: a damaged storage file. More: a storage file listed twice or duplicated
+        rows, which would be played twice and double every rate calibrate reports.
+        """
+        if self.start_ns != self.info.start_ns:
+            return
+        if yielded < self.count:
             raise BagError(f"bag {self.path} is damaged: read {yielded} of the {self.count} "
                            f"messages its metadata.yaml lists")
+        if yielded > self.count:
+            raise BagError(f"bag {self.path} is damaged: read {yielded} messages, more than "
+                           f"the {self.count} its metadata.yaml lists (a storage file listed "
+                           f"twice, or duplicated rows)")
+
+
+def bag_typestore(path: Path | str):
+    """Kilted typestore plus the message types the rosbag2 bag at ``path`` defines itself.
+
+    A robot's own messages (``acme_msgs/msg/Wheel``) are in no built-in store; rosbag2
+    records each connection's definition (``msgdef``), so they decode like the ROS 1
+    path's. A standard type keeps the store's definition (registering it again with the
+    bag's text would conflict); a definition that does not parse is left out, and its
+    messages are then counted as undecodable by the reader that needed them.
+    """
+    store = _typestore()
+    reader = _reader(Path(path))
+    try:
+        connections = list(reader.connections)
+    finally:
+        reader.close()
+    for conn in connections:
+        if conn.msgtype not in store.types:
+            _register_definition(store, conn.msgtype, conn.msgdef)
+    return store
+
+
+def _register_definition(store, msgtype: str, msgdef: Any) -> None:
+    """Register the types of one recorded definition (.msg or .idl) that ``store`` lacks."""
+    from rosbags.interfaces import MessageDefinitionFormat
+    from rosbags.typesys import get_types_from_idl, get_types_from_msg
+
+    try:
+        if msgdef.format == MessageDefinitionFormat.MSG:
+            types = get_types_from_msg(msgdef.data, msgtype)
+        elif msgdef.format == MessageDefinitionFormat.IDL:
+            types = get_types_from_idl(msgdef.data)
+        else:
+            return
+        store.register({k: v for k, v in types.items() if k not in store.types})
+    except Exception as exc:  # noqa: BLE001 - rosbags' parsers raise many types
+        LOG.warning("cannot read the definition of %s recorded in the bag: %s", msgtype, exc)
 
 
 def read_bag(path: Path | str, topics: Iterable[str] | None = None,

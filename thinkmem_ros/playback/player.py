@@ -47,6 +47,10 @@ faster; past them the player's sleeps overflow the clock or it publishes as fast
 anyway."""
 MIN_CLOCK_HZ, MAX_CLOCK_HZ = 1e-3, 1e4
 MAX_WAIT_S = 7 * 86_400.0  # a --delay past a week is a typo
+MAX_GAP_S = 86_400.0
+"""Longest silence between two recorded messages the player waits out: past a day it is a
+damaged stamp (one at 2^62 ns) or recordings glued together, and even --rate 10000 would
+wait for days without a word."""
 
 
 @dataclass(frozen=True)
@@ -228,10 +232,13 @@ class BagPlayer:
         rate = self._config.rate
         clock_step = round(1e9 / self._config.clock_hz) if self._clock_pub else 0
         next_clock = 0
+        last_ns: int | None = None
         for msg in self._messages:
             if first_ns is None:
                 first_ns = next_clock = msg.timestamp_ns
                 wall0 = time.monotonic_ns()
+            _check_gap(msg, last_ns)
+            last_ns = max(msg.timestamp_ns, last_ns or msg.timestamp_ns)
             while clock_step and next_clock <= msg.timestamp_ns:
                 if not self._wait_until(wall0 + round((next_clock - first_ns) / rate)):
                     return False
@@ -242,7 +249,7 @@ class BagPlayer:
                 continue  # a skipped type (skip_unknown)
             if not self._wait_until(wall0 + round((msg.timestamp_ns - first_ns) / rate)):
                 return False
-            publisher.publish(msg.data)
+            _publish(publisher, msg)
             self.stats.published += 1
             self.stats.per_topic[msg.topic] += 1
             if self._on_publish is not None:
@@ -290,6 +297,29 @@ class BagPlayer:
             self._node.destroy_publisher(pub)
         if self._clock_pub is not None:
             self._node.destroy_publisher(self._clock_pub)
+
+
+def _check_gap(msg: RawMessage, last_ns: int | None) -> None:
+    """Refuse to wait out a silence longer than MAX_GAP_S before ``msg``, naming it."""
+    if last_ns is not None and msg.timestamp_ns - last_ns > MAX_GAP_S * 1e9:
+        raise BagError(f"the message on {msg.topic} at {msg.timestamp_ns} ns comes "
+                       f"{(msg.timestamp_ns - last_ns) / 1e9:.6g} s after the one before; a "
+                       f"gap over {MAX_GAP_S:g} s is a damaged timestamp or recordings "
+                       f"joined together, not something to wait for")
+
+
+def _publish(publisher, msg: RawMessage) -> None:
+    """Publish the recorded bytes, or raise a BagError naming the topic and stamp.
+
+    rclpy refuses bytes that are no valid message of the type with an RCLError that
+    names neither.
+    """
+    try:
+        publisher.publish(msg.data)
+    except Exception as exc:  # noqa: BLE001 - rclpy raises RCLError, TypeError, ...
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise BagError(f"cannot publish the message on {msg.topic} at {msg.timestamp_ns} "
+                       f"ns ({msg.msgtype}): {reason}") from exc
 
 
 def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -> PlayStats:

@@ -27,9 +27,16 @@ import numpy as np
 from thinkmem_ros.core.data import SignalStream, SituationSet
 from thinkmem_ros.core.rule_augment import AugmentConfig, augmented_copies
 from thinkmem_ros.core.signal_adapters import SignalAdapter, parse_adapter
-from thinkmem_ros.playback.bag_files import BagError, BagStream
+from thinkmem_ros.playback.bag_files import BagError, BagStream, bag_typestore
 
 MAX_PARAMS_BYTES = 1024 * 1024
+MAX_RECORDING_FRAMES = 50_000_000
+"""Most frames one recording may resample to (the bound ``world.streams`` puts on a
+simulated stream, which playback may not import): a day at 500 Hz. One stamp decades
+late or a ``frame_rate_hz`` of 1e12 would otherwise ask for terabytes."""
+MAX_UNDECODABLE_FRACTION = 0.01
+"""Training tolerates at most 1 % undecodable messages on a topic (a few torn writes at
+shutdown), with a warning; more means a wrong type or a damaged bag, and is refused."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,11 @@ class Samples:
     start_ns: int
     duration_s: float
     skipped: dict[str, int] = field(default_factory=dict)  # topic -> messages not decodable
+    read: dict[str, int] = field(default_factory=dict)  # topic -> messages read
+
+    def undecodable(self) -> dict[str, tuple[int, int]]:
+        """Topic -> (messages that could not be decoded, messages read), for those with any."""
+        return {topic: (n, self.read.get(topic, n)) for topic, n in self.skipped.items() if n}
 
     def rate_hz(self, name: str) -> float:
         """Mean sample rate of ``name`` over the span of its own samples (0 when < 2)."""
@@ -83,15 +95,21 @@ class Samples:
         return float((t.size - 1) / (t[-1] - t[0])) if t.size > 1 and t[-1] > t[0] else 0.0
 
 
-def _ros_parameters(raw: Any) -> list[dict]:
-    """Every ``ros__parameters`` mapping of a parameter file, at any namespace depth."""
+def _ros_parameters(raw: Any, seen: set[int] | None = None) -> list[dict]:
+    """Every ``ros__parameters`` mapping of a parameter file, at any namespace depth.
+
+    Each mapping is walked once: YAML aliases share one object, and a 2 kB chain of
+    aliases to aliases is 2^26 paths but only 27 mappings.
+    """
+    seen = set() if seen is None else seen
     found: list[dict] = []
-    if isinstance(raw, dict):
+    if isinstance(raw, dict) and id(raw) not in seen:
+        seen.add(id(raw))
         for key, value in raw.items():
             if key == "ros__parameters" and isinstance(value, dict):
                 found.append(value)
             else:
-                found.extend(_ros_parameters(value))
+                found.extend(_ros_parameters(value, seen))
     return found
 
 
@@ -130,7 +148,22 @@ def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
                 or not math.isfinite(value) or value < low:
             raise ValueError(f"{source}: {key} must be a number >= {low}, got {value!r}")
+    _check_frame_rate(rate, source)
     return SignalMap(bindings, float(rate), float(stale), source)
+
+
+def _check_frame_rate(rate: float, source: str) -> None:
+    """The node's bounds on ``frame_rate_hz``: 0 (the bundle's) or [0.01, 1000] Hz.
+
+    A map the node would refuse must not train a bundle either, and 1e12 Hz frames
+    would be a petabyte of NaN.
+    """
+    from thinkmem_ros.robot.node_config import MAX_FRAME_RATE_HZ, MIN_FRAME_RATE_HZ
+
+    if rate and not MIN_FRAME_RATE_HZ <= rate <= MAX_FRAME_RATE_HZ:
+        raise ValueError(f"{source}: frame_rate_hz must be 0 (the bundle's) or in "
+                         f"[{MIN_FRAME_RATE_HZ:g}, {MAX_FRAME_RATE_HZ:g}] Hz as the node "
+                         f"requires, got {rate!r}")
 
 
 def _canonical(msg_type: str) -> str:
@@ -177,8 +210,13 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
             for conn in conns:
                 store.register(get_types_from_msg(conn.msgdef.data, conn.msgtype))
             try:
-                for conn, stamp, data in reader.messages(connections=conns):
+                yielded = 0
+                for conn, stamp, data in _ros1_messages(path, reader, conns):
+                    yielded += 1
                     yield conn.topic, conn.msgtype, stamp, _decode1(store, data, conn.msgtype)
+                _check_ros1_complete(path, yielded, sum(
+                    info.connection_counts.get(c.id, 0) for c in conns
+                    for info in reader.chunk_infos))
             finally:
                 reader.close()
 
@@ -188,10 +226,9 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
     chosen = BagStream(path, sorted(topics & set(types))) if topics & set(types) else None
 
     def ros2() -> Iterator[tuple[str, str, int, Any]]:
-        from rosbags.typesys import Stores, get_typestore
-
-        # built once (the typestore bag_files writes with): per message it costs ~10 ms
-        store = get_typestore(Stores.ROS2_KILTED)
+        # built once (the typestore bag_files writes with, plus the bag's own types):
+        # per message it would cost ~10 ms
+        store = bag_typestore(path) if chosen else None
         for raw in chosen or ():
             try:
                 msg = store.deserialize_cdr(raw.data, raw.msgtype)
@@ -200,6 +237,32 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
             yield raw.topic, raw.msgtype, raw.timestamp_ns, msg
 
     return ros2(), types, stream.info.start_ns, stream.info.end_ns + 1
+
+
+def _ros1_messages(path: Path, reader, conns) -> Iterator[tuple[Any, int, bytes]]:
+    """The reader's messages; an exception from a damaged chunk becomes a BagError."""
+    messages = reader.messages(connections=conns)
+    while True:
+        try:
+            item = next(messages)
+        except StopIteration:
+            return
+        except Exception as exc:  # rosbags raises several types for corrupt chunks
+            raise BagError(f"cannot read ROS 1 bag {path}: {exc}") from exc
+        yield item
+
+
+def _check_ros1_complete(path: Path, yielded: int, listed: int) -> None:
+    """A damaged chunk can end rosbags' pass early without an error: refuse a short read.
+
+    The bag's index lists how many messages each chunk holds per connection (as
+    metadata.yaml does for rosbag2, which ``BagStream`` checks the same way); rosbags'
+    own ``msgcount`` comes from the per-chunk message indexes that the damage may have
+    cut short, so it cannot tell.
+    """
+    if yielded < listed:
+        raise BagError(f"ROS 1 bag {path} is damaged: read {yielded} of the {listed} "
+                       f"messages its chunk index lists")
 
 
 def _decode1(store, data: bytes, msgtype: str) -> Any:
@@ -213,7 +276,12 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
     """Every adapted sample of the map's (present) signals in a bag, with receive times.
 
     A topic the bag lacks, or one recorded with another message type than the map says,
-    raises BagError naming the signal; signals declared ``absent`` are not read.
+    raises BagError naming the signal; signals declared ``absent`` are not read. Times
+    are those of the messages read: one outside the time range the bag declares (a
+    metadata.yaml that lies about its start or duration) is a BagError, and samples are
+    sorted by time (rosbags reads a bag's storage files one after another, in the order
+    metadata.yaml lists them). Undecodable messages are counted per topic
+    (``skipped`` of ``read``), for the caller to judge (:func:`check_readable`).
     """
     path = Path(path)
     if not path.exists():
@@ -234,7 +302,10 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
     times: dict[str, list[float]] = {name: [] for name in signal_map.bindings}
     values: dict[str, list[float]] = {name: [] for name in signal_map.bindings}
     skipped: dict[str, int] = {}
+    read: dict[str, int] = {}
     for topic, _, stamp, msg in messages:
+        read[topic] = read.get(topic, 0) + 1
+        _check_in_range(path, topic, stamp, start_ns, end_ns)
         if msg is None:
             skipped[topic] = skipped.get(topic, 0) + 1
             continue
@@ -242,10 +313,59 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
         for name in by_topic.get(topic, ()):
             times[name].append(t)
             values[name].append(wanted[name].adapter.read(msg))
-    return Samples(
-        times={n: np.asarray(v, dtype=np.float64) for n, v in times.items()},
-        values={n: np.asarray(v, dtype=np.float64) for n, v in values.items()},
-        start_ns=start_ns, duration_s=max(0.0, (end_ns - start_ns) / 1e9), skipped=skipped)
+    sorted_times, sorted_values = {}, {}
+    for name in times:
+        sorted_times[name], sorted_values[name] = _in_time_order(times[name], values[name])
+    return Samples(times=sorted_times, values=sorted_values, start_ns=start_ns,
+                   duration_s=max(0.0, (end_ns - start_ns) / 1e9), skipped=skipped, read=read)
+
+
+def _check_in_range(path: Path, topic: str, stamp: int, start_ns: int, end_ns: int) -> None:
+    """Frames span the bag's declared time range, so a message outside it must not exist.
+
+    A metadata.yaml whose start is an hour early or whose duration is a minute short
+    would otherwise put every frame before the messages, or cut the recording silently.
+    """
+    if not start_ns <= stamp < end_ns:
+        raise BagError(f"{path}: a message on {topic} at {stamp} ns lies outside the time "
+                       f"range the bag declares ({start_ns} ns + "
+                       f"{(end_ns - 1 - start_ns) / 1e9:.9g} s); its metadata (starting_time "
+                       f"/ duration) is wrong or the message's timestamp is damaged")
+
+
+def _in_time_order(times: list[float], values: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(times, values) as arrays sorted by time, keeping the read order among equal times."""
+    t = np.asarray(times, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    if t.size > 1 and (np.diff(t) < 0).any():
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
+    return t, v
+
+
+def check_readable(path: Path | str, samples: Samples, signal_map: SignalMap,
+                   max_undecodable: float = MAX_UNDECODABLE_FRACTION) -> list[str]:
+    """Refuse samples a bundle must not be trained on; return warnings for the rest.
+
+    BagError when a topic has more than ``max_undecodable`` of its messages undecodable
+    (say how many of how many) or a present signal has no usable sample at all (every
+    input would be masked and every rule label 0, yet training would 'succeed'). Fewer
+    undecodable messages come back as warning lines.
+    """
+    warnings = []
+    for topic, (bad, total) in sorted(samples.undecodable().items()):
+        line = f"{path}: {bad} of {total} messages on {topic} could not be decoded"
+        if bad > max_undecodable * total:
+            raise BagError(f"{line} (more than {max_undecodable:.0%}: a wrong message type "
+                           f"or a damaged bag)")
+        warnings.append(f"{line}; they are skipped")
+    for name, binding in signal_map.bindings.items():
+        values = samples.values.get(name, np.zeros(0))
+        if not binding.absent and not np.isfinite(values).any():
+            raise BagError(f"{path}: signals.{name}: no usable sample on {binding.topic} "
+                           f"({values.size} message(s), none gave a finite number; check "
+                           f"the field and index, or declare it absent: true)")
+    return warnings
 
 
 def resample(samples: Samples, names: tuple[str, ...], rate_hz: float,
@@ -262,7 +382,7 @@ def resample(samples: Samples, names: tuple[str, ...], rate_hz: float,
         raise ValueError(f"rate_hz must be a finite number > 0, got {rate_hz!r}")
     if not math.isfinite(stale_after_s) or stale_after_s <= 0:
         raise ValueError(f"stale_after_s must be a finite number > 0, got {stale_after_s!r}")
-    count = int(math.floor(samples.duration_s * rate_hz + 1e-6)) + 1
+    count = frame_count(samples.duration_s, rate_hz)
     ticks = np.arange(count, dtype=np.float64) / rate_hz
     out = np.full((count, len(names)), np.nan, dtype=np.float32)
     for j, name in enumerate(names):
@@ -281,19 +401,37 @@ def resample(samples: Samples, names: tuple[str, ...], rate_hz: float,
     return out
 
 
+def frame_count(duration_s: float, rate_hz: float) -> int:
+    """Frames of a recording of ``duration_s`` at ``rate_hz``; ValueError past the bound.
+
+    Checked before anything is allocated: one stamp at 2^62 ns makes a bag 146 years long.
+    """
+    frames = duration_s * rate_hz
+    if not frames + 1 <= MAX_RECORDING_FRAMES:
+        raise ValueError(f"the recording spans {duration_s:.6g} s: at {rate_hz:g} Hz that is "
+                         f"{frames:.3g} frames, more than the {MAX_RECORDING_FRAMES:.0e} "
+                         f"allowed (a far-off or damaged timestamp?)")
+    return int(math.floor(frames + 1e-6)) + 1
+
+
 def read_recording(path: Path | str, signal_map: SignalMap, rate_hz: float | None = None,
-                   *, rules=None, stale_after_s: float | None = None) -> SignalStream:
+                   *, rules=None, stale_after_s: float | None = None,
+                   samples: Samples | None = None) -> SignalStream:
     """A bag as a SignalStream at ``rate_hz`` (default: the map's), labelled by ``rules``.
 
     ``rules`` is a :class:`thinkmem_ros.core.label_rules.LabelRules`; without it the
-    stream has no labels (an (T, 0) array).
+    stream has no labels (an (T, 0) array). ``samples`` (from :func:`read_samples`, when
+    the caller has checked them already) saves reading the bag again.
     """
     rate = rate_hz if rate_hz else signal_map.frame_rate_hz
     if not rate:
         raise ValueError("no frame rate: give rate_hz or frame_rate_hz in the parameters")
     stale = signal_map.stale_after_s if stale_after_s is None else stale_after_s
-    samples = read_samples(path, signal_map)
-    values = resample(samples, signal_map.names, rate, stale)
+    samples = read_samples(path, signal_map) if samples is None else samples
+    try:
+        values = resample(samples, signal_map.names, rate, stale)
+    except ValueError as exc:
+        raise BagError(f"{path}: {exc}") from None
     if rules is not None:
         labels = rules.apply(values, signal_map.names, rate)
         label_names = rules.label_names
