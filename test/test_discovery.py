@@ -134,6 +134,39 @@ def test_a_recent_pattern_stands_on_replication_across_robots(burst_part, robots
         assert any("recent, and" in x and "robot" in x for x in rel.reasons)
 
 
+def _spread_world(robots: int, seed: int = 22):
+    """D...E...F tight in 8 episodes spread over all 4 periods, on ``robots`` of 4 robots."""
+    rng = np.random.default_rng(seed)
+    eps, source, held = [], [], 0
+    for i in range(120):
+        events = [(float(t), f"N{int(c)}") for t, c in
+                  zip(rng.uniform(0, 1800, 20), rng.integers(0, 40, 20))]
+        robot = int(rng.integers(4))
+        if i % 15 == 0:
+            t = float(rng.uniform(0, 1500))
+            events += [(t, "D"), (t + float(rng.uniform(2, 10)), "E"),
+                       (t + float(rng.uniform(12, 20)), "F")]
+            robot = held % robots
+            held += 1
+        eps.append(Episode(episode_id=i, partition=i * 4 // 120, start_time=0.0, kind="x",
+                           rule=-1, events=sorted(events)))
+        source.append(robot)
+    return EventLog.from_episodes(eps), np.asarray(source, np.int64)
+
+
+@pytest.mark.parametrize("robots, accepted", [(4, True), (1, False)])
+def test_in_a_fleet_one_robot_alone_cannot_make_a_rule(robots, accepted):
+    """Episodes a robot invents can carry any stamps: spread over every period, they passed."""
+    log, source = _spread_world(robots)
+    alone = discover(log, CFG, np.random.default_rng(0))  # robots unknown: periods decide
+    assert ("D", "E", "F") in alone.accepted_patterns(3)
+    res = discover(dataclasses.replace(log, source=source), CFG, np.random.default_rng(0))
+    assert (("D", "E", "F") in res.accepted_patterns(3)) == accepted
+    if not accepted:
+        rel = {r.pattern: r for r in res.scored}[("D", "E", "F")]
+        assert any("in a fleet" in x and "1 robot(s)" in x for x in rel.reasons), rel.reasons
+
+
 def test_candidate_stage_is_over_complete(eight):
     hist, res = eight
     assert all(res.is_candidate(rule) for rule in hist.rules)

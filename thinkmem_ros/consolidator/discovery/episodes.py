@@ -8,6 +8,7 @@ Part of ``consolidator.discovery``; its package docstring gives the four steps.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -112,6 +113,12 @@ class _Episodes:
             span = float(t.max() - t.min()) + self.cfg.min_gap + 1.0 if n else 1.0
             self._order_key = (t - (t.min() if n else 0.0)) + ep * span
         return self._order_key
+
+    @functools.cached_property
+    def n_sources(self) -> int:
+        """Distinct independent sources (robots) in the log; 0 when they are not known."""
+        source = self.log.source
+        return 0 if source is None else int(np.unique(source).size)
 
     def rows_of(self, code: int) -> np.ndarray:
         """Log rows holding ``code``, ascending."""

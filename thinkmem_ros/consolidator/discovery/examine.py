@@ -43,7 +43,7 @@ def _spread(counts: np.ndarray, cfg: DiscoveryConfig, what: str) -> list[str]:
 
 
 def _unstable(ctx: _Episodes, held: np.ndarray, parts: np.ndarray) -> list[str]:
-    """A burst is not a regularity; a regularity that began lately may still be one.
+    """A burst is not a regularity, nor is what one robot alone reports in a fleet.
 
     Support held in one temporal partition is refused, unless that partition is the
     latest and the support replicates across independent robots: the equal-count
@@ -51,15 +51,26 @@ def _unstable(ctx: _Episodes, held: np.ndarray, parts: np.ndarray) -> list[str]:
     the latest one until it has lasted a quarter of the history, which grows with the
     fleet's age. A burst that ended stays refused, on every robot or not; a recent one
     on several robots is promoted and, if it stops, fades from the knowledge units.
+
+    In a log of several robots every pattern's support must also spread over robots
+    (``min_partitions`` of them, none holding more than ``max_partition_share``): the
+    partitions follow the episodes' first stamps, which robots set, so one robot could
+    spread invented episodes over the whole history and have its rule shipped to every
+    robot. The cost: a regularity only one robot of a fleet can see is not learned. A
+    log of one robot (the demo, a robot's own recordings) has no fleet to compare with.
     """
     cfg = ctx.cfg
     reasons = _spread(parts, cfg, "partition")
     source = ctx.log.source
-    if not reasons or source is None or parts[-1] < parts.max():
+    if source is None:
         return reasons
     robots = np.unique(source[held], return_counts=True)[1]
     found = _spread(robots, cfg, "robot")
-    return reasons + [f"recent, and {r}" for r in found] if found else []
+    if reasons and parts[-1] >= parts.max():  # recent: robots stand in for periods
+        return reasons + [f"recent, and {r}" for r in found] if found else []
+    if ctx.n_sources >= 2:
+        return reasons + [f"in a fleet, {r}" for r in found]
+    return reasons
 
 
 def _reasons(support: int, p: float, cutoff: float, unstable: list[str], confidence: float,
