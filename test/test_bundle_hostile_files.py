@@ -223,7 +223,7 @@ def test_a_zip_bomb_values_npz_is_refused_before_unpacking(with_artefacts, monke
 def test_artefacts_of_another_embedding_width_are_refused(with_artefacts):
     arts = load_gate_artefacts(with_artefacts, embedding_dim=32)
     assert arts.table is None and arts.heads is None
-    assert any("values.json" in e and "width 64" in e for e in arts.errors), arts.errors
+    assert any("values.npz" in e and "width 64" in e for e in arts.errors), arts.errors
     assert any("memctl.npz" in e and "width 64" in e for e in arts.errors), arts.errors
 
 

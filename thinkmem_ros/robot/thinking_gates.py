@@ -180,22 +180,23 @@ def _load_one(out: GateArtefacts, kind: str, load: Callable[[], object]) -> obje
     return None
 
 
+def _load_keyed(kind, names: tuple[str, str], folder: Path, listed: dict | None,
+                width: int | None):
+    """Load a value table or probes (``kind.load``) keyed on embeddings of ``width``."""
+    _check_listed(folder, names, listed)
+    loaded = kind.load(folder)
+    if width is not None and loaded.dim != width:
+        raise ValueError(f"{folder / names[0]}: keyed on embeddings of width {loaded.dim}, "
+                         f"the policy's are {width}")
+    return loaded
+
+
 def _load_table(folder: Path, listed: dict | None, width: int | None) -> ValueTable:
-    _check_listed(folder, (VALUES_NPZ, VALUES_JSON), listed)
-    table = ValueTable.load(folder)
-    if width is not None and table.dim != width:
-        raise ValueArtefactError(f"{folder / VALUES_JSON}: the table keys on embeddings of "
-                                 f"width {table.dim}, the policy's are {width}")
-    return table
+    return _load_keyed(ValueTable, (VALUES_NPZ, VALUES_JSON), folder, listed, width)
 
 
 def _load_heads(folder: Path, listed: dict | None, width: int | None) -> MemctlHeads:
-    _check_listed(folder, (MEMCTL_NPZ, MEMCTL_JSON), listed)
-    heads = MemctlHeads.load(folder)
-    if width is not None and heads.dim != width:
-        raise MemctlArtefactError(f"{folder / MEMCTL_NPZ}: the probes read embeddings of "
-                                  f"width {heads.dim}, the policy's are {width}")
-    return heads
+    return _load_keyed(MemctlHeads, (MEMCTL_NPZ, MEMCTL_JSON), folder, listed, width)
 
 
 def _load_rules(folder: Path, listed: dict | None) -> RuleSet:
