@@ -168,3 +168,49 @@ def test_activation_keyed_clusters_split_by_what_the_policy_activated(tmp_path):
     assert loaded.rerank(e, ["trend"]).kept == ["trend"]
     plain = ValueTable(LABELS, 8)  # w = 0: the activation does not enter the key
     assert plain.assign(_emb(0, rng), ["trend"]) == plain.assign(_emb(0, rng), ["cause"])
+
+
+def _batch(table: ValueTable, rng: np.random.Generator) -> tuple[int, int, list]:
+    a, b = table.assign(_emb(0, rng)), table.assign(_emb(3, rng))
+    rows = [(a, 0, 1.0, b, 1.0), (a, 0, 0.0, b, 1.0), (a, 0, 0.5, b, 2.0),
+            (a, 1, -0.1, b, 1.0), (a, 1, -0.1, b, 1.0), (a, 1, -0.1, b, 1.0),
+            *[(b, 0, 0.2, -1, 1.0)] * 4]
+    return a, b, rows
+
+
+def test_fit_batch_is_the_order_free_weighted_td_fixed_point(tmp_path):
+    rng = np.random.default_rng(2)
+    fits = []
+    for order in (None, rng.permutation(10)):
+        table = ValueTable(LABELS, 8, ValueConfig(gamma=0.5))
+        a, b, rows = _batch(table, np.random.default_rng(2))
+        rows = rows if order is None else [rows[i] for i in order]
+        assert table.fit_batch(*(list(col) for col in zip(*rows, strict=True))) == 3
+        fits.append(table)
+    table, again = fits
+    np.testing.assert_allclose(table.q, again.q, atol=1e-12)  # whatever the sample order
+    np.testing.assert_array_equal(table.n_sg, again.n_sg)
+    # b is terminal: Q(b, trend) = 0.2 = V(b); a bootstraps from it
+    assert table.q[b, 0] == pytest.approx(0.2)
+    assert table.q[a, 0] == pytest.approx((1.0 + 0.0 + 2 * 0.5) / 4 + 0.5 * 0.2)
+    assert table.n_sg[a, 0] == 4 and table.n_sg[a, 1] == 3  # visits = total weight
+    ranked = table.rerank(_emb(0, np.random.default_rng(9)), ["trend", "cause"])
+    assert ranked.worth["trend"] == pytest.approx(0.5)  # Q - gamma * Vbar: what trend earns
+    assert ranked.worth["cause"] == pytest.approx(-0.1)
+    table.save(tmp_path)  # the artefact format is the one the robot already loads
+    loaded = ValueTable.load(tmp_path).rerank(_emb(0, rng), ["trend", "cause"])
+    assert loaded.worth == pytest.approx(ranked.worth)
+
+
+def test_fit_batch_archives_and_leaves_archived_values_out_of_bootstrap():
+    table = ValueTable(LABELS, 8, ValueConfig(gamma=0.5, max_entries=1, consistency_z=0.0))
+    rng = np.random.default_rng(4)
+    a, b = table.assign(_emb(0, rng)), table.assign(_emb(3, rng))
+    s = [a] * 4 + [b] * 8
+    g = [0] * 4 + [0] * 4 + [1] * 4
+    r = [0.0] * 4 + [-1.0] * 4 + [1.0] * 4
+    table.fit_batch(s, g, r, [b] * 4 + [-1] * 8)
+    assert table.archived[b, 0] and not table.archived[b, 1]
+    assert table.q[a, 0] == pytest.approx(0.5 * 1.0)  # V(b) = 1: the archived -1 is left out
+    with pytest.raises(ValueError, match="weights"):
+        table.fit_batch([a], [0], [1.0], [-1], [0.0])

@@ -326,6 +326,93 @@ class ValueTable:
         """Valued entries held in the table (visited and not archived)."""
         return int(((self.n_sg > 0) & ~self.archived).sum())
 
+    # ------------------------------------------------------------------ batch fit
+    def fit_batch(self, s: np.ndarray, g: np.ndarray, reward: np.ndarray, next_s: np.ndarray,
+                  weight: np.ndarray | None = None, *, tol: float = 1e-9,
+                  max_iter: int = 200) -> int:
+        """Refit every cell the samples touch to its weighted TD fixed point; returns the count.
+
+        Why: ``update``'s running average keeps 1 - alpha of the old value per step, so in a
+        batch of many robots' experiences whoever is processed last decides. Here Q(s,g) is
+        the weighted mean of the targets r + gamma V(s') with V(s') = max_g' Q(s',g') taken
+        at the fixed point (value iteration; gamma < 1 contracts), so the order of the
+        samples does not matter. N(s,g) is the rounded total weight, so down-weighted
+        evidence also counts as fewer visits (a wider uncertainty). Forgetting archives as
+        ``update`` would and the fit repeats without archived entries in V. ``next_s`` -1 is
+        terminal; cells the samples do not touch keep their values.
+        """
+        s, g, next_s, reward, weight = self._batch_arrays(s, g, next_s, reward, weight)
+        if not s.size:
+            return 0
+        cells, cell = np.unique(s * len(self.labels) + g, return_inverse=True)
+        cs, cg = np.divmod(cells, len(self.labels))
+        total = np.bincount(cell, weight, minlength=cells.size)
+        self.n_sg[cs, cg] = np.maximum(np.rint(total), 1).astype(np.int64)
+        rows = np.unique(cs)
+        self.n_s[rows] = self.n_sg[rows].sum(axis=1)
+        while True:
+            boot = self._fixed_point(cell, (cs, cg), reward, next_s, weight, total, tol,
+                                     max_iter)
+            self._set_batch_stats(cell, (cs, cg), s, reward + self.config.gamma * boot,
+                                  boot, weight, total)
+            moved = [self.forget(int(row)) for row in rows]
+            if not any(moved):
+                break
+        self.steps += int(s.size)
+        return int(cells.size)
+
+    def _batch_arrays(self, s, g, next_s, reward, weight) -> tuple[np.ndarray, ...]:
+        """The batch as checked numpy arrays (ValueError naming what is wrong)."""
+        s, g, next_s = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (s, g, next_s))
+        reward = np.asarray(reward, dtype=np.float64).reshape(-1)
+        weight = (np.ones(s.size) if weight is None
+                  else np.asarray(weight, dtype=np.float64).reshape(-1))
+        if not s.size == g.size == next_s.size == reward.size == weight.size:
+            raise ValueError("fit_batch: s, g, next_s, reward and weight differ in length")
+        if not np.isfinite(reward).all():
+            raise ValueError("fit_batch: rewards must be finite")
+        if not (np.isfinite(weight).all() and (weight > 0).all()):
+            raise ValueError("fit_batch: weights must be finite and > 0")
+        c, n_labels = self.n_clusters, len(self.labels)
+        if s.size and ((s < 0) | (s >= c) | (g < 0) | (g >= n_labels) | (next_s < -1)
+                       | (next_s >= c)).any():
+            raise ValueError("fit_batch: a cluster or label index is outside the table")
+        return s, g, next_s, reward, weight
+
+    def state_values(self) -> np.ndarray:
+        """``state_value`` of every cluster at once, (C,)."""
+        valued = (self.n_sg > 0) & ~self.archived
+        best = np.where(valued, self.q, -np.inf).max(axis=1, initial=-np.inf)
+        return np.where(valued.any(axis=1), best, 0.0)
+
+    def _fixed_point(self, cell, at, reward, next_s, weight, total, tol, max_iter
+                     ) -> np.ndarray:
+        """Value iteration of the touched cells; returns each sample's bootstrap V(s')."""
+        values = self.state_values()
+        for _ in range(max_iter):
+            boot = np.where(next_s >= 0, values[np.maximum(next_s, 0)], 0.0)
+            target = reward + self.config.gamma * boot
+            self.q[at] = np.bincount(cell, weight * target, minlength=total.size) / total
+            new = self.state_values()
+            if np.max(np.abs(new - values), initial=0.0) <= tol:
+                break
+            values = new
+        return np.where(next_s >= 0, values[np.maximum(next_s, 0)], 0.0)
+
+    def _set_batch_stats(self, cell, at, s, target, boot, weight, total) -> None:
+        """Target sums, squares and bootstrap means that ``uncertainty`` and ``_worth`` read."""
+        n = self.n_sg[at].astype(np.float64)
+        mean = np.bincount(cell, weight * target, minlength=total.size) / total
+        square = np.bincount(cell, weight * target * target, minlength=total.size) / total
+        self.q[at] = mean
+        self._t_sum[at] = n * mean
+        self._t_sq[at] = n * np.maximum(square, mean * mean)
+        rows = np.unique(s)
+        w_row = np.bincount(s, weight, minlength=self.n_clusters)[rows]
+        vbar = np.bincount(s, weight * boot, minlength=self.n_clusters)[rows] / w_row
+        self._boot_n[rows] = np.maximum(self.n_s[rows], 1)
+        self._boot_sum[rows] = vbar * self._boot_n[rows]
+
     # ------------------------------------------------------------------ deployment
     def should_suppress(self, s: int, label: str) -> str | None:
         """Return the rule (module docstring) that suppresses ``label`` in cluster s, or None."""
