@@ -9,46 +9,75 @@ afterwards decides.
 canary when a stable hash of its id (sha256, read as a number in [0, 1)) is below
 ``fraction``. The hash does not depend on the round or on which robots happen to be
 connected, so the same robots are canaries round after round and a restart changes
-nothing. With few robots no hash may fall below the fraction: then the connected robot
-with the smallest hash is one anyway (at least one canary), and when every connected
-robot would be a canary, the one with the largest hash is not (someone must keep v-1 to
-compare with).
+nothing. With few robots too few hashes may fall below the fraction: then the connected
+robots with the smallest hashes are canaries anyway, up to ``min_robots`` of them when the
+others can still number ``min_robots`` (a decision needs that many per group), and at
+least one; when every connected robot would be a canary, the one with the largest hash
+is not (someone must keep v-1 to compare with).
 
-**Live figures.** From the experiences stored after the push, per group, where the group
-is the version the experience says produced it (``bundle_version``; its
-``bundle_sha256``, when given, must be that version's), never the role the robot was
-assigned: a canary that had not installed v yet, or refused it, still ran v-1.
+**Who counts in which group: the consolidator's side, checked against the record.** A
+record counts for the canary group only when its robot is one the consolidator pushed v to
+(the push's ``CanarySelector``), its ``bundle_version`` is v and its ``bundle_sha256`` is
+v's; for the control group only when its robot is not a canary and it states v-1 (or the
+version whose model v-1 republished) with that bundle's sha256. Anything else is left out
+and counted by reason (``LiveFigures.ignored_by``, ``Decision.ignored``): another version
+(a pinned robot, an older bundle), a non-canary claiming v, a canary still on v-1 (not
+installed yet, or refused: it is not what the others run either), no sha256, another
+sha256 (a bundle of the robot's own under that number). A robot cannot join the group it
+likes by saying so.
+
+**Live figures, per robot.** Each robot's own figures, over the labels both bundles emit
+(a new label the baseline cannot emit would otherwise count as the baseline's miss and hide
+a regression on the skills both have; the offline gate judges the new labels):
 
 - micro-F1 of the activation (each label whose probability is >= the bundle's threshold)
-  against ``required`` (what hindsight says the situation needed), over the labels both
-  bundles emit: a new label the baseline cannot emit would otherwise count as the
-  baseline's miss and hide a regression on the skills both have (the offline gate judges
-  the new labels; this check is about not getting worse). Only experiences with
-  ``required`` count (``judged``).
-- mean ``reward``, where present.
+  against ``required`` (what hindsight says the situation needed); only experiences with
+  ``required`` count (``judged``);
+- mean ``reward``, each reward clipped to [-1, 1] first (the wire allows up to 1e15: one
+  record must not outweigh a robot's others).
 
-**The decision: a margin rule with a minimum sample, not a significance test.** The two
-groups are different robots in different situations (unpaired), and the unit that is
-independent is the robot or the episode, not the experience: with 10 % of a small fleet
-as canaries, a test over robots has one or two samples and never rejects, while a test
-over experiences treats hundreds of correlated frames of one episode as independent and
-rejects on noise. A margin on the point estimates, taken only once each group has
-``min_feedback`` judged experiences, states the operator's tolerance directly and is easy
-to audit:
+A robot counts once it has ``min_feedback`` judged (for reward: rewarded) experiences:
+``min_feedback`` is **per robot**, so a robot's figure has a known precision and one robot
+cannot stand in for many. Pooled figures per group (``GroupFigures.micro_f1``,
+``mean_reward``) are still reported, but they do not decide.
 
-- ``wait`` while either group has fewer than ``min_feedback`` judged experiences (and,
-  for the reward criterion, rewarded ones) and ``max_wait_s`` has not passed;
-- ``rollback`` when the canary's micro-F1 is below the others' by more than ``margin``,
-  or (with ``reward_margin`` set and enough rewards) its mean reward by more than
-  ``reward_margin``: v-1's model is republished as version v+1 (signed, history kept,
+**The decision: medians over robots, a margin and a one-sided test.** The unit that is
+independent is the robot, not the experience (hundreds of frames of one episode are not
+independent samples), and a robot sending many records must weigh one. Per figure, once
+both groups have ``min_robots`` robots that count, the groups' **medians** of the robots'
+figures are compared (one robot with an extreme figure moves a median of three or more
+robots by one rank at most; with two, the median is their mean, and a bounded figure
+moves it by half the range at most). The difference is tested one-sided over robots
+(``p_value``): t = difference / standard error, on Student's t with n_canary + n_control -
+2 degrees of freedom, where a robot's variance is the larger of the robots' robust spread
+(1.4826 MAD around their group's median) and the mean sampling variance of their figures
+(binomial with pseudo-counts for micro-F1, the clipped rewards' variance for reward), so
+neither one outlying robot nor a few lucky agreeing robots decide it:
+
+- ``wait`` while either group has fewer than ``min_robots`` robots with ``min_feedback``
+  judged experiences (and, for the reward criterion, rewarded ones), or while a figure is
+  worse by more than its margin but its p-value is not below ``alpha`` (it could be noise:
+  more experiences per robot tighten it), and ``max_wait_s`` has not passed;
+- ``rollback`` when the canaries' median micro-F1 is below the others' by more than
+  ``margin`` with a p-value below ``alpha``, or (with ``reward_margin`` set and enough
+  rewarded robots) their median mean reward by more than ``reward_margin``, likewise:
+  v-1's model is republished as version v+1 (signed, history kept,
   ``extras.rolled_back_from = v``; robots refuse a lower version than they run, so the
   old content needs a new, higher number) and pushed to the canaries;
-- ``promote`` otherwise: ``current`` moves to v and v is pushed to every robot;
-- ``hold`` when ``max_wait_s`` passes without enough evidence: nothing is pushed, v is
-  not promoted (promoting unproven is what the canary exists to prevent) and not rolled
-  back (nothing shows it is worse, and it passed the offline gate). The canaries keep v,
-  the rest keep v-1 (``current``), rounds resume, and the next round's version goes to
-  the canaries again.
+- ``promote`` when every figure both groups have enough robots for is within its margin
+  (micro-F1 alone suffices when rewards are short): ``current`` moves to v and v is pushed
+  to every robot;
+- ``hold`` when ``max_wait_s`` passes without enough evidence (too few robots, or worse
+  but possibly noise): nothing is pushed, v is not promoted (promoting unproven is what
+  the canary exists to prevent) and not rolled back (nothing shows it is worse beyond
+  noise, and it passed the offline gate). The canaries keep v, the rest keep v-1
+  (``current``), rounds resume, and the next round's version goes to the canaries again.
+
+Two canaries are enough for a test: the robots' spread is pooled over both groups (the
+canaries are assumed to vary like the others), and each robot's sampling variance bounds
+it from below. The test is repeated at every check while a canary looks worse but not
+significantly so, which raises the chance of a rollback on noise above ``alpha``; lower
+``alpha`` when a needless rollback costs more than a late one.
 
 While a canary is undecided the service runs no round: a round on top of an undecided
 version would stack a second unproven change on it. The undecided canary is written to
@@ -58,16 +87,18 @@ restarted consolidator resumes it from the store instead of forgetting it (``res
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from thinkmem_ros.consolidator.publish import ARTEFACTS_KEY, Publication, Publisher
@@ -94,10 +125,12 @@ class CanaryConfig:
 
     fraction: float = 0.0  # share of robots that get a new version first; 0 = off
     robots: tuple[str, ...] = ()  # explicit canary robot ids; overrides ``fraction``
-    min_feedback: int = 50  # judged experiences per group before a decision
+    min_feedback: int = 50  # judged (rewarded) experiences per robot before it counts
     margin: float = 0.02  # micro-F1 the canary may lose against the rest and still promote
     reward_margin: float | None = None  # mean reward it may lose; None = reported only
     max_wait_s: float = 3600.0  # then hold (see the module docstring)
+    min_robots: int = 2  # robots per group with min_feedback each before a decision
+    alpha: float = 0.01  # a rollback needs a one-sided p-value below this
 
     def __post_init__(self) -> None:
         if isinstance(self.robots, str):
@@ -113,6 +146,11 @@ class CanaryConfig:
         if not isinstance(self.min_feedback, int) or self.min_feedback < 1:
             raise ValueError(f"CanaryConfig.min_feedback must be an integer >= 1, got "
                              f"{self.min_feedback!r}")
+        if not isinstance(self.min_robots, int) or self.min_robots < 1:
+            raise ValueError(f"CanaryConfig.min_robots must be an integer >= 1, got "
+                             f"{self.min_robots!r}")
+        if not (isinstance(self.alpha, (int, float)) and 0.0 < self.alpha < 1.0):
+            raise ValueError(f"CanaryConfig.alpha must be in (0, 1), got {self.alpha!r}")
         if not (isinstance(self.margin, (int, float)) and 0.0 <= self.margin <= 1.0):
             raise ValueError(f"CanaryConfig.margin must be in [0, 1] (micro-F1), got "
                              f"{self.margin!r}")
@@ -158,11 +196,20 @@ class CanarySelector:
             return cls(frozenset(config.robots), explicit=True)
         known = sorted(set(known), key=robot_score)
         chosen = [r for r in known if robot_score(r) < config.fraction]
-        if not chosen and known:
-            chosen = known[:1]  # at least one canary
+        # enough canaries to decide on, if the rest can still reach min_robots; at least one
+        floor = max(1, min(config.min_robots, len(known) - config.min_robots))
+        if len(chosen) < floor:
+            chosen = known[:floor]  # the hash-chosen are the smallest: a prefix of known
         if len(known) > 1 and len(chosen) == len(known):
             chosen = chosen[:-1]  # at least one robot left on the running version
         return cls(frozenset(chosen), config.fraction)
+
+    @classmethod
+    def configured(cls, config: CanaryConfig) -> CanarySelector:
+        """The canaries ``config`` names, before any robot is known (its list, else hashes)."""
+        if config.robots:
+            return cls(frozenset(config.robots), explicit=True)
+        return cls(frozenset(), config.fraction)
 
 
 @dataclass(frozen=True)
@@ -210,9 +257,71 @@ def read_state(publish_dir: Path | str) -> CanaryState | None:
 
 # ------------------------------------------------------------------ live figures
 
+F1 = "micro-F1"  # the figures compared (``Comparison.figure``)
+REWARD = "mean reward"
+IGNORED_REASONS = ("other_version", "not_a_canary", "canary_on_previous", "no_sha256",
+                   "wrong_sha256")
+"""Why ``LiveFigures`` left a record out (``Decision.ignored``), in the order it checks."""
+
+
+def _clip_reward(reward: float) -> float:
+    """A reward in [-1, 1]: one record's reward must not outweigh a robot's others."""
+    return min(1.0, max(-1.0, float(reward)))
+
+
+@dataclass
+class RobotFigures:
+    """One robot's counts, so that each robot weighs one in the comparison."""
+
+    judged: int = 0
+    tp: int = 0
+    fp: int = 0
+    fn: int = 0
+    rewarded: int = 0
+    reward_sum: float = 0.0  # of rewards clipped to [-1, 1]
+    reward_sq_sum: float = 0.0
+
+    @property
+    def micro_f1(self) -> float | None:
+        """The robot's micro-F1; None before any judged experience."""
+        return _micro_f1(self.judged, self.tp, self.fp, self.fn)
+
+    @property
+    def mean_reward(self) -> float | None:
+        """Mean of this robot's clipped rewards."""
+        return self.reward_sum / self.rewarded if self.rewarded else None
+
+    def f1_noise(self) -> float:
+        """Sampling variance of ``micro_f1``: binomial, with one pseudo-success and failure.
+
+        The pseudo-counts keep a robot whose few experiences all agree (F1 exactly 1 or 0)
+        from counting as noise-free.
+        """
+        p = (self.micro_f1 * self.judged + 1) / (self.judged + 2)
+        return p * (1 - p) / self.judged
+
+    def reward_noise(self) -> float:
+        """Sampling variance of ``mean_reward``, with one pseudo-observation 1 off the mean.
+
+        Like ``f1_noise``'s pseudo-counts: a few equal rewards are not proof of no spread.
+        """
+        n, mean = self.rewarded, self.reward_sum / self.rewarded
+        squares = max(0.0, self.reward_sq_sum - n * mean * mean)
+        return (squares + 1.0) / (n + 1) / n
+
+
+def _micro_f1(judged: int, tp: int, fp: int, fn: int) -> float | None:
+    """Micro-F1 from counts; 1 when nothing was needed nor activated, None when unjudged."""
+    if not judged:
+        return None
+    if tp + fp + fn == 0:
+        return 1.0
+    return 2 * tp / (2 * tp + fp + fn)
+
+
 @dataclass
 class GroupFigures:
-    """What one group's experiences show: counts for micro-F1 and the reward mean."""
+    """One group's experiences: pooled counts (reported) and per-robot counts (decide)."""
 
     versions: tuple[int, ...]
     experiences: int = 0
@@ -221,49 +330,175 @@ class GroupFigures:
     fp: int = 0
     fn: int = 0
     rewarded: int = 0
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # of rewards clipped to [-1, 1]
     robots: set[str] = field(default_factory=set)
+    per_robot: dict[str, RobotFigures] = field(default_factory=dict)
 
     @property
     def micro_f1(self) -> float | None:
-        """Micro-F1 of activations against ``required``; None before any judged one."""
-        if not self.judged:
-            return None
-        if self.tp + self.fp + self.fn == 0:
-            return 1.0  # nothing needed, nothing activated
-        return 2 * self.tp / (2 * self.tp + self.fp + self.fn)
+        """Pooled micro-F1 of activations against ``required``; None before any judged one."""
+        return _micro_f1(self.judged, self.tp, self.fp, self.fn)
 
     @property
     def mean_reward(self) -> float | None:
-        """Mean reward of the experiences that carry one."""
+        """Pooled mean of the clipped rewards of the experiences that carry one."""
         return self.reward_sum / self.rewarded if self.rewarded else None
 
     def add(self, experience: Experience, thresholds: dict[str, float],
             labels: frozenset[str]) -> None:
-        """Count one experience of this group."""
+        """Count one experience of this group, pooled and under its robot."""
         self.experiences += 1
         self.robots.add(experience.robot_id)
+        robot = self.per_robot.setdefault(experience.robot_id, RobotFigures())
         if experience.reward is not None and math.isfinite(experience.reward):
+            reward = _clip_reward(experience.reward)
             self.rewarded += 1
-            self.reward_sum += float(experience.reward)
+            self.reward_sum += reward
+            robot.rewarded += 1
+            robot.reward_sum += reward
+            robot.reward_sq_sum += reward * reward
         if experience.required is None:
             return
         active = {label for label, p in zip(experience.labels,
                                             experience.probabilities.tolist(), strict=False)
                   if label in labels and p >= thresholds[label]}
         needed = set(experience.required) & labels
-        self.judged += 1
-        self.tp += len(active & needed)
-        self.fp += len(active - needed)
-        self.fn += len(needed - active)
+        tp, fp, fn = len(active & needed), len(active - needed), len(needed - active)
+        for counts in (self, robot):
+            counts.judged += 1
+            counts.tp += tp
+            counts.fp += fp
+            counts.fn += fn
+
+    def robot_figures(self, figure: str, need: int) -> list[tuple[float, float]]:
+        """(figure, its sampling variance) of each robot with ``need`` experiences for it.
+
+        ``figure`` is ``"micro-F1"`` (counted: judged experiences) or ``"mean reward"``
+        (counted: rewarded ones). A robot with fewer does not count yet: its figure would
+        be mostly noise, and a robot cannot stand in for many by sending a few records.
+        """
+        if figure == F1:
+            return [(r.micro_f1, r.f1_noise()) for r in self.per_robot.values()
+                    if r.judged >= need]
+        return [(r.mean_reward, r.reward_noise()) for r in self.per_robot.values()
+                if r.rewarded >= need]
 
     def to_dict(self) -> dict:
-        """JSON-ready form, with the derived figures."""
-        out = asdict(self)
+        """JSON-ready form, with the derived figures (per-robot counts left out: size)."""
+        out = {name: getattr(self, name) for name in (
+            "versions", "experiences", "judged", "tp", "fp", "fn", "rewarded", "reward_sum")}
+        out["versions"] = list(self.versions)
         out["robots"] = sorted(self.robots)
         out["micro_f1"] = None if self.micro_f1 is None else round(self.micro_f1, 4)
         out["mean_reward"] = None if self.mean_reward is None else round(self.mean_reward, 4)
         return out
+
+
+# ------------------------------------------------------------------ the comparison
+
+
+@dataclass
+class Comparison:
+    """One figure compared across robots: medians, their difference and its p-value."""
+
+    figure: str  # F1 or REWARD
+    margin: float
+    canary_robots: int
+    control_robots: int
+    canary_median: float
+    control_median: float
+    p_value: float  # one-sided: of a difference this large if the canary were not worse
+    alpha: float
+
+    @property
+    def difference(self) -> float:
+        """How much the canary is worse (control median - canary median)."""
+        return self.control_median - self.canary_median
+
+    @property
+    def worse(self) -> bool:
+        """Worse by more than the margin on the point estimates."""
+        return self.difference > self.margin
+
+    @property
+    def significant(self) -> bool:
+        """The difference is unlikely under noise alone."""
+        return self.p_value < self.alpha
+
+    def describe(self) -> str:
+        """One phrase for the decision's reason."""
+        return (f"{self.figure} {self.canary_median:.3f} vs {self.control_median:.3f} "
+                f"(medians over {self.canary_robots} and {self.control_robots} robots, "
+                f"margin {self.margin:g}, p {self.p_value:.3g})")
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"figure": self.figure, "margin": self.margin,
+                "canary_robots": self.canary_robots, "control_robots": self.control_robots,
+                "canary_median": round(self.canary_median, 4),
+                "control_median": round(self.control_median, 4),
+                "difference": round(self.difference, 4), "p_value": round(self.p_value, 6),
+                "alpha": self.alpha, "worse": self.worse, "significant": self.significant}
+
+
+def _median_variance_factor(n: int) -> float:
+    """Variance of a median over that of a mean of n robots (normal figures).
+
+    With two robots or fewer the median is the mean; beyond, pi/2 (the large-sample value,
+    a little above the small-sample ones: it errs towards waiting).
+    """
+    return 1.0 if n <= 2 else math.pi / 2
+
+
+def _robot_spread(canary: list[float], control: list[float]) -> float:
+    """Robust variance of one robot's figure around its group: (1.4826 MAD)^2.
+
+    Deviations from each group's own median, pooled over groups of two robots or more
+    (one robot has no spread to show): one robot with an extreme figure moves it little.
+    """
+    deviations = [abs(x - statistics.median(group))
+                  for group in (canary, control) if len(group) > 1 for x in group]
+    if not deviations:
+        return 0.0
+    return (1.4826 * statistics.median(deviations)) ** 2
+
+
+def p_value(canary: list[tuple[float, float]], control: list[tuple[float, float]]) -> float:
+    """One-sided p-value of control median - canary median under "the canary is no worse".
+
+    Robots are the samples. A robot's variance is the larger of the robots' robust spread
+    and the mean sampling variance of their figures (too few experiences per robot is
+    noise even when the robots happen to agree); the medians' variances follow
+    (``_median_variance_factor``), and t = difference / its standard error is read on
+    Student's t with n_canary + n_control - 2 degrees of freedom. 1.0 when there are not
+    enough robots for any degree of freedom: nothing can be told from noise then.
+    """
+    from scipy.special import stdtr
+
+    df = len(canary) + len(control) - 2
+    if df < 1:
+        return 1.0
+    can, ctl = [x for x, _ in canary], [x for x, _ in control]
+    noise = statistics.fmean(v for _, v in canary + control)
+    variance = max(_robot_spread(can, ctl), noise)
+    se = math.sqrt(variance * (_median_variance_factor(len(can)) / len(can)
+                               + _median_variance_factor(len(ctl)) / len(ctl)))
+    difference = statistics.median(ctl) - statistics.median(can)
+    if se == 0.0:
+        return 0.0 if difference > 0 else 1.0
+    return float(stdtr(df, -difference / se))
+
+
+def compare(canary: GroupFigures, control: GroupFigures, figure: str, margin: float,
+            config: CanaryConfig) -> Comparison | None:
+    """``figure`` of the two groups over robots; None while a group has too few robots."""
+    can = canary.robot_figures(figure, config.min_feedback)
+    ctl = control.robot_figures(figure, config.min_feedback)
+    if len(can) < config.min_robots or len(ctl) < config.min_robots:
+        return None
+    return Comparison(figure, margin, len(can), len(ctl),
+                      statistics.median(x for x, _ in can),
+                      statistics.median(x for x, _ in ctl), p_value(can, ctl), config.alpha)
 
 
 @dataclass
@@ -278,70 +513,115 @@ class Decision:
     version: int | None = None  # the canary version
     published_version: int | None = None  # v (promote) or the rollback version
     pushed_to: int | None = None
+    comparisons: list[Comparison] = field(default_factory=list)  # the figures ready
+    ignored: dict[str, int] = field(default_factory=dict)  # records left out, by reason
 
     def to_dict(self) -> dict:
         """JSON-ready form."""
         return {"action": self.action, "reason": self.reason,
                 "canary": self.canary.to_dict(), "control": self.control.to_dict(),
                 "waited_s": round(self.waited_s, 3), "version": self.version,
-                "published_version": self.published_version, "pushed_to": self.pushed_to}
+                "published_version": self.published_version, "pushed_to": self.pushed_to,
+                "comparisons": [c.to_dict() for c in self.comparisons],
+                "ignored": dict(self.ignored)}
+
+
+def _comparisons(canary: GroupFigures, control: GroupFigures,
+                 config: CanaryConfig) -> list[Comparison]:
+    """The figures both groups have enough robots for (reward only with its margin)."""
+    wanted = [(F1, config.margin)]
+    if config.reward_margin is not None:
+        wanted.append((REWARD, config.reward_margin))
+    found = (compare(canary, control, figure, margin, config) for figure, margin in wanted)
+    return [c for c in found if c is not None]
+
+
+def _evidence(canary: GroupFigures, control: GroupFigures, config: CanaryConfig) -> str:
+    """What is missing, for a wait or hold: robots with enough judged (rewarded) ones."""
+    need = config.min_feedback
+    kinds = [(F1, "judged")] + ([(REWARD, "rewarded")] if config.reward_margin is not None
+                                else [])
+    said = []
+    for figure, counted in kinds:
+        counts = [len(g.robot_figures(figure, need)) for g in (canary, control)]
+        said.append(f"robots with >= {need} {counted} experiences: canary {counts[0]}, "
+                    f"others {counts[1]}")
+    return "; ".join(said) + f"; {config.min_robots} each needed"
+
+
+def _undecided(comparisons: list[Comparison], canary: GroupFigures, control: GroupFigures,
+               config: CanaryConfig) -> str:
+    """Why neither rollback nor promote: a possible-noise regression, or too few robots."""
+    unclear = [c for c in comparisons if c.worse]
+    if unclear:
+        return (f"worse by more than the margin but could be noise (alpha {config.alpha:g}): "
+                + "; ".join(c.describe() for c in unclear))
+    return _evidence(canary, control, config)
 
 
 def decide(canary: GroupFigures, control: GroupFigures, config: CanaryConfig,
            waited_s: float) -> Decision:
-    """The margin rule with a minimum sample (module docstring: why not a test)."""
-    need = config.min_feedback
-    f1_ready = canary.judged >= need and control.judged >= need
-    reward_ready = (config.reward_margin is not None and canary.rewarded >= need
-                    and control.rewarded >= need)
-    if not (f1_ready or reward_ready):
-        evidence = (f"judged experiences: canary {canary.judged}, others {control.judged}, "
-                    f"{need} each needed")
-        if waited_s < config.max_wait_s:
-            return Decision("wait", evidence, canary, control, waited_s)
-        return Decision("hold", f"max wait {config.max_wait_s:g} s passed without enough "
-                        f"evidence ({evidence}): neither promoted nor rolled back",
-                        canary, control, waited_s)
-    worse = []
-    if f1_ready and control.micro_f1 - canary.micro_f1 > config.margin:
-        worse.append(f"micro-F1 {canary.micro_f1:.3f} vs {control.micro_f1:.3f} "
-                     f"(margin {config.margin:g})")
-    if reward_ready and control.mean_reward - canary.mean_reward > config.reward_margin:
-        worse.append(f"mean reward {canary.mean_reward:.3f} vs {control.mean_reward:.3f} "
-                     f"(margin {config.reward_margin:g})")
-    if worse:
-        return Decision("rollback", "canary worse: " + "; ".join(worse), canary, control,
-                        waited_s)
-    said = []
-    if f1_ready:
-        said.append(f"micro-F1 {canary.micro_f1:.3f} vs {control.micro_f1:.3f}")
-    if reward_ready:
-        said.append(f"mean reward {canary.mean_reward:.3f} vs {control.mean_reward:.3f}")
-    return Decision("promote", "canary not worse by more than the margin: "
-                    + "; ".join(said), canary, control, waited_s)
+    """Medians over robots, a margin and a one-sided test (module docstring: why).
+
+    Rollback needs a figure worse by more than its margin *and* unlikely as noise; a
+    figure worse by the margin that could still be noise waits for more experiences.
+    """
+    comparisons = _comparisons(canary, control, config)
+
+    def decision(action: str, reason: str) -> Decision:
+        return Decision(action, reason, canary, control, waited_s, comparisons=comparisons)
+
+    regressed = [c for c in comparisons if c.worse and c.significant]
+    if regressed:
+        return decision("rollback", "canary worse: "
+                        + "; ".join(c.describe() for c in regressed))
+    if comparisons and not any(c.worse for c in comparisons):
+        return decision("promote", "canary not worse by more than the margin: "
+                        + "; ".join(c.describe() for c in comparisons))
+    evidence = _undecided(comparisons, canary, control, config)
+    if waited_s < config.max_wait_s:
+        return decision("wait", evidence)
+    return decision("hold", f"max wait {config.max_wait_s:g} s passed without enough "
+                    f"evidence ({evidence}): neither promoted nor rolled back")
+
+
+def _as_selector(canaries: Callable[[str], bool] | Iterable[str]) -> Callable[[str], bool]:
+    """A predicate on robot ids from a predicate or a list of ids."""
+    if callable(canaries):
+        return canaries
+    return CanarySelector(frozenset(canaries), explicit=True)
 
 
 class LiveFigures:
-    """Accumulates the two groups' figures from experiences (thread-safe, O(1) memory).
+    """Accumulates the two groups' figures from experiences (thread-safe, O(robots) memory).
 
     ``versions`` are the canary version and the control versions (the running version
     and any version carrying the same model, i.e. what a rollback republished); each
-    version's thresholds and, when known, its ONNX sha256. Experiences of any other
-    version (a pinned robot, one still on an older bundle) are counted in ``ignored``.
+    version's thresholds and ONNX sha256. ``canaries`` are the robots the consolidator
+    pushed the canary version to (a ``CanarySelector``, or their ids). A record counts
+    only where the consolidator's side and the record agree (module docstring); the
+    others are counted in ``ignored`` and, by reason, in ``ignored_by``.
     """
 
     def __init__(self, canary_version: int, control_versions: Iterable[int],
                  thresholds: dict[int, dict[str, float]],
-                 sha256: dict[int, str] | None = None) -> None:
+                 sha256: dict[int, str] | None = None, *,
+                 canaries: Callable[[str], bool] | Iterable[str]) -> None:
         self.canary_version = canary_version
         self.control_versions = frozenset(control_versions) - {canary_version}
         if not self.control_versions:
             raise ValueError("LiveFigures needs at least one control version")
-        missing = sorted({canary_version, *self.control_versions} - set(thresholds))
+        versions = {canary_version, *self.control_versions}
+        missing = sorted(versions - set(thresholds))
         if missing:
             raise ValueError(f"LiveFigures: no thresholds for versions {missing}")
-        self.thresholds = thresholds
         self.sha256 = dict(sha256 or {})
+        unknown = sorted(v for v in versions if not self.sha256.get(v))
+        if unknown:
+            raise ValueError(f"LiveFigures: no sha256 for versions {unknown} (a record "
+                             f"proves the bundle it ran by its sha256)")
+        self.thresholds = thresholds
+        self.canaries = _as_selector(canaries)
         shared = set(thresholds[canary_version])
         for version in self.control_versions:
             shared &= set(thresholds[version])
@@ -349,33 +629,57 @@ class LiveFigures:
         self.canary = GroupFigures((canary_version,))
         self.control = GroupFigures(tuple(sorted(self.control_versions)))
         self.ignored = 0
+        self.ignored_by = dict.fromkeys(IGNORED_REASONS, 0)
         self._lock = threading.Lock()
 
+    def group_of(self, experience: Experience) -> GroupFigures | str:
+        """The group ``experience`` counts in, or why it counts in none.
+
+        The role is the consolidator's (``canaries``), the version and the bundle's sha256
+        the record's; all three must agree. A canary still on the previous version (not
+        installed yet, or refused) is in neither group: it is not what the others run.
+        """
+        version, canary = experience.bundle_version, self.canaries(experience.robot_id)
+        if version == self.canary_version:
+            group = self.canary if canary else "not_a_canary"
+        elif version in self.control_versions:
+            group = "canary_on_previous" if canary else self.control
+        else:
+            return "other_version"
+        if isinstance(group, str):
+            return group
+        if not experience.bundle_sha256:
+            return "no_sha256"
+        if experience.bundle_sha256 != self.sha256[version]:
+            return "wrong_sha256"  # a bundle of the robot's own under that number
+        return group
+
     def observe(self, experiences: Iterable[Experience]) -> None:
-        """Count each experience in the group of the version that produced it."""
+        """Count each experience in its group, or as ignored with the reason."""
         with self._lock:
             for exp in experiences:
-                version = exp.bundle_version
-                if version == self.canary_version:
-                    group = self.canary
-                elif version in self.control_versions:
-                    group = self.control
-                else:
+                group = self.group_of(exp)
+                if isinstance(group, str):
                     self.ignored += 1
+                    self.ignored_by[group] += 1
                     continue
-                known = self.sha256.get(version)
-                if exp.bundle_sha256 and known and exp.bundle_sha256 != known:
-                    self.ignored += 1  # a bundle of the robot's own under that number
-                    continue
-                group.add(exp, self.thresholds[version], self.labels)
+                group.add(exp, self.thresholds[exp.bundle_version], self.labels)
 
     def snapshot(self) -> tuple[GroupFigures, GroupFigures]:
         """Copies of (canary, control) figures, consistent with each other."""
         with self._lock:
-            return (_copy(self.canary), _copy(self.control))
+            return (copy.deepcopy(self.canary), copy.deepcopy(self.control))
+
+    def ignored_counts(self) -> dict[str, int]:
+        """Records left out so far, by reason (non-zero ones) and in total."""
+        with self._lock:
+            counts = {reason: n for reason, n in self.ignored_by.items() if n}
+            counts["total"] = self.ignored
+            return counts
 
 
-def _live_figures(candidate: Bundle, running: Bundle) -> LiveFigures:
+def _live_figures(candidate: Bundle, running: Bundle,
+                  canaries: Callable[[str], bool]) -> LiveFigures:
     """Figures of ``candidate`` (canary) against what ``running`` stands for (control).
 
     The control group is the running version and, when that is a rollback's republished
@@ -388,22 +692,27 @@ def _live_figures(candidate: Bundle, running: Bundle) -> LiveFigures:
     thresholds[version] = dict(candidate.manifest.thresholds)
     sha = {v: running.manifest.sha256 for v in control}
     sha[version] = candidate.manifest.sha256
-    return LiveFigures(version, control, thresholds, sha)
-
-
-def _copy(figures: GroupFigures) -> GroupFigures:
-    return GroupFigures(**{**asdict(figures), "robots": set(figures.robots)})
+    return LiveFigures(version, control, thresholds, sha, canaries=canaries)
 
 
 def evaluate(experiences: Sequence[Experience], canary_version: int,
              control_versions: Iterable[int], thresholds: dict[int, dict[str, float]],
              config: CanaryConfig, waited_s: float,
-             sha256: dict[int, str] | None = None) -> Decision:
-    """Live figures from ``experiences`` and the decision on them (the pure entry point)."""
-    figures = LiveFigures(canary_version, control_versions, thresholds, sha256)
+             sha256: dict[int, str] | None = None,
+             canaries: Callable[[str], bool] | Iterable[str] | None = None) -> Decision:
+    """Live figures from ``experiences`` and the decision on them (the pure entry point).
+
+    ``canaries`` defaults to what ``config`` says (its ``robots``, else the hash rule for
+    ``fraction``), never to what the records claim.
+    """
+    if canaries is None:
+        canaries = CanarySelector.configured(config)
+    figures = LiveFigures(canary_version, control_versions, thresholds, sha256,
+                          canaries=canaries)
     figures.observe(experiences)
     decision = decide(figures.canary, figures.control, config, waited_s)
     decision.version = canary_version
+    decision.ignored = figures.ignored_counts()
     return decision
 
 
@@ -501,17 +810,32 @@ class CanaryController:
         send = None if push is None else (lambda frame: push(frame, robots=selector))
         # counting starts before the push, so no experience of a fast canary is missed
         self.run = CanaryRun(candidate.version, running, selector,
-                             _live_figures(candidate, running), self.clock())
+                             _live_figures(candidate, running, selector), self.clock())
         try:
             publication = self.publisher.publish(candidate, push=send, link=False)
         except BaseException:
             self.run = None
             raise
         self._save(self.run, store_mark)
+        self._warn_if_undecidable(selector, known_robots)
         log.info("canary: v%d pushed to %s robot connections of canaries %s (others stay on "
                  "v%d)", publication.version, publication.pushed_to,
                  sorted(selector.chosen) or "none connected yet", running.version)
         return publication
+
+    def _warn_if_undecidable(self, selector: CanarySelector, known: Iterable[str]) -> None:
+        """Say so when the robots connected now cannot give min_robots per group.
+
+        The canary then waits for robots that connect later, or holds at max wait: an
+        operator of a small fleet wants to know before the hour has passed.
+        """
+        known = set(known)
+        canaries = sum(1 for r in known if selector(r))
+        need = self.config.min_robots
+        if canaries < need or len(known) - canaries < need:
+            log.warning("canary: %d canary and %d other robots connected, %d per group "
+                        "needed to decide (--canary-min-robots); until more connect it can "
+                        "only hold after max wait", canaries, len(known) - canaries, need)
 
     def observe(self, experiences: Iterable[Experience]) -> None:
         """Count experiences stored since the push (receiver thread)."""
@@ -527,6 +851,7 @@ class CanaryController:
         canary, control = run.figures.snapshot()
         decision = decide(canary, control, self.config, self.clock() - run.started)
         decision.version = run.version
+        decision.ignored = run.figures.ignored_counts()
         if decision.action == "wait":
             return decision
         if decision.action == "promote":
@@ -542,10 +867,11 @@ class CanaryController:
         self._forget()
         self.decisions.append(decision)
         log.log(logging.WARNING if decision.action != "promote" else logging.INFO,
-                "canary v%d: %s%s: %s (canary %s, others %s)", run.version,
-                decision.action.upper(),
+                "canary v%d: %s%s: %s (canary %s, others %s, records ignored %s)",
+                run.version, decision.action.upper(),
                 "" if publication is None else f" as v{publication.version}",
-                decision.reason, decision.canary.to_dict(), decision.control.to_dict())
+                decision.reason, decision.canary.to_dict(), decision.control.to_dict(),
+                decision.ignored)
         return decision
 
     def resume(self, stored_after: Callable[[int], Iterable[Experience]]) -> CanaryRun | None:
@@ -577,7 +903,7 @@ class CanaryController:
                         self.state_path, version, baseline, running.version)
             self._forget()
             return None
-        figures = _live_figures(load_bundle(folder), running)
+        figures = _live_figures(load_bundle(folder), running, state.selector)
         figures.observe(stored_after(state.store_mark))
         waited = max(0.0, self.wall() - state.started_unix)
         self.run = CanaryRun(version, running, state.selector, figures, self.clock() - waited)

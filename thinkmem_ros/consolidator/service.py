@@ -732,7 +732,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--canary-robots", default="",
                         help="comma-separated canary robot ids (instead of the fraction)")
     parser.add_argument("--canary-min-feedback", type=int, default=canary.min_feedback,
-                        help="judged experiences per group before the canary is decided")
+                        help="judged experiences a robot needs before its figure counts in "
+                        "the canary decision")
+    parser.add_argument("--canary-min-robots", type=int, default=canary.min_robots,
+                        help="robots per group, each with --canary-min-feedback, before the "
+                        "canary is decided")
+    parser.add_argument("--canary-alpha", type=float, default=canary.alpha,
+                        help="a rollback needs the canaries' regression to have a one-sided "
+                        "p-value (over robots) below this")
     parser.add_argument("--canary-margin", type=float, default=canary.margin,
                         help="micro-F1 the canaries may lose against the rest and still "
                         "be promoted (more: rolled back)")
@@ -794,7 +801,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         canary=CanaryConfig(fraction=args.canary_fraction, robots=args.canary_robots,
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
-                            max_wait_s=args.canary_max_wait_s),
+                            max_wait_s=args.canary_max_wait_s,
+                            min_robots=args.canary_min_robots, alpha=args.canary_alpha),
         recall_bind=args.recall_bind, recall_experiences=args.recall_experiences,
         flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
