@@ -270,10 +270,10 @@ def _clip_reward(reward: float) -> float:
 
 
 @dataclass
-class RobotFigures:
-    """One robot's counts, so that each robot weighs one in the comparison."""
+class _Counts:
+    """Judged and rewarded counts, for a group pooled or for one of its robots."""
 
-    judged: int = 0
+    judged: int = 0  # experiences with ``required`` (hindsight)
     tp: int = 0
     fp: int = 0
     fn: int = 0
@@ -283,13 +283,31 @@ class RobotFigures:
 
     @property
     def micro_f1(self) -> float | None:
-        """The robot's micro-F1; None before any judged experience."""
+        """Micro-F1 of activations against ``required``; None before any judged one."""
         return _micro_f1(self.judged, self.tp, self.fp, self.fn)
 
     @property
     def mean_reward(self) -> float | None:
-        """Mean of this robot's clipped rewards."""
+        """Mean of the clipped rewards of the experiences that carry one."""
         return self.reward_sum / self.rewarded if self.rewarded else None
+
+    def count_reward(self, reward: float) -> None:
+        """Add one clipped reward."""
+        self.rewarded += 1
+        self.reward_sum += reward
+        self.reward_sq_sum += reward * reward
+
+    def count_judged(self, tp: int, fp: int, fn: int) -> None:
+        """Add one judged experience's label counts."""
+        self.judged += 1
+        self.tp += tp
+        self.fp += fp
+        self.fn += fn
+
+
+@dataclass
+class RobotFigures(_Counts):
+    """One robot's counts, so that each robot weighs one in the comparison."""
 
     def f1_noise(self) -> float:
         """Sampling variance of ``micro_f1``: binomial, with one pseudo-success and failure.
@@ -319,30 +337,14 @@ def _micro_f1(judged: int, tp: int, fp: int, fn: int) -> float | None:
     return 2 * tp / (2 * tp + fp + fn)
 
 
-@dataclass
-class GroupFigures:
+@dataclass(kw_only=True)
+class GroupFigures(_Counts):
     """One group's experiences: pooled counts (reported) and per-robot counts (decide)."""
 
     versions: tuple[int, ...]
     experiences: int = 0
-    judged: int = 0  # experiences with ``required`` (hindsight)
-    tp: int = 0
-    fp: int = 0
-    fn: int = 0
-    rewarded: int = 0
-    reward_sum: float = 0.0  # of rewards clipped to [-1, 1]
     robots: set[str] = field(default_factory=set)
     per_robot: dict[str, RobotFigures] = field(default_factory=dict)
-
-    @property
-    def micro_f1(self) -> float | None:
-        """Pooled micro-F1 of activations against ``required``; None before any judged one."""
-        return _micro_f1(self.judged, self.tp, self.fp, self.fn)
-
-    @property
-    def mean_reward(self) -> float | None:
-        """Pooled mean of the clipped rewards of the experiences that carry one."""
-        return self.reward_sum / self.rewarded if self.rewarded else None
 
     def add(self, experience: Experience, thresholds: dict[str, float],
             labels: frozenset[str]) -> None:
@@ -352,11 +354,8 @@ class GroupFigures:
         robot = self.per_robot.setdefault(experience.robot_id, RobotFigures())
         if experience.reward is not None and math.isfinite(experience.reward):
             reward = _clip_reward(experience.reward)
-            self.rewarded += 1
-            self.reward_sum += reward
-            robot.rewarded += 1
-            robot.reward_sum += reward
-            robot.reward_sq_sum += reward * reward
+            self.count_reward(reward)
+            robot.count_reward(reward)
         if experience.required is None:
             return
         active = {label for label, p in zip(experience.labels,
@@ -364,11 +363,8 @@ class GroupFigures:
                   if label in labels and p >= thresholds[label]}
         needed = set(experience.required) & labels
         tp, fp, fn = len(active & needed), len(active - needed), len(needed - active)
-        for counts in (self, robot):
-            counts.judged += 1
-            counts.tp += tp
-            counts.fp += fp
-            counts.fn += fn
+        self.count_judged(tp, fp, fn)
+        robot.count_judged(tp, fp, fn)
 
     def robot_figures(self, figure: str, need: int) -> list[tuple[float, float]]:
         """(figure, its sampling variance) of each robot with ``need`` experiences for it.
@@ -626,8 +622,8 @@ class LiveFigures:
         for version in self.control_versions:
             shared &= set(thresholds[version])
         self.labels = frozenset(shared)
-        self.canary = GroupFigures((canary_version,))
-        self.control = GroupFigures(tuple(sorted(self.control_versions)))
+        self.canary = GroupFigures(versions=(canary_version,))
+        self.control = GroupFigures(versions=tuple(sorted(self.control_versions)))
         self.ignored = 0
         self.ignored_by = dict.fromkeys(IGNORED_REASONS, 0)
         self._lock = threading.Lock()
