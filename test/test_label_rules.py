@@ -115,3 +115,16 @@ def test_apply_checks_shapes():
         rules.apply(np.zeros((5, 3)), SIGNALS, 10.0)
     with pytest.raises(ValueError, match="rate_hz"):
         rules.apply(np.zeros((5, 2)), SIGNALS, 0.0)
+
+
+def test_a_label_defined_twice_is_refused_not_overwritten(tmp_path):
+    """PyYAML keeps the last of two equal keys: the first definition was lost silently."""
+    path = tmp_path / "rules.yaml"
+    path.write_text("labels:\n  fast:\n    threshold: {signal: speed, above: 1.0}\n"
+                    "  fast:\n    threshold: {signal: speed, below: 0.5}\n")
+    with pytest.raises(RulesError, match="'fast' is defined twice") as err:
+        load_rules(path)
+    assert "\n" not in str(err.value)
+    path.write_text("base: &b {signal: speed, above: 1.0}\nlabels:\n"
+                    "  fast:\n    threshold: {<<: *b, hold_s: 0.5}\n")
+    assert load_rules(path) is not None  # anchors and merge keys still read

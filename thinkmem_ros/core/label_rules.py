@@ -275,9 +275,9 @@ def load_rules(path: Path | str,
     try:
         if path.stat().st_size > MAX_RULES_BYTES:
             raise RulesError(f"{path}: larger than {MAX_RULES_BYTES} bytes")
-        raw = load_numbers_yaml(path.read_text(encoding="utf-8"))
+        raw = load_numbers_yaml(path.read_text(encoding="utf-8"), unique_keys=True)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RulesError(f"{path}: cannot read rules: {exc}") from None
+        raise RulesError(f"{path}: cannot read rules: {' '.join(str(exc).split())}") from None
     return parse_rules(raw, source=str(path), signal_names=signal_names)
 
 

@@ -11,6 +11,7 @@ the node does: otherwise a file the robot accepts is refused offboard, or the re
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from typing import Any
 
 import yaml
@@ -34,6 +35,33 @@ NumberLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT,
                                    list("-+0123456789."))
 
 
-def load_numbers_yaml(text: str) -> Any:
-    """``yaml.safe_load`` of ``text``, with exponent floats read as numbers."""
-    return yaml.load(text, Loader=NumberLoader)  # noqa: S506 - a SafeLoader subclass
+class UniqueKeyLoader(NumberLoader):
+    """``NumberLoader`` that refuses a key defined twice in one mapping.
+
+    PyYAML keeps the last of two equal keys without a word: a rules file that defines a
+    label twice silently lost the first definition.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<``: merged keys may repeat
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable):
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is defined twice in one mapping",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_numbers_yaml(text: str, unique_keys: bool = False) -> Any:
+    """``yaml.safe_load`` of ``text``, with exponent floats read as numbers.
+
+    ``unique_keys``: refuse a mapping that defines a key twice (files only this package
+    reads; a params file keeps rcl's reading, which the node gets).
+    """
+    loader = UniqueKeyLoader if unique_keys else NumberLoader
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
