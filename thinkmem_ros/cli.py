@@ -83,9 +83,9 @@ TRACEBACK_ENV = "THINKMEM_TRACEBACK"
 def _unexpected(verb: str, exc: Exception) -> int:
     """One line and exit 1 for an error no verb anticipated (never a traceback).
 
-    Each verb names the input errors it knows; what slips past them (a recursion limit in
-    a hostile YAML file, a full disk under stdout, a bug) still reaches the user as one
-    line with the exception's kind, and ``THINKMEM_TRACEBACK=1`` shows where it came from.
+    Each verb names the input errors it knows; what slips past them (a full disk under
+    stdout, a bug) still reaches the user as one line with the exception's kind, and
+    ``THINKMEM_TRACEBACK=1`` shows where it came from.
     """
     if os.environ.get(TRACEBACK_ENV):
         raise exc

@@ -64,4 +64,7 @@ def load_numbers_yaml(text: str, unique_keys: bool = False) -> Any:
     reads; a params file keeps rcl's reading, which the node gets).
     """
     loader = UniqueKeyLoader if unique_keys else NumberLoader
-    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML's composer recurses once per nesting level
+        raise yaml.YAMLError("nested too deeply to read") from None
