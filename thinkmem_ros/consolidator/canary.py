@@ -103,7 +103,7 @@ from pathlib import Path
 
 from thinkmem_ros.consolidator.publish import ARTEFACTS_KEY, Publication, Publisher
 from thinkmem_ros.consolidator.rehearsal import rehearsal_path
-from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.experience import Experience, learned_reward
 from thinkmem_ros.policy.bundle import ONNX_FILE, Bundle, load_bundle, write_bundle
 
 log = logging.getLogger(__name__)
@@ -264,11 +264,6 @@ IGNORED_REASONS = ("other_version", "not_a_canary", "canary_on_previous", "no_sh
 """Why ``LiveFigures`` left a record out (``Decision.ignored``), in the order it checks."""
 
 
-def _clip_reward(reward: float) -> float:
-    """A reward in [-1, 1]: one record's reward must not outweigh a robot's others."""
-    return min(1.0, max(-1.0, float(reward)))
-
-
 @dataclass
 class _Counts:
     """Judged and rewarded counts, for a group pooled or for one of its robots."""
@@ -353,7 +348,7 @@ class GroupFigures(_Counts):
         self.robots.add(experience.robot_id)
         robot = self.per_robot.setdefault(experience.robot_id, RobotFigures())
         if experience.reward is not None and math.isfinite(experience.reward):
-            reward = _clip_reward(experience.reward)
+            reward = learned_reward(experience.reward)
             self.count_reward(reward)
             robot.count_reward(reward)
         if experience.required is None:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.experience import LEARNED_REWARD_BOUND, Experience, learned_reward
 from thinkmem_ros.policy.runtime import PolicyRuntime
 from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
 
@@ -68,7 +68,7 @@ def activated(exp: Experience, thresholds: dict[str, float]) -> list[str]:
             if p >= thresholds.get(label, 0.5)]
 
 
-REWARD_BOUND = 1.0
+REWARD_BOUND = LEARNED_REWARD_BOUND
 """Rewards are clipped to [-REWARD_BOUND, REWARD_BOUND] before learning (module docstring)."""
 
 ROBOT_SHARE = 0.25
@@ -81,7 +81,7 @@ def label_rewards(exp: Experience, thresholds: dict[str, float],
     """Per-label reward of one experience by the module's credit rule (reward clipped)."""
     if exp.reward is None:
         return {}
-    reward = float(np.clip(float(exp.reward), -REWARD_BOUND, REWARD_BOUND))
+    reward = learned_reward(exp.reward)
     required = None if exp.required is None else set(exp.required)
     return {label: (reward if required is None or label in required else -token_cost)
             for label in activated(exp, thresholds)}

@@ -531,6 +531,17 @@ MAX_REWARD = 1e15
 stored (one such record stopped the consolidator's receiver on every re-send)."""
 
 
+LEARNED_REWARD_BOUND = 1.0
+"""What learning reads of a reward: clipped to [-1, 1], the range feedback rewards are
+defined in (``learned_reward``). The wire admits up to ``MAX_REWARD``; one such record must
+not outweigh a fleet's evidence in values or a canary's figures."""
+
+
+def learned_reward(reward: float) -> float:
+    """``reward`` clipped to [-LEARNED_REWARD_BOUND, LEARNED_REWARD_BOUND]."""
+    return min(LEARNED_REWARD_BOUND, max(-LEARNED_REWARD_BOUND, float(reward)))
+
+
 def _check_reward(reward: float | int | None) -> None:
     # abs() first: an int past float range would overflow math.isfinite; NaN compares False
     if reward is not None and not abs(reward) <= MAX_REWARD:
