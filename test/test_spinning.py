@@ -75,3 +75,60 @@ def test_events_falls_back_to_single_where_rclpy_has_none(monkeypatch):
 def test_an_unknown_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="executor must be"):
         make_executor("multi")
+
+
+@pytest.mark.parametrize("kind", ["events", "single"])
+def test_a_signal_ends_the_spin_and_leaves_the_context_to_the_caller(kind, ros_env):
+    # The node's own stop path: SIGINT is only recorded, spinning ends at the next slice
+    # and the context is still valid, so the executor can let go of the node before rclpy
+    # shuts down (rclpy's handlers shut it down under a running executor).
+    import os
+    import signal
+
+    from thinkmem_ros.robot.spinning import StopSignals
+
+    context = rclpy.Context()
+    rclpy.init(context=context, signal_handler_options=rclpy.signals.SignalHandlerOptions.NO)
+    node = rclpy.create_node(f"stop_{kind}", context=context)
+    ticks = []
+
+    def tick():
+        ticks.append(1)
+        if len(ticks) == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    node.create_timer(0.01, tick)
+    executor, made = make_executor(kind, context=context)
+    executor.add_node(node)
+    try:
+        with StopSignals() as stop:
+            started = time.monotonic()
+            spin(executor, made, context, stop=stop)
+            took = time.monotonic() - started
+        assert stop.signum == signal.SIGINT and context.ok()
+        assert len(ticks) >= 5 and took < 10.0
+    finally:
+        executor.remove_node(node)
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.shutdown(context=context)
+
+
+def test_a_second_signal_interrupts_only_a_start_up():
+    import os
+    import signal
+
+    from thinkmem_ros.robot.spinning import StopSignals
+
+    with StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs between bytecodes of this thread
+        assert stop.requested and stop.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+        stop.spinning = True
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert stop.signum == signal.SIGTERM  # the first request is the one reported
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

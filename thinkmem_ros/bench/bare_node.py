@@ -57,27 +57,31 @@ def main(argv: list[str] | None = None) -> int:
     """Spin a bare node until SIGINT/SIGTERM."""
     import rclpy
     from rclpy.executors import ExternalShutdownException
+    from rclpy.signals import SignalHandlerOptions
 
-    from thinkmem_ros.robot.spinning import make_executor, spin
+    from thinkmem_ros.robot.spinning import StopSignals, make_executor, spin
 
     parser = OneLineParser(prog="python -m thinkmem_ros.bench.bare_node")
     parser.add_argument("--executor", default="events")
     parser.add_argument("--signals", required=True, help="comma-separated signal names")
     args = parser.parse_args(argv)
-    rclpy.init()
-    node = rclpy.create_node("bare_thinking_node")
-    BareNode(node, tuple(args.signals.split(",")))
-    executor, kind = make_executor(args.executor)
-    executor.add_node(node)
-    print(f"READY {kind}", flush=True)
-    try:
-        spin(executor, kind, node.context)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        executor.shutdown(timeout_sec=1.0)
-        node.destroy_node()
-        rclpy.try_shutdown()
+    # stopped as the node is (see StopSignals): the executor lets go before rclpy shuts down
+    with StopSignals() as stop:
+        rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+        node = rclpy.create_node("bare_thinking_node")
+        BareNode(node, tuple(args.signals.split(",")))
+        executor, kind = make_executor(args.executor)
+        executor.add_node(node)
+        print(f"READY {kind}", flush=True)
+        try:
+            spin(executor, kind, node.context, stop=stop)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            executor.remove_node(node)
+            executor.shutdown(timeout_sec=1.0)
+            node.destroy_node()
+            rclpy.try_shutdown()
     return 0
 
 

@@ -85,6 +85,7 @@ from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
 
 from thinkmem_ros.core.paths import resolve_bundle_path
@@ -135,7 +136,7 @@ from thinkmem_ros.robot.node_config import (
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
 from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
-from thinkmem_ros.robot.spinning import make_executor, spin
+from thinkmem_ros.robot.spinning import StopSignals, make_executor, spin
 from thinkmem_ros.robot.thinking_gates import (
     GateArtefacts,
     GateConfig,
@@ -978,65 +979,70 @@ def main(args: list[str] | None = None) -> int:
         return _refuse(exc)
     except KeyboardInterrupt:
         return 0
+    with StopSignals() as stop:
+        try:
+            return _run(args, stop)
+        except KeyboardInterrupt:  # a second Ctrl-C while still starting
+            return 0
+
+
+def _run(args: list[str] | None, stop: StopSignals) -> int:
+    """Start the node and spin it until ``stop`` is requested; the exit status.
+
+    The signal handlers are ours (``StopSignals``), not rclpy's: the context stays valid
+    until the executor has let go of the node, so nothing is torn down under it.
+    """
     try:
-        init = rclpy.init(args=args)
+        init = rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     except _rclpy.UnknownROSArgsError as exc:  # a typo'd --params-file
         return _refuse(f"unknown ROS arguments {exc} (see ros2 run --help; the params file "
                        f"option is --params-file)")
     except _rclpy.RCLError as exc:
         return _refuse(exc)
-    try:
-        with init:
-            try:
-                node = ThinkingNode()
-            except (ValueError, BundleError, ParameterException, OSError,
-                    NameValidationException, _rclpy.RCLError) as exc:
-                if not rclpy.ok():
-                    # Ctrl-C or SIGTERM while a publisher was being created: rclpy shut
-                    # the context down under it ("context is invalid"), a requested stop
-                    return 0
-                return _refuse(exc)
-            except Exception:
-                # Ctrl-C or SIGTERM while still starting: the signal can land inside an
-                # import (onnxruntime re-raises it as ImportError), and rclpy has already
-                # shut the context down. That is a requested stop, not a crash.
-                if not rclpy.ok():
-                    return 0
+    with init:
+        try:
+            node = ThinkingNode()
+        except (ValueError, BundleError, ParameterException, OSError,
+                NameValidationException, _rclpy.RCLError) as exc:
+            if stop.requested or not rclpy.ok():
+                return 0  # a stop requested while starting: not a refusal
+            return _refuse(exc)
+        except Exception:
+            # A stop requested while still starting: a second signal can land inside an
+            # import (onnxruntime re-raises it as ImportError). That is a requested stop,
+            # not a crash.
+            if stop.requested or not rclpy.ok():
+                return 0
+            raise
+        executor = None
+        try:
+            if stop.requested or not rclpy.ok():  # stopped while starting; finally cleans up
+                return 0
+            executor, kind = make_executor(node.config.executor)
+            node.drain_queued = kind != "events"  # see ThinkingNode._on_samples
+            node.get_logger().info(f"executor: {kind}")
+            executor.add_node(node)
+            spin(executor, kind, node.context, on_error=node.callback_failed, stop=stop)
+        except (_rclpy.RCLError, RuntimeError, ExternalShutdownException):
+            # The context shut down by someone else than our signal handlers (an embedding
+            # process calling rclpy.shutdown): building the next wait set (RCLError) or the
+            # executor's guard condition (RuntimeError "Context must be initialized") then
+            # fails instead of raising ExternalShutdownException. A stop, not a crash.
+            if rclpy.ok():
                 raise
-            executor = None
-            try:
-                if not rclpy.ok():  # stopped right after "ready"; finally cleans up
-                    return 0
-                executor, kind = make_executor(node.config.executor)
-                node.drain_queued = kind != "events"  # see ThinkingNode._on_samples
-                node.get_logger().info(f"executor: {kind}")
-                executor.add_node(node)
-                spin(executor, kind, node.context, on_error=node.callback_failed)
-            except (_rclpy.RCLError, RuntimeError):
-                # SIGINT/SIGTERM shut the context down between two waits (or right after
-                # "ready", before the executor took the node): building the next wait set
-                # (RCLError) or the executor's guard condition (RuntimeError "Context must
-                # be initialized") then fails instead of raising ExternalShutdownException.
-                # A requested stop, not a crash.
-                if rclpy.ok():
-                    raise
-            finally:
-                if executor is not None:
-                    executor.remove_node(node)
-                    _shut(executor)
-                node.destroy_node()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
+        finally:
+            if executor is not None:
+                executor.remove_node(node)
+                _shut(executor)
+            node.destroy_node()
     return 0
 
 
 def _shut(executor) -> None:
-    """Shut the executor down before Python drops it.
+    """Shut the executor down (the context still valid) before Python drops it.
 
-    Left to the interpreter's exit, the C++ events executor was destroyed with callbacks
-    still queued (a SIGINT right after "ready") and aborted the process: "Destroying
-    callback manager with callbacks remaining", exit -6 instead of 0 (one clean-clone run
-    in about a hundred).
+    This is where the C++ events executor lets go of the node's callbacks; one still
+    registered when it is destroyed aborts the process.
     """
     try:
         executor.shutdown()
