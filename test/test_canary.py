@@ -22,12 +22,10 @@ from thinkmem_ros.consolidator import service as service_module
 from thinkmem_ros.consolidator.canary import (
     REPUBLISHED_FROM,
     ROLLED_BACK_FROM,
-    CanaryConfig,
     CanaryController,
-    CanarySelector,
     evaluate,
-    robot_score,
 )
+from thinkmem_ros.consolidator.canary_selection import CanaryConfig, CanarySelector, robot_score
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
 from thinkmem_ros.consolidator.retrain import RetrainConfig
@@ -426,7 +424,7 @@ def test_publishing_to_too_few_robots_to_decide_is_said(tmp_path, source_bundle,
 
 
 def test_a_restarted_controller_resumes_the_undecided_canary(tmp_path, source_bundle):
-    from thinkmem_ros.consolidator.canary import STATE_FILE
+    from thinkmem_ros.consolidator.canary_selection import STATE_FILE
     from thinkmem_ros.consolidator.store import ExperienceStore
     from thinkmem_ros.link.experience import encode_experience
 
