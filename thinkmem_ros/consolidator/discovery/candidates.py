@@ -140,10 +140,14 @@ def _presence_pairs(ctx: _Episodes) -> tuple[np.ndarray, ...]:
     """Per episode, every pair of the distinct codes it holds, as presence-row indices.
 
     Returns (episode of each presence row, its code, first row, second row, each row's
-    episode end); rows of one episode are consecutive and ordered by code.
+    episode end); rows of one episode are consecutive and ordered by code. Only codes
+    patterns may be built from take part (``EventLog.eligible``).
     """
     v = ctx.v
     ep, code = ctx.pres_key // v, ctx.pres_key % v
+    if ctx.log.eligible is not None:
+        keep = ctx.log.eligible[code]
+        ep, code = ep[keep], code[keep]
     starts = np.searchsorted(ep, np.arange(ctx.n_ep + 1))
     ends = starts[1:][ep] if ep.size else np.zeros(0, np.int64)
     g, off = _expand(np.maximum(ends - np.arange(ep.size) - 1, 0))

@@ -84,6 +84,11 @@ class _Episodes:
             right = np.bincount(self.pi[sel], minlength=n).astype(np.float64)
             self.t2[:, s] = np.bincount(ep, weights=left, minlength=self.n_ep)
             self.t3[:, s] = np.bincount(ep, weights=left * right, minlength=self.n_ep)
+        # counted over every slot above (the null); candidates only from eligible codes
+        eligible = log.eligible
+        if eligible is not None:
+            keep = eligible[log.code[self.pi]] & eligible[log.code[self.pj]]
+            self.pi, self.pj, self.pgap = self.pi[keep], self.pj[keep], self.pgap[keep]
 
     def _index_codes(self) -> None:
         """Which codes each episode holds and where each code sits (what the checks read)."""

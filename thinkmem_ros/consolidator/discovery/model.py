@@ -91,6 +91,9 @@ class EventLog:
     # (E,) int64 independent source of each episode (the robot), or None where unknown:
     # a pattern whose support is all recent can still replicate across robots
     source: np.ndarray | None = None
+    # (V,) bool: the codes patterns may be built from, or None for every code; set once on
+    # the whole log (``fleet_vocabulary``) and carried by its parts
+    eligible: np.ndarray | None = None
 
     @property
     def n_codes(self) -> int:
@@ -130,14 +133,16 @@ class EventLog:
     def with_codes(self, code: np.ndarray) -> EventLog:
         """The same slots (episodes, times) holding other codes."""
         return EventLog(self.episode, self.time, np.asarray(code, dtype=np.int64),
-                        self.partition, self.episode_ids, self.codes, self.source)
+                        self.partition, self.episode_ids, self.codes, self.source,
+                        self.eligible)
 
     def slice(self, first: int, last: int) -> EventLog:
         """Episodes ``first`` .. ``last - 1`` (renumbered from 0): a view, no copy of events."""
         lo, hi = np.searchsorted(self.episode, [first, last])
         return EventLog(self.episode[lo:hi] - first, self.time[lo:hi], self.code[lo:hi],
                         self.partition[first:last], self.episode_ids[first:last], self.codes,
-                        None if self.source is None else self.source[first:last])
+                        None if self.source is None else self.source[first:last],
+                        self.eligible)
 
     def select(self, rows: np.ndarray) -> EventLog:
         """Only the episodes whose row index is in ``rows`` (renumbered, order kept)."""
@@ -147,7 +152,7 @@ class EventLog:
         remap[rows] = np.arange(len(rows))
         return EventLog(remap[self.episode[keep]], self.time[keep], self.code[keep],
                         self.partition[rows], self.episode_ids[rows], self.codes,
-                        None if self.source is None else self.source[rows])
+                        None if self.source is None else self.source[rows], self.eligible)
 
 
 @dataclass(frozen=True)
