@@ -111,7 +111,7 @@ from thinkmem_ros.consolidator.discovery.model import (
 from thinkmem_ros.consolidator.discovery.redundancy import _fold, _self_sufficient
 from thinkmem_ros.consolidator.discovery.scan import _parts, _scan_parts, _scan_whole
 from thinkmem_ros.consolidator.discovery.tails import pb_tail, poisson_tail_bound
-from thinkmem_ros.consolidator.discovery.vocabulary import fleet_vocabulary
+from thinkmem_ros.consolidator.discovery.vocabulary import fleet_log
 from thinkmem_ros.consolidator.engine import EmbeddedEngine
 
 __all__ = ["DiscoveryConfig", "DiscoveryResult", "EventLog", "Relation", "discover",
@@ -129,7 +129,7 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     """
     del rng
     start = _time.perf_counter()
-    log = replace(log, eligible=fleet_vocabulary(log, cfg))
+    log, excluded = fleet_log(log, cfg)
     parts = _parts(log, cfg.part_events)
     if len(parts) < 2:
         ctx, candidates, by_length = _scan_whole(log, cfg, parts)
@@ -145,8 +145,7 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     # family-wide tests, the per-pattern checks, the redundancy step
     step_s = {"scan": _time.perf_counter() - start, "checks": 0.0, "redundancy": 0.0}
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
-                   "codes_too_few_robots": 0 if log.eligible is None
-                   else int(log.n_codes - log.eligible.sum()),
+                   "codes_too_few_robots": excluded,
                    "parts": len(parts), "pass_s": dict(ctx.pass_s),
                    "family_budget": dict(ctx.family), "step_s": step_s}
     if progress is not None:
