@@ -371,3 +371,64 @@ def test_two_stores_with_one_stem_never_share_a_lake(tmp_path):
         second.close()
     with pytest.raises(StoreError, match="belongs to another store"):
         ExperienceStore(tmp_path / "c.sqlite")
+
+
+
+def _two_files(path, episode="e1"):
+    """A store with two lake files of two rows each (ids 1-2, 3-4) and a tail row (5)."""
+    store = ExperienceStore(path, flush_rows=0)
+    store.insert_many([exp(1, episode=episode), exp(2, episode=episode)])
+    store.flush()
+    store.insert_many([exp(3, episode="e2"), exp(4, episode="e2")])
+    store.flush()
+    store.insert_many([exp(5, episode="e2")])
+    files = sorted(store.lake_dir.rglob("*.parquet"), key=lambda p: int(p.name.split("-")[1]))
+    return store, files
+
+
+def test_a_lake_file_swapped_for_another_of_its_parts_is_left_out_and_named(tmp_path, caplog):
+    """A valid Parquet file under a listed name used to be read as listed: the copy's rows
+    came back twice. Its footer contradicts the manifest (ids), so it is left out, named,
+    and nothing is deleted."""
+    store, (first, second) = _two_files(tmp_path / "x.db")
+    with store:
+        assert [e.seq for e in store.iter_all()] == [1, 2, 3, 4, 5]  # a verdict to forget
+        second.write_bytes(first.read_bytes())  # same rows count, the other part's ids
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert [e.seq for e in store.iter_all()] == [1, 2, 5]
+            assert [e.seq for _, e in store.iter_experiences()] == [1, 2, 5]
+            assert [i.count for i in store.episodes()] == [2, 1]
+        assert "do not hold what the manifest lists" in caplog.text
+        assert second.name in caplog.text and "ids 1..2" in caplog.text
+        assert store.count() == 5 and first.exists() and second.exists()  # nothing deleted
+
+
+def test_a_part_file_of_another_lake_is_left_out_and_named(tmp_path, caplog):
+    """Another store's part file with the same rows count, ids and robot (another lake of
+    the same schema) was read as this store's rows; the owner id in its footer tells."""
+    ours, (mine, _) = _two_files(tmp_path / "ours.db")
+    theirs, (foreign, _) = _two_files(tmp_path / "theirs.db", episode="theirs")
+    theirs.close()
+    with ours:
+        mine.write_bytes(foreign.read_bytes())  # ids 1-2 of robot r1, but not this store's
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert [(e.episode_id, e.seq) for e in ours.iter_all()] == [
+                ("e2", 3), ("e2", 4), ("e2", 5)]
+        assert mine.name in caplog.text and "written by store" in caplog.text
+        assert ours.count() == 5 and mine.exists()
+
+
+def test_lake_files_written_before_footer_owners_are_still_read(tmp_path, caplog):
+    """A lake flushed before the owner id went into footers: its files agree with the
+    manifest on rows, ids and robot, so they are read as before, without a warning."""
+    import pyarrow.parquet as pq
+
+    store, files = _two_files(tmp_path / "x.db")
+    with store:
+        for f in files:  # as an older flush wrote them: no key-value metadata of ours
+            table = pq.read_table(f).replace_schema_metadata(None)
+            pq.write_table(table, f, compression="zstd")
+            assert b"thinkmem.store" not in (pq.read_metadata(f).metadata or {})
+        with caplog.at_level("WARNING", logger="thinkmem_ros.consolidator.store"):
+            assert [e.seq for e in store.iter_all()] == [1, 2, 3, 4, 5]
+        assert "left out" not in caplog.text

@@ -5,6 +5,9 @@ receives experiences names one function. Run a bare receiver (what the transport
 and the kill tests start as a separate process)::
 
     python -m thinkmem_ros.consolidator.ingest serve --db PATH --bind ENDPOINT
+
+A store file found damaged while a batch is written stops the receiver (``StopOnDamage``);
+the process that owns it exits non-zero with one line naming the file.
 """
 
 from __future__ import annotations
@@ -14,12 +17,16 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
+from thinkmem_ros.consolidator.store import (
+    DEFAULT_FLUSH_ROWS,
+    ExperienceStore,
+    StoreDamaged,
+)
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.experience import Experience
-from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
+from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig, SinkError
 from thinkmem_ros.policy.bundle import Bundle, signal_set_fingerprint
 
 log = logging.getLogger(__name__)
@@ -98,19 +105,65 @@ class SignalSetFilter:
                 f"signals); run a consolidator for that line")
 
 
+class StopOnDamage:
+    """The store as a receiver's sink, which stops the receiver once its file is damaged.
+
+    Why stop rather than serve on: once SQLite calls the file malformed, every later batch
+    fails the same way, so serving on means robots re-sending forever to a process that
+    looks alive, and writing on into a damaged b-tree can spread the damage to pages that
+    hold acknowledged rows. Stopping loses nothing: a batch is acknowledged only after its
+    commit, the one that met the damage is not (``StoreDamaged`` is a ``SinkError``), so
+    the robots keep every unacknowledged batch in their spools and re-send it to the
+    restored store, where duplicates die at insert. The receiver logs that batch's one
+    ERROR (the store's message names the file); ``on_damaged`` tells the owning process,
+    which exits non-zero so its supervisor and operator see it, and a restart is refused
+    at open (``quick_check``) with one line until the file is restored.
+    """
+
+    def __init__(self, store: ExperienceStore, stop: Callable[[], None],
+                 on_damaged: Callable[[StoreDamaged], None] | None = None) -> None:
+        self._store = store
+        self._stop = stop
+        self._on_damaged = on_damaged
+        self.damaged: StoreDamaged | None = None
+
+    def insert_many(self, rows):
+        """Store a batch; refuse it (no ACK) without a write once the file is damaged."""
+        if self.damaged is not None:  # batches already read before the receiver stops
+            raise SinkError(f"{self._store.path}: not written, the store file was found "
+                            f"damaged; the receiver is stopping")
+        try:
+            return self._store.insert_many(rows)
+        except StoreDamaged as exc:
+            self.damaged = exc
+            self._stop()
+            if self._on_damaged is not None:
+                self._on_damaged(exc)
+            raise
+
+    def close(self) -> None:
+        """Close the store (the receiver calls it when it stops)."""
+        self._store.close()
+
+
 def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
-                  flush_rows: int = DEFAULT_FLUSH_ROWS) -> ExperienceReceiver:
+                  flush_rows: int = DEFAULT_FLUSH_ROWS,
+                  on_damaged: Callable[[StoreDamaged], None] | None = None
+                  ) -> ExperienceReceiver:
     """Bind a receiver whose batches go into the experience store at ``config.db_path``.
 
     With ``accept`` only experiences of the served signal set are stored (see
     ``SignalSetFilter``); without it every valid experience is. ``flush_rows``: tail rows
-    that move the tail into the store's lake (0 = never).
+    that move the tail into the store's lake (0 = never). A store found damaged stops
+    the receiver and is reported to ``on_damaged`` (``StopOnDamage``).
     """
-    def store() -> ExperienceStore:
-        return ExperienceStore(config.db_path, flush_rows=flush_rows)
+    def store() -> StopOnDamage:
+        return StopOnDamage(ExperienceStore(config.db_path, flush_rows=flush_rows),
+                            receiver._stop.set, on_damaged)
 
-    return ExperienceReceiver(config, open_store=store,
-                              screen=accept.refusal if accept is not None else None)
+    receiver = ExperienceReceiver(config, open_store=store,
+                                  screen=accept.refusal if accept is not None else None)
+    return receiver
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -130,13 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     """``serve``: bind, print ``READY <endpoint>`` on stdout, serve until SIGTERM."""
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    damaged: list[StoreDamaged] = []
     receiver = open_receiver(ReceiverConfig(
         bind=args.bind, db_path=args.db, curve=args.curve, server_secret_file=args.server_key,
-        allowed_clients=args.allow))
+        allowed_clients=args.allow), on_damaged=damaged.append)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: receiver._stop.set())
     print(f"READY {receiver.endpoint}", flush=True)
     receiver.serve_forever()
+    if damaged:
+        print(f"ingest: {damaged[0]}".splitlines()[0], file=sys.stderr)
+        return 2
     log.info("receiver stopped cleanly: %s", receiver.stats)
     return 0
 

@@ -18,6 +18,12 @@ it may be the only copy of those experiences. The folder holds a marker with the
 store that owns it (``OWNER_FILE``), so a second store with the same stem, or a store file
 replaced by an empty one, is refused instead of sweeping another store's files.
 
+Every read checks each listed file's Parquet footer against its manifest row (rows, id
+range, robot, and the owner id a flush writes into the footer, ``OWNER_KEY``) before the
+query runs (``ParquetLake.mismatched``): a file swapped for another valid Parquet file of
+the same columns (a copy of another part, another lake's part) reads without an error, so
+only this check keeps its rows from being read twice or read as this store's.
+
 Layout (Hive style, so DuckDB, pyarrow or Spark can read the folder directly)::
 
     <store>.lake/robot=<robot id, %-quoted>/day=<YYYY-MM-DD, UTC of arrival>/
@@ -26,11 +32,12 @@ Layout (Hive style, so DuckDB, pyarrow or Spark can read the folder directly)::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +51,11 @@ COLUMNS = ("id", "robot_id", "seq", "episode_id", "stamp", "bundle_version", "pa
 
 
 OWNER_FILE = ".thinkmem-store"
+# Footer key-value metadata of a part file: the id of the store whose flush wrote it.
+OWNER_KEY = b"thinkmem.store"
+# Footer verdicts remembered per process (a fleet flushes ~50,000 files a day; ~15 MB at
+# most): a listed file is re-checked only when its inode, size or times change.
+VERDICTS = 100_000
 # What a flush writes: part files, and their temporary names before the rename.
 _PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
 _TEMPORARY = re.compile(r"\.part-\d+-\d+\.parquet\.[0-9a-f]+\.tmp")
@@ -85,19 +97,44 @@ def _day(received_at: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(received_at))
 
 
+def _column_range(meta, name: str) -> tuple | None:
+    """(min, max) of a column from the footer's row-group statistics; None if any lacks them."""
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    if name not in names or meta.num_row_groups == 0:
+        return None
+    index = names.index(name)
+    stats = [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
+    if any(s is None or not s.has_min_max for s in stats):
+        return None
+    return min(s.min for s in stats), max(s.max for s in stats)
+
+
+def _read_range(path: Path, name: str) -> tuple:
+    """(min, max) of a column read from the file: a writer that kept no statistics."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    values = pq.read_table(path, columns=[name]).column(name)
+    bounds = pc.min_max(values)
+    return bounds["min"].as_py(), bounds["max"].as_py()
+
+
 class ParquetLake:
     """Writes tail rows as Parquet partitions and answers SQL over listed files with DuckDB."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self._db = None
+        self._verdicts: OrderedDict[bytes, str | None] = OrderedDict()
 
-    def write(self, rows: Sequence[tuple], written: list[LakeFile]) -> None:
+    def write(self, rows: Sequence[tuple], written: list[LakeFile],
+              owner: str | None = None) -> None:
         """Write rows (``COLUMNS`` order, ascending id) as one file per robot and day.
 
         Each file is complete before it gets its final name (write, fsync, rename), so a
         listed file is never partial. Files are appended to ``written`` as they land, so a
-        caller whose transaction fails can remove exactly those.
+        caller whose transaction fails can remove exactly those. ``owner`` (the store's id)
+        goes into each footer, so a part file copied in from another lake is told apart.
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -114,6 +151,8 @@ class ParquetLake:
             table = pa.Table.from_arrays(
                 [pa.array([r[i] for r in part], type=schema.field(i).type)
                  for i in range(len(COLUMNS))], schema=schema)
+            if owner is not None:
+                table = table.replace_schema_metadata({OWNER_KEY: owner.encode()})
             tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
             try:
                 pq.write_table(table, tmp, compression="zstd")
@@ -228,6 +267,65 @@ class ParquetLake:
             except Exception as exc:  # noqa: BLE001 - any reason makes the file unreadable
                 bad[f] = " ".join(str(exc).split())[:160] or type(exc).__name__
         return bad
+
+    def mismatched(self, listed: Sequence[LakeFile], owner: str | None) -> dict[str, str]:
+        """The listed files whose footer contradicts their manifest row, with what differs.
+
+        Only footers are read (about 0.1 ms a file, remembered until the file's inode, size
+        or times change, so a swap is always seen): a content hash would read every byte
+        of every file a query names, payloads included, where the query reads a few
+        columns. A file whose footer cannot be read is not judged here: the query fails
+        on it and ``damaged`` names it.
+        """
+        bad: dict[str, str] = {}
+        for f in listed:
+            try:
+                st = os.stat(self.root / f.path)
+            except OSError:
+                continue  # missing: ``damaged`` names it
+            key = hashlib.blake2b(repr((f, owner, st.st_ino, st.st_size, st.st_mtime_ns,
+                                        st.st_ctime_ns)).encode(), digest_size=16).digest()
+            if key in self._verdicts:
+                self._verdicts.move_to_end(key)
+                why = self._verdicts[key]
+            else:
+                try:
+                    why = self._footer_problem(f, owner)
+                except Exception:  # noqa: BLE001 - unreadable: left to the query, not kept
+                    continue
+                self._verdicts[key] = why
+                while len(self._verdicts) > VERDICTS:
+                    self._verdicts.popitem(last=False)
+            if why is not None:
+                bad[f.path] = why
+        return bad
+
+    def _footer_problem(self, f: LakeFile, owner: str | None) -> str | None:
+        """What the footer of ``f`` says against its manifest row (None: they agree).
+
+        Checks what a flush wrote and the manifest recorded: row count, id range, robot,
+        and the owning store where the footer names one (files from before ``OWNER_KEY``
+        do not, and are judged on the rest, so an existing lake is never refused).
+        """
+        import pyarrow.parquet as pq
+
+        meta = pq.read_metadata(self.root / f.path)
+        if meta.num_rows != f.rows:
+            return f"{meta.num_rows} rows, the manifest lists {f.rows}"
+        ids = _column_range(meta, "id") or _read_range(self.root / f.path, "id")
+        if ids != (f.min_id, f.max_id):
+            return f"ids {ids[0]}..{ids[1]}, the manifest lists {f.min_id}..{f.max_id}"
+        robots = _column_range(meta, "robot_id")
+        if robots is not None:
+            robots = tuple(r.decode("utf-8", "replace") if isinstance(r, bytes) else r
+                           for r in robots)
+        if robots is not None and robots != (f.robot_id, f.robot_id):
+            return f"robot {robots[0][:64]!r}, the manifest lists {f.robot_id[:64]!r}"
+        writer = (meta.metadata or {}).get(OWNER_KEY)
+        if owner is not None and writer is not None and writer != owner.encode():
+            return (f"written by store {writer[:40].decode('utf-8', 'replace')!r}, "
+                    f"not by this one ({owner})")
+        return None
 
     @property
     def db(self):

@@ -30,7 +30,8 @@ need the store on theirs: this scales connections, CURVE and decoding, not disk 
 Run: ``thinkmem consolidator receive --bind tcp://0.0.0.0:5756 --db cons.db`` (plus
 ``--server-key``/``--allow`` and the consolidator's ``--initial-bundle``/
 ``--publish-dir``). It prints ``READY <endpoint>`` once bound, serves until
-SIGTERM/SIGINT and exits 0 after closing the store; bad options exit 2 with one line.
+SIGTERM/SIGINT and exits 0 after closing the store; bad options exit 2 with one line, and
+so does a store file found damaged, at open or by a write (``ingest.StopOnDamage``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pathlib import Path
 from thinkmem_ros.consolidator.canary import CanaryStateError, read_state
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
-from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS
+from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, StoreDamaged
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.link.receiver import (
@@ -98,11 +99,13 @@ class ReceiveProcess:
         self.accept = SignalSetFilter(self._line_bundles())
         self._current = self._current_target()  # published before we started: not pushed
         self._canary: int | None = None  # the canary version pushed from here, if any
+        self.failure: StoreDamaged | None = None  # why it stopped itself, if it did
         self.receiver: ExperienceReceiver = open_receiver(ReceiverConfig(
             bind=config.bind, db_path=config.db_path, curve=config.curve,
             server_secret_file=config.server_secret_file,
             allowed_clients=config.allowed_clients, max_frame_bytes=config.max_frame_bytes,
-            name=config.name), accept=self.accept, flush_rows=config.flush_rows)
+            name=config.name), accept=self.accept, flush_rows=config.flush_rows,
+            on_damaged=self._store_damaged)
 
     @property
     def endpoint(self) -> str:
@@ -193,6 +196,11 @@ class ReceiveProcess:
         """Ask ``serve`` to return: the receiver finishes its batch and closes the store."""
         self.stop_event.set()
 
+    def _store_damaged(self, exc: StoreDamaged) -> None:
+        """Stop with the damage kept for ``run``'s exit line (why: ``StopOnDamage``)."""
+        self.failure = self.failure or exc
+        self.stop()
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of a bare ``python -m thinkmem_ros.consolidator.receive``."""
@@ -227,6 +235,9 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
         return 2
     print(f"READY {process.endpoint}", flush=True)
     process.serve()
+    if process.failure is not None:
+        print(f"{prog}: stopped: {process.failure}".splitlines()[0], file=sys.stderr)
+        return 2
     log.info("receiver stopped cleanly: %s", process.receiver.stats)
     return 0
 

@@ -43,6 +43,8 @@ Shutdown: SIGTERM/SIGINT set a stop flag; a round in progress stops at its next 
 boundary (never between writing and linking a bundle: publication is atomic), the
 receiver finishes its batch and closes the store; exit status 0. Store commits are
 transactions and bundles are renamed into place, so even SIGKILL leaves nothing half-written.
+A store file found damaged (at start, by a write or by a round) stops the service with one
+line naming it and exit status 2 (``ConsolidatorService.store_damaged``).
 """
 
 from __future__ import annotations
@@ -83,7 +85,12 @@ from thinkmem_ros.consolidator.round_read import (
     Reservoir,
     read_round,
 )
-from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, ExperienceStore
+from thinkmem_ros.consolidator.store import (
+    DEFAULT_FLUSH_ROWS,
+    ExperienceStore,
+    StoreDamaged,
+    is_damage,
+)
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
@@ -253,6 +260,7 @@ class ConsolidatorService:
         self.canary = CanaryController(config.canary, self.publisher)
         self.recall: RecallServer | None = None
         self._recall_version = -1
+        self.failure: str | None = None  # why the service stopped itself (a damaged store)
         self.canary.resume(self._stored_after)
 
     # ---- lifecycle
@@ -263,7 +271,8 @@ class ConsolidatorService:
             bind=cfg.bind, db_path=cfg.db_path, curve=cfg.curve,
             server_secret_file=cfg.server_secret_file, allowed_clients=cfg.allowed_clients,
             max_frame_bytes=cfg.max_frame_bytes, on_stored=self._on_stored),
-            accept=self.accept, flush_rows=cfg.flush_rows).start()
+            accept=self.accept, flush_rows=cfg.flush_rows,
+            on_damaged=self.store_damaged).start()
         if cfg.recall_bind is not None:
             current = self.publisher.current()
             self.recall = RecallServer(index_store(cfg.db_path, current,
@@ -313,6 +322,20 @@ class ConsolidatorService:
         """Ask the loop and any running round to stop; the receiver closes its store."""
         self.stop_event.set()
 
+    def store_damaged(self, exc: BaseException) -> None:
+        """Stop the service: SQLite found the store file damaged (a write or a round).
+
+        Serving on would refuse every batch and fail every round on the same file while
+        looking healthy, and could spread the damage with more writes. Stopping loses
+        nothing (robots keep what was not acknowledged) and the non-zero exit makes the
+        supervisor and the operator see it; ``failure`` is the one line the exit prints.
+        """
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if self.failure is None:
+            self.failure = text if isinstance(exc, StoreDamaged) else (
+                f"{self.config.db_path}: the store file is damaged (SQLite: {text})")
+        self.stop()
+
     def _discovery_engine(self):
         """The engine discovery's passes run on, started on first use (Ray takes seconds)."""
         if self._engine is None:
@@ -353,7 +376,10 @@ class ConsolidatorService:
                 self.run_round(reason)
             except RoundAborted:
                 log.info("round aborted: stopping")
-            except Exception:  # keep serving; the next trigger retries
+            except Exception as exc:  # keep serving; the next trigger retries
+                if is_damage(exc):  # no retry mends it: stop (``store_damaged``)
+                    self.store_damaged(exc)
+                    return
                 log.exception("consolidation round failed")
 
     # ---- ingestion hook (receiver thread)
@@ -823,11 +849,11 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
 
     if config.rehearsal.npz is not None:
         load_npz(config.rehearsal.npz)
-    if once:  # serving opens it in the receiver, before READY (and may create it)
-        if not Path(config.db_path).exists():  # a typo made an empty store and exit 0
-            raise ValueError(f"--db {config.db_path}: no such store (a round reads a store "
-                             f"the serving consolidator filled)")
-        ExperienceStore(config.db_path).close()
+    if once and not Path(config.db_path).exists():  # a typo made an empty store and exit 0
+        raise ValueError(f"--db {config.db_path}: no such store (a round reads a store "
+                         f"the serving consolidator filled)")
+    if once or Path(config.db_path).exists():  # a damaged one is refused here, in one line
+        ExperienceStore(config.db_path).close()  # (serving creates a new one in the receiver)
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
     if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
@@ -880,7 +906,14 @@ def run(args: argparse.Namespace) -> int:
 def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
     """One round (``--once``) or serve until stopped, holding the round lock."""
     if args.once:
-        service.run_round("once")
+        try:
+            service.run_round("once")
+        except Exception as exc:
+            if not is_damage(exc):
+                raise
+            service.store_damaged(exc)
+            print(f"thinkmem consolidator: {service.failure}", file=sys.stderr)
+            return 2
         return 0
     try:
         service.start()
@@ -895,6 +928,9 @@ def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
         service.serve()
     finally:
         service.close()
+    if service.failure is not None:
+        print(f"thinkmem consolidator: stopped: {service.failure}", file=sys.stderr)
+        return 2
     log.info("consolidator stopped cleanly after %d rounds", len(service.rounds))
     return 0
 

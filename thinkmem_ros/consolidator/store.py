@@ -13,6 +13,10 @@ the consolidator, ``consolidator.receive``): writers wait for each other through
 busy timeout, and a migration runs under the write lock, so two processes opening a new
 file at once apply it once. Each row keeps the validated wire payload (so every field can be
 decoded again) next to indexed columns for the queries discovery and retraining run.
+
+A damaged file (SQLite: "database disk image is malformed") is refused at open (``PRAGMA
+quick_check``) and raises ``StoreDamaged`` wherever SQLite meets the damage later, so the
+processes that write into it stop instead of failing batch after batch (``ingest``).
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+# A manifest row as ``LakeFile`` takes it.
+_LISTED = "path, robot_id, day, rows, min_id, max_id"
 PAGE_SIZE = 16384
 log = logging.getLogger(__name__)
 # Tail rows that trigger a move into the lake: ~28 MB of payloads, a few files per robot
@@ -95,6 +101,41 @@ DEFAULT_FLUSH_ROWS = 20_000
 
 class StoreError(SinkError):
     """The store file cannot be opened, is from a newer schema, or a write failed."""
+
+
+class StoreDamaged(StoreError):
+    """SQLite reports the store file damaged: nothing more may be written to or read from it.
+
+    Its own class because the answer differs from a failed write: a full disk or a lock
+    clears by itself, a damaged file only by an operator restoring it.
+    """
+
+
+# SQLite's primary result codes for a damaged file (an extended code keeps them in its
+# low byte): SQLITE_CORRUPT, and SQLITE_NOTADB for a file whose header was overwritten
+_DAMAGE_CODES = (11, 26)
+
+
+def is_damage(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, says a store file is damaged.
+
+    Callers above the store (a round, a receiver) see SQLite's error wrapped, or raised
+    by another module's connection to the same file; the chain tells them either way.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StoreDamaged):
+            return True
+        if isinstance(exc, sqlite3.DatabaseError) and _primary_code(exc) in _DAMAGE_CODES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _primary_code(exc: BaseException) -> int:
+    """SQLite's primary result code of ``exc`` (0 when it carries none)."""
+    return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
 
 
 @dataclass(frozen=True)
@@ -132,6 +173,7 @@ class ExperienceStore:
             # of the 4 KiB default (measured ~15 -> ~10 us per insert); only a new, empty
             # file takes it, older stores keep their page size and still work.
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            self._quick_check()  # before anything is written into the file
             _set_wal(self._conn, 10.0)
             # In WAL mode NORMAL syncs at checkpoints, not at every commit: a committed
             # batch survives a crash of this process (kill -9) but a power cut may lose
@@ -143,7 +185,54 @@ class ExperienceStore:
             self._identity = self._read_identity()
             self._check_lake()
         except sqlite3.Error as exc:
+            self._conn_close_quietly()
+            # SQLITE_NOTADB at open is a file that is no store (a text file, a typo), not damage
+            if is_damage(exc) and _primary_code(exc) != _DAMAGE_CODES[1]:
+                raise self._failure("cannot open store", exc) from exc
             raise StoreError(f"{self.path}: cannot open store: {exc}") from exc
+
+    def _quick_check(self) -> None:
+        """Refuse a damaged file at open with one line: the file and what SQLite said.
+
+        Without it a damaged store opened without complaint; then every insert touching a
+        damaged page failed (each robot re-sending forever to a process that looked
+        healthy), a round failed on a traceback or read around the damage. ``quick_check``
+        reads every page once without cross-checking indexes against their tables
+        (measured: 0.07 s warm, 0.8 s cold for 100,000 rows of 1.4 KB, 159 MB; 0.5 s warm
+        with 5 million flushed keys besides), and the tail rarely holds more than
+        ``DEFAULT_FLUSH_ROWS`` rows, so every open pays it.
+        """
+        try:
+            rows = self._conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc):
+                raise
+            problems = [str(exc)]
+        else:
+            problems = [line for (text,) in rows for line in str(text).splitlines()
+                        if line.strip() and not line.startswith("*** in database")]
+        if problems == ["ok"]:
+            return
+        self._conn_close_quietly()
+        more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise StoreDamaged(
+            f"{self.path}: the store file is damaged, not opened (SQLite quick_check: "
+            f"{problems[0][:200]}{more}); restore it from a backup (robots keep every batch "
+            f"not acknowledged)")
+
+    def _failure(self, what: str, exc: sqlite3.Error) -> StoreError:
+        """The error to raise for SQLite's ``exc``: ``StoreDamaged`` if it says so."""
+        if is_damage(exc):
+            return StoreDamaged(f"{self.path}: the store file is damaged ({what}: SQLite: "
+                                f"{exc}); nothing more is written to it until it is restored")
+        return StoreError(f"{self.path}: {what}: {exc}")
+
+    def _conn_close_quietly(self) -> None:
+        """Close the connection of a store that is not opened after all."""
+        try:
+            self._conn.close()
+        except (AttributeError, sqlite3.Error):  # never connected, or closed already
+            pass
 
     def _read_identity(self) -> str | None:
         """The store's id (None below schema 7: a store opened at an older version)."""
@@ -198,7 +287,7 @@ class ExperienceStore:
                     " flushed_keys WHERE robot_id = ? AND seq = ?)", rows)
                 stored = self._conn.total_changes - before
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: insert failed: {exc}") from exc
+            raise self._failure("insert failed", exc) from exc
         self._maybe_flush(stored)
         return stored, len(rows) - stored
 
@@ -368,14 +457,14 @@ class ExperienceStore:
         try:
             return histories.fold(self._conn, self.last_id(), self.latest_histories)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot update episode histories: {exc}") from exc
+            raise self._failure("cannot update episode histories", exc) from exc
 
     def histories(self) -> list[tuple[str, str, float, str]]:
         """(robot, episode, first stamp, history joined by newlines) as last folded."""
         try:
             return histories.carried(self._conn)
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot read episode histories: {exc}") from exc
+            raise self._failure("cannot read episode histories", exc) from exc
 
     def latest_histories(self, after_id: int = 0, through_id: int | None = None
                          ) -> list[histories.Row]:
@@ -433,13 +522,15 @@ class ExperienceStore:
             tail = self._conn.execute(sql.format(src="experiences"), params).fetchall()
         return self._lake_query(sql, files, params), tail
 
-    def _lake_query(self, sql: str, files: list[str], params: Sequence = ()) -> list[tuple]:
+    def _lake_query(self, sql: str, listed: list[LakeFile], params: Sequence = ()
+                    ) -> list[tuple]:
         """Query the listed files; a damaged one is left out of the answer with a WARNING.
 
         Raising stopped every round on that one file, for good. Its rows are not deleted
         (the manifest still lists it, so ``count`` still includes them) and every read
         names it until it is restored; a failure no single file explains still raises.
         """
+        files = [f.path for f in self._matching(listed)]
         try:
             return self._lake.query(sql, files, params)
         except LakeError as exc:
@@ -454,48 +545,86 @@ class ExperienceStore:
         except LakeError as exc:
             raise StoreError(str(exc)) from exc
 
+    def _matching(self, listed: list[LakeFile]) -> list[LakeFile]:
+        """The listed files whose footer agrees with the manifest; a WARNING names the rest.
+
+        A file swapped for another valid Parquet file (a copy of another part file, a part
+        of another lake) reads without an error: its rows would come back twice, or as
+        this store's. Left out like a damaged file, and for the same reason not deleted:
+        the manifest still counts its rows, and restoring the file brings them back.
+        """
+        bad = self._lake.mismatched(listed, self._identity)
+        if not bad:
+            return listed
+        first = next(iter(bad.items()))
+        log.warning("%s: %d listed lake file(s) do not hold what the manifest lists and are "
+                    "left out of this read (first: %s: %s)", self.lake_dir, len(bad), *first)
+        return [f for f in listed if f.path not in bad]
+
     def _lake_files(self, robot_id: str | None = None, after_id: int = 0,
-                    through_id: int | None = None) -> list[str]:
-        sql, params = "SELECT path FROM lake_files WHERE max_id > ?", [after_id]
+                    through_id: int | None = None) -> list[LakeFile]:
+        sql, params = f"SELECT {_LISTED} FROM lake_files WHERE max_id > ?", [after_id]
         if through_id is not None:
             sql += " AND min_id <= ?"
             params.append(through_id)
         if robot_id is not None:
             sql += " AND robot_id = ?"
             params.append(robot_id)
-        return [r[0] for r in self._conn.execute(sql + " ORDER BY min_id", params)]
+        return [LakeFile(*r) for r in self._conn.execute(sql + " ORDER BY min_id", params)]
 
     def _files_over(self, robot_id: str, spans: list[tuple[int, int]], through_id: int
-                    ) -> list[str]:
+                    ) -> list[LakeFile]:
         """The robot's lake files whose ids overlap any of ``spans`` (up to through_id)."""
-        found: dict[str, int] = {}
+        found: dict[str, LakeFile] = {}
         for first, last in spans:
-            for path, min_id in self._conn.execute(
-                    "SELECT path, min_id FROM lake_files WHERE robot_id = ? AND max_id >= ?"
+            for row in self._conn.execute(
+                    f"SELECT {_LISTED} FROM lake_files WHERE robot_id = ? AND max_id >= ?"
                     " AND min_id <= ?", (robot_id, first, min(last, through_id))):
-                found[path] = min_id
-        return sorted(found, key=found.__getitem__)
+                found[row[0]] = LakeFile(*row)
+        return sorted(found.values(), key=lambda f: f.min_id)
 
     @contextmanager
     def _snapshot(self) -> Iterator[None]:
-        """One read transaction: every SELECT inside sees the same committed state."""
-        self._conn.execute("BEGIN")
+        """One read transaction: every SELECT inside sees the same committed state.
+
+        A read that meets a damaged page raises ``StoreDamaged`` (it used to escape as a
+        bare ``sqlite3.DatabaseError``), so a round says which file and why.
+        """
         try:
-            yield
-        finally:
+            self._conn.execute("BEGIN")
+            try:
+                yield
+            except BaseException:
+                self._rollback_quietly()  # a read transaction: nothing to keep
+                raise
             self._conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if is_damage(exc):
+                raise self._failure("read failed", exc) from exc
+            raise
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:  # SQLite ended the transaction itself (on an error)
+            pass
 
     def _maybe_flush(self, stored: int) -> None:
         if self.flush_rows <= 0 or stored == 0:
             return
         if self._tail_rows is None:  # first insert: learn what the tail holds already
-            self._tail_rows = int(self._conn.execute(
-                "SELECT COUNT(*) FROM experiences").fetchone()[0])
+            try:
+                self._tail_rows = int(self._conn.execute(
+                    "SELECT COUNT(*) FROM experiences").fetchone()[0])
+            except sqlite3.Error as exc:
+                raise self._failure("cannot count the tail", exc) from exc
         else:
             self._tail_rows += stored
         if self._tail_rows >= self.flush_rows:
             try:
                 self.flush()
+            except StoreDamaged:  # committed, but not acknowledged: the robot re-sends it
+                raise
             except StoreError as exc:  # the batch is committed: ingest goes on, tail grows
                 self._tail_rows = 0  # try again after another flush_rows rows
                 log.warning("experiences stay in the SQLite tail: %s", exc)
@@ -512,7 +641,7 @@ class ExperienceStore:
                     return 0
                 if sweep:  # leftovers of a crashed flush; once per flush, not per chunk
                     self._sweep(first_tail_id=rows[0][0])
-                self._lake.write(rows, written)
+                self._lake.write(rows, written, owner=self._identity)
                 self._conn.executemany(
                     "INSERT INTO lake_files VALUES (?, ?, ?, ?, ?, ?)",
                     [(f.path, f.robot_id, f.day, f.rows, f.min_id, f.max_id) for f in written])
@@ -522,7 +651,9 @@ class ExperienceStore:
             return len(rows)
         except BaseException as exc:
             self._lake.remove(written)  # never listed: the transaction rolled back
-            if isinstance(exc, (sqlite3.Error, OSError)):
+            if isinstance(exc, sqlite3.Error):
+                raise self._failure(f"flush to {self.lake_dir} failed", exc) from exc
+            if isinstance(exc, OSError):
                 raise StoreError(f"{self.path}: flush to {self.lake_dir} failed: {exc}") from exc
             raise
 
