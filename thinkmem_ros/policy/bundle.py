@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from thinkmem_ros.core.input_files import file_kind
+
 FORMAT_VERSION = 2
 """2 adds ``streaming``: a per-frame update with explicit state (policy/streaming_runtime)."""
 SUPPORTED_FORMATS = (1, 2)
@@ -344,7 +346,7 @@ def read_bundle_file(path: Path | str, limit: int = MAX_ARTEFACT_BYTES) -> bytes
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"not a regular file ({_file_kind(mode)}); refused",
+            raise OSError(errno.EINVAL, f"not a regular file ({file_kind(mode)}); refused",
                           str(path))
         chunks, size = [], 0
         while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
@@ -355,13 +357,6 @@ def read_bundle_file(path: Path | str, limit: int = MAX_ARTEFACT_BYTES) -> bytes
     if size > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes; refused", str(path))
     return b"".join(chunks)
-
-
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR,
-             "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK,
-             "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
 def read_hashed_artefact(folder: Path | str, meta_name: str, data_name: str, version: int,
