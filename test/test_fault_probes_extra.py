@@ -40,3 +40,11 @@ def test_a_killed_spooling_shipper_ships_exactly_once_after_restart():
     (record,) = run_probes(["link_shipper_kill9_with_spool"], quick=True)
     assert record["ok"] and not record["crashed"], record["detail"]
     assert record["lost"] == 0 and "doubled 0" in record["detail"], record["detail"]
+
+
+def test_a_damaged_store_is_refused_by_the_receiver_in_one_line():
+    from thinkmem_ros.bench.fault_probes_link import run_probes
+
+    (record,) = run_probes(["link_store_damaged_at_open"])
+    assert record["ok"] and not record["crashed"], record["detail"]
+    assert "exit 2" in record["detail"] and "damaged" in record["detail"]

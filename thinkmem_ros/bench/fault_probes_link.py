@@ -475,6 +475,38 @@ def tiny_filesystem(work: Path, size: str = "2m") -> Iterator[Path | None]:
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
+def probe_store_damaged_at_open(work: Path, quick: bool = False) -> dict:
+    """A store file with a damaged page: the receiver refuses it in one line, exit 2.
+
+    It used to open such a file, print READY and refuse every batch forever while looking
+    healthy (or die on a traceback): robots kept their spools, so nothing was lost, but
+    nothing was stored and nobody was told. The page is overwritten as a failing disk or
+    a careless copy does it (4 KiB from the start of the middle page).
+    """
+    del quick
+    import sqlite3
+
+    db = work / "store.db"
+    with ExperienceStore(db, flush_rows=0) as store:
+        store.insert_many([(e, encode_experience(e))
+                           for e in (_exp("alpha", i, f"t{i}", i) for i in range(400))])
+    with sqlite3.connect(db) as conn:
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as handle:
+        handle.seek(db.stat().st_size // page // 2 * page)
+        handle.write(b"\xa5" * 4096)
+    out = subprocess.run([sys.executable, "-m", "thinkmem_ros.consolidator.ingest", "serve",
+                          "--db", str(db), "--bind", "tcp://127.0.0.1:*", "--curve", "off"],
+                         capture_output=True, text=True, timeout=60, env=_env(), cwd=ROOT)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    crashed = out.returncode < 0 or "Traceback" in out.stderr
+    record = _result("link_store_damaged_at_open", crashed=crashed,
+                     detail=f"exit {out.returncode}; {lines[-1][:200] if lines else 'silent'}")
+    record["ok"] = (out.returncode == 2 and not out.stdout.startswith("READY")
+                    and len(lines) == 1 and "damaged" in lines[0])
+    return record
+
+
 def probe_full_disk(work: Path, quick: bool = False) -> dict:
     """A robot's spool on a 2 MiB filesystem while the consolidator is down, then back."""
     n = 8000 if quick else 30000
@@ -679,6 +711,7 @@ PROBES: dict[str, Callable[..., dict]] = {
     "link_malformed_frames": probe_malformed_frames,
     "link_huge_reply_frame": probe_huge_reply_frame,
     "link_full_disk": probe_full_disk,
+    "link_store_damaged_at_open": probe_store_damaged_at_open,
     "link_consolidator_kill9_midstream": probe_consolidator_kill9_midstream,
     "link_shipper_kill9_with_spool": probe_shipper_kill9_with_spool,
 }

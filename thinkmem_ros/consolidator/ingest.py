@@ -23,6 +23,7 @@ from thinkmem_ros.consolidator.store import (
     DEFAULT_FLUSH_ROWS,
     ExperienceStore,
     StoreDamaged,
+    StoreError,
 )
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.experience import Experience
@@ -183,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     """``serve``: bind, print ``READY <endpoint>`` on stdout, serve until SIGTERM."""
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:  # before READY: a store that cannot be opened (damaged, foreign) is one line
+        ExperienceStore(args.db, flush_rows=0).close()
+    except StoreError as exc:
+        print(f"ingest: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
     damaged: list[StoreDamaged] = []
     receiver = open_receiver(ReceiverConfig(
         bind=args.bind, db_path=args.db, curve=args.curve, server_secret_file=args.server_key,
