@@ -31,3 +31,21 @@ def check_output(path: str | Path, option: str, *, folder: bool = False) -> Path
         raise SystemExit(f"{option} {path}: cannot write in {parent} "
                          f"({exc.strerror or one_line(exc)})") from None
     return path
+
+
+def check_plot(path: str | Path, option: str) -> Path:
+    """``path`` when matplotlib can save a figure in its format and it can be written there.
+
+    The figure is saved after the run: an unknown suffix (``lat.txt``) used to be refused
+    by matplotlib only then, and the minutes of results went with it. No suffix is fine:
+    matplotlib then saves a PNG and appends ``.png``.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = check_output(path, option)
+    suffix = path.suffix.removeprefix(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise SystemExit(f"{option} {path}: cannot save a plot as {path.suffix!r}; use one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}")
+    return path

@@ -7,7 +7,7 @@ import inspect
 import json
 
 from thinkmem_ros.bench import BENCHMARKS, load
-from thinkmem_ros.commands import check_output
+from thinkmem_ros.commands import check_output, check_plot
 
 HELP = "run a benchmark and write its JSON (and PNG)"
 
@@ -36,9 +36,10 @@ def main(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 5)
     if seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {seeds}")
-    for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
-        if path:  # written after a run of minutes: refuse an unwritable one now
-            check_output(path, option)
+    if args.json_path:  # written after a run of minutes: refuse an unwritable one now
+        check_output(args.json_path, "--json")
+    if args.plot_path:  # and a format matplotlib cannot save
+        check_plot(args.plot_path, "--plot")
     module = load(args.name)
     extra = {}
     if args.bundle is not None:

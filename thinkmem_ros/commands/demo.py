@@ -15,7 +15,10 @@ HELP = ("run the main job end to end (bag -> node -> activations -> one consolid
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Demo options; defaults give the few-minute run ``make demo`` promises."""
-    parser.add_argument("--out", default="demo_output", help="output folder (default demo_output)")
+    parser.add_argument("--out", default="demo_output",
+                        help="output folder (default demo_output); its bag, bag_after, keys, "
+                        "consolidator and node_state are remade each run, and any of them the "
+                        "demo did not make (no .thinkmem-demo file in it) refuses the run")
     parser.add_argument("--scenario", default="mixed", help="world scenario (default mixed)")
     parser.add_argument("--duration", type=positive_float, default=288.0,
                         help="seconds of the (before) stream, played in real time; default 288")

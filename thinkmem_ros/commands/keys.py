@@ -34,7 +34,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from thinkmem_ros.commands import one_line
+from thinkmem_ros.commands import check_output, one_line
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.link.experience import ExperienceError, check_robot_id
 from thinkmem_ros.link.key_endorsement import (
     KeyEndorsement,
@@ -92,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
     on stderr, exit 1, in either mode: never a traceback.
     """
     try:
+        _out_folder(args.out)
         if getattr(args, "rotate", None) or getattr(args, "revoke", None):
             return _rotation(args)
         unused = [f"--{k.replace('_', '-')}" for k in ("signing_key", "chain", "serial")
@@ -104,11 +106,54 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"thinkmem keys: {one_line(exc)}") from None
 
 
+def _out_folder(out: str) -> None:
+    """Refuse an --out that cannot be the keys' folder before anything is read or written.
+
+    A file there surfaced as mkdir's bare "[Errno 17] File exists", which names neither
+    the option nor what is wrong.
+    """
+    if Path(out).is_symlink() and not Path(out).exists():
+        raise SystemExit(f"thinkmem keys: --out {out}: a symlink to nothing, not a folder")
+    try:
+        check_output(out, "--out", folder=True)
+    except SystemExit as exc:
+        raise SystemExit(f"thinkmem keys: {exc.code}") from None
+
+
+def _input(path: str | Path, option: str) -> str | Path:
+    """``path`` unless it is a FIFO, device or socket: reading one would block forever."""
+    try:
+        input_file(path, option)
+    except ValueError as exc:
+        raise SystemExit(f"thinkmem keys: {exc}") from None
+    return path
+
+
+def _check_pair_options(args: argparse.Namespace, names: list[str], robots: list[str]) -> None:
+    """Refuse options that contradict each other, or ask for one pair twice.
+
+    Each was silently resolved before: --sign-name was dropped under --no-sign, and a
+    repeated name (or one given as --name and --robot) wrote and listed the same pair twice.
+    """
+    if args.no_sign and args.sign_name:
+        raise SystemExit(f"thinkmem keys: --sign-name {args.sign_name} names the signing pair "
+                         "that --no-sign skips; give one of them")
+    for option, values in (("--name", names), ("--robot", robots)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise SystemExit(f"thinkmem keys: {option} {', '.join(twice)} given more than once")
+    both = sorted(set(names) & set(robots))
+    if both:
+        raise SystemExit(f"thinkmem keys: {', '.join(both)} given as both --name and --robot; "
+                         "give a robot's pair once, as --robot (which also allow-lists it)")
+
+
 def _pairs(args: argparse.Namespace) -> int:
     """CURVE pairs for --name and --robot, the robots' allow-list and the signing pair."""
     out = Path(args.out)
     robots = getattr(args, "robot", None) or []
     names = args.name or ([] if robots else ["thinkmem"])
+    _check_pair_options(args, names, robots)
     sign_name = args.sign_name or (names[0] if names else "thinkmem")
     for name in [*names, sign_name]:
         if not _NAME_RE.fullmatch(name):
@@ -152,8 +197,18 @@ def _rotation(args: argparse.Namespace) -> int:
     if getattr(args, "name", None) or getattr(args, "robot", None):
         raise SystemExit("thinkmem keys: --name/--robot make CURVE pairs; not with "
                          "--rotate/--revoke")
+    if getattr(args, "no_sign", False):
+        raise SystemExit("thinkmem keys: --no-sign skips the signing pair; --rotate and "
+                         "--revoke are about signing keys")
+    if args.revoke and args.sign_name:
+        raise SystemExit("thinkmem keys: --sign-name names the pair --rotate writes; --revoke "
+                         "writes none")
+    for option in ("rotate", "revoke", "signing_key"):
+        if getattr(args, option, None):
+            _input(getattr(args, option), f"--{option.replace('_', '-')}")
     out = Path(args.out)
-    chain_path = Path(args.chain) if args.chain else out / CHAIN_FILE
+    chain_path = Path(_input(args.chain, "--chain") if args.chain
+                      else _input(out / CHAIN_FILE, "key chain"))
     chain = load_chain(chain_path) if chain_path.exists() else []
     if args.chain and not chain_path.exists():
         raise SystemExit(f"thinkmem keys: --chain {chain_path}: no such file")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from thinkmem_ros.commands import one_line
+from thinkmem_ros.core.input_files import input_file
 
 HELP = "list knowledge units the consolidator has discovered"
 
@@ -41,6 +42,11 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if Path(args.db).is_dir():  # read-only SQLite calls this a "disk I/O error"
         print(f"thinkmem knowledge: {args.db} is a folder, not a database", file=sys.stderr)
+        return 2
+    try:  # SQLite's open of a FIFO waits for a writer forever
+        input_file(args.db, "--db")
+    except ValueError as exc:
+        print(f"thinkmem knowledge: {exc}", file=sys.stderr)
         return 2
     try:  # a folder, a file that is not SQLite, a newer schema
         with KnowledgeStore(args.db, read_only=True) as store:  # looking writes nothing

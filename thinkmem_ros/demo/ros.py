@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.demo.common import GENERATE, LOAD_BUNDLE, PLOT, REPORT, SCORE
+from thinkmem_ros.demo.own_folders import check_out_step, mark, remove_own
 from thinkmem_ros.demo.scoring import build_timeline, label_matrix, match_frames, percentiles
 from thinkmem_ros.demo.steps import DemoContext, Step
 from thinkmem_ros.playback.bag_files import GROUND_TRUTH_TOPIC, read_bag, write_stream
@@ -35,10 +36,22 @@ LATE_FACTOR = 2.0
 (the node ticking on after playback ended, or a frame it never saw)."""
 
 
+def write_own_bag(stream, path: Path, **kwargs):
+    """Record ``stream`` at ``path``, replacing only a bag the demo made (``own_folders``).
+
+    ``write_stream(overwrite=True)`` would delete any rosbag2 folder there, a user's
+    recorded bag included; the mark goes in once the bag is complete.
+    """
+    remove_own(path)
+    info = write_stream(stream, path, **kwargs)
+    mark(path)
+    return info
+
+
 def write_bag_step(ctx: DemoContext) -> None:
     """Record the generated stream as an MCAP bag on the node's topics."""
     path = ctx.config.out_dir / "bag"
-    info = write_stream(ctx.artefacts["stream"], path, overwrite=True)
+    info = write_own_bag(ctx.artefacts["stream"], path)
     ctx.artefacts["bag"] = path
     ctx.summary["bag"] = {"path": str(path), "messages": info.message_count,
                           "duration_s": round(info.duration_s, 3), "topics": len(info.topics)}
@@ -304,5 +317,5 @@ MATCH = Step("match", match_step, "activations to ground-truth frames by stamp")
 
 def ros_steps() -> list[Step]:
     """Return the ROS job; add later stages with ``steps.insert_before(..., 'report', step)``."""
-    return [LOAD_BUNDLE, GENERATE, WRITE_BAG, START_ROS, START_NODE, PLAY, STOP_NODE, MATCH,
-            SCORE, PLOT, REPORT]
+    return [check_out_step(["bag"]), LOAD_BUNDLE, GENERATE, WRITE_BAG, START_ROS, START_NODE,
+            PLAY, STOP_NODE, MATCH, SCORE, PLOT, REPORT]

@@ -5,7 +5,10 @@ The job (``round_steps()``) keeps every step of the plain ROS demo and adds:
 1. the "before" stream is cut into missions carrying a planted long-range rule A...B...C
    and its counter-evidence (``rule.py``);
 2. an Ed25519 signing key pair (``security.write_signing_keypair``) in ``<out>/keys``;
-   CURVE stays off: everything runs on loopback, where CURVE is optional;
+   CURVE stays off: everything runs on loopback, where CURVE is optional. ``keys``,
+   ``consolidator``, ``node_state``, ``bag`` and ``bag_after`` are made afresh each run,
+   and the demo deletes only such folders it made itself (marked ``.thinkmem-demo``) or
+   empty ones; any other one there refuses the run before it starts (``own_folders``);
 3. the consolidator (the real ``ConsolidatorService`` in its own process, ``
    consolidator_proc``) on 127.0.0.1 at a free port, store and publications in
    ``<out>/consolidator``, the demo's bundle as the initial one;
@@ -28,13 +31,13 @@ The job (``round_steps()``) keeps every step of the plain ROS demo and adds:
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 
 import numpy as np
 
 from thinkmem_ros.demo.common import GENERATE, LOAD_BUNDLE, REPORT, SCORE
+from thinkmem_ros.demo.own_folders import check_out_step, check_replaceable, fresh_folder
 from thinkmem_ros.demo.ros import (
     LATE_FACTOR,
     MATCH,
@@ -43,6 +46,7 @@ from thinkmem_ros.demo.ros import (
     STOP_NODE,
     WRITE_BAG,
     play_step,
+    write_own_bag,
 )
 from thinkmem_ros.demo.rule import DemoRule, anticipation, mission_kinds, plant_rule
 from thinkmem_ros.demo.steps import DemoContext, Step
@@ -50,6 +54,8 @@ from thinkmem_ros.demo.steps import DemoContext, Step
 RULE = DemoRule()
 """The planted regularity (coolant_low ... duty_cycle_high ... overheat_alarm)."""
 ROBOT_ID = "demo-robot"
+STATE_FOLDERS = ("keys", "consolidator", "node_state")
+"""Made afresh by the keys step: a stale v2, store or installed bundle must not be reused."""
 PHASE_KEYS = ("activation", "latency", "matching", "playback", "anticipation")
 """Summary entries each playback phase produces; kept under ``before`` / ``after``."""
 ORACLE_NOTE = ("feedback came from a hindsight oracle that republishes the bag's ground "
@@ -98,14 +104,14 @@ def _after_stream(ctx: DemoContext):
 
 def write_after_bag_step(ctx: DemoContext) -> None:
     """Render and record the after bag now, so nothing heavy runs between round and replay."""
-    from thinkmem_ros.playback.bag_files import DEFAULT_START_NS, write_stream
+    from thinkmem_ros.playback.bag_files import DEFAULT_START_NS
 
     stream, missions, seed = _after_stream(ctx)
     path = ctx.config.out_dir / "bag_after"
     # Recorded an hour after the before bag ended: header stamps must keep growing, or the
     # node drops every sample of the replay as out of order.
     start_ns = DEFAULT_START_NS + round((ctx.summary["duration_s"] + 3600.0) * 1e9)
-    info = write_stream(stream, path, overwrite=True, start_ns=start_ns)
+    info = write_own_bag(stream, path, start_ns=start_ns)
     ctx.artefacts["after"] = {"stream": stream, "missions": missions, "bag": path}
     ctx.summary["after_stream"] = {"seed": seed, "duration_s": ctx.config.after_duration_s,
                                    "frames": int(stream.values.shape[0]),
@@ -118,12 +124,17 @@ def write_after_bag_step(ctx: DemoContext) -> None:
 # ------------------------------------------------------------------ keys and processes
 
 def keys_step(ctx: DemoContext) -> None:
-    """Fresh signing keys; wipe the previous run's consolidator and node state."""
+    """Fresh signing keys, consolidator and node state folders, replacing only the demo's.
+
+    A folder the demo did not make (a user's real keys or store) is refused, never deleted.
+    """
     from thinkmem_ros.link.security import write_signing_keypair
 
     out = ctx.config.out_dir
-    for name in ("keys", "consolidator", "node_state"):
-        shutil.rmtree(out / name, ignore_errors=True)  # a stale v2 must not be reused
+    for name in STATE_FOLDERS:  # all checked before the first is replaced
+        check_replaceable(out / name)
+    for name in STATE_FOLDERS:
+        fresh_folder(out / name)
     public, secret = write_signing_keypair(out / "keys", "consolidator")
     ctx.artefacts["signing"] = {"public": public, "secret": secret}
     _round_summary(ctx)["keys"] = {"signing_public": str(public), "curve": "off (loopback)"}
@@ -470,8 +481,9 @@ ROUND_REPORT = Step("round report", round_report_step, "before vs after")
 
 def round_steps() -> list[Step]:
     """Return the ROS job with one consolidation round (see the module docstring)."""
-    return [LOAD_BUNDLE, GENERATE, PLANT, WRITE_BAG, AFTER_BAG, KEYS, START_CONSOLIDATOR,
-            START_ROS, START_NODE, START_ORACLE, PLAY_BEFORE, MATCH_BEFORE, SCORE_BEFORE,
-            ANTICIPATE_BEFORE, KEEP_BEFORE, WAIT_STORE, CONSOLIDATE, WAIT_SWAP, BEGIN_AFTER,
-            PLAY_AFTER, MATCH_AFTER, SCORE_AFTER, ANTICIPATE_AFTER, KEEP_AFTER, STOP_NODE,
-            COMPARE, ROUND_PLOT, ROUND_REPORT, REPORT]
+    return [check_out_step(("bag", "bag_after", *STATE_FOLDERS)), LOAD_BUNDLE, GENERATE,
+            PLANT, WRITE_BAG, AFTER_BAG, KEYS, START_CONSOLIDATOR, START_ROS, START_NODE,
+            START_ORACLE, PLAY_BEFORE, MATCH_BEFORE, SCORE_BEFORE, ANTICIPATE_BEFORE,
+            KEEP_BEFORE, WAIT_STORE, CONSOLIDATE, WAIT_SWAP, BEGIN_AFTER, PLAY_AFTER,
+            MATCH_AFTER, SCORE_AFTER, ANTICIPATE_AFTER, KEEP_AFTER, STOP_NODE, COMPARE,
+            ROUND_PLOT, ROUND_REPORT, REPORT]

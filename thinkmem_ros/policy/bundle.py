@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 import tempfile
 import zipfile
@@ -307,6 +308,11 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     The manifest's ``sha256`` and ``created_at`` are filled in here so no caller can
     forget them. An existing bundle at ``folder`` is replaced only once the new one is
     complete, so a crash never leaves a half-written bundle behind.
+
+    ``folder`` is a name: when it is a symlink, the link itself is replaced by the new
+    bundle (as ``rename`` does) and the folder it pointed to is left as it was. Writing
+    through the link would delete a bundle the user may keep elsewhere, and refusing
+    would throw away a training run that has already finished; this loses neither.
     """
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -322,9 +328,9 @@ def write_bundle(folder: Path | str, onnx_bytes: bytes, manifest: BundleManifest
     for name in (ONNX_FILE, MANIFEST):
         with open(staging / name, "rb") as handle:
             os.fsync(handle.fileno())
-    if folder.exists():
+    if folder.exists() or folder.is_symlink():  # a dangling or looping link included
         retired = folder.with_name(f".{folder.name}.old")
-        if retired.exists():
+        if retired.exists() or retired.is_symlink():
             _remove_tree(retired)
         folder.rename(retired)
         staging.rename(folder)
@@ -417,6 +423,12 @@ def fsync_dir(path: Path) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    for child in path.iterdir():
-        _remove_tree(child) if child.is_dir() else child.unlink()
-    path.rmdir()
+    """Delete ``path``, never what a symlink in it points to: a link is only unlinked.
+
+    A retired bundle may be a symlink (``folder`` was one) or hold one (a hand-made
+    ``artefacts -> /data/x``); following either emptied folders outside the bundle.
+    """
+    if path.is_symlink() or not path.is_dir():
+        path.unlink()
+    else:
+        shutil.rmtree(path)  # unlinks symlinks inside instead of descending into them
