@@ -97,8 +97,8 @@ def test_bag_with_malformed_metadata_is_one_line(files, capsys, verb):
 
 @pytest.mark.parametrize("argv, name", [
     (["--epochs", "-1"], "--epochs must be >= 1"),
-    (["--model-version", "-1"], "--model-version must be >= 0"),
-    (["--threads", "0"], "--threads must be >= 1"),
+    (["--model-version", "-1"], "--model-version must be in [0, "),
+    (["--threads", "0"], "--threads must be in [1, "),
     (["--lr", "nan"], "--lr must be a finite number > 0"),
     (["--signal-drop", "1"], "--signal-drop"),
     (["--test-duration", "-5"], "--test-duration must be a finite number >= 0"),

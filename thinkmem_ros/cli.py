@@ -62,25 +62,30 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``thinkmem`` console script."""
+    """Entry point of the ``thinkmem`` console script.
+
+    Parsing imports the verb's module (numpy and more: ~0.25 s for ``train``), so it
+    runs inside the Ctrl-C guard too: a Ctrl-C there printed a KeyboardInterrupt
+    traceback.
+    """
     argv = sys.argv[1:] if argv is None else argv
     verb = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(verb if verb in VERBS else None)
-    args = parser.parse_args(argv)
+    verb = verb if verb in VERBS else None
     try:
+        args = build_parser(verb).parse_args(argv)
         return int(_load(args.verb).main(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see below
-        return _unexpected(args.verb, exc)
+        return _unexpected(verb, exc)
 
 
 TRACEBACK_ENV = "THINKMEM_TRACEBACK"
 """Set (to anything) to see the traceback of an error no verb turned into a message."""
 
 
-def _unexpected(verb: str, exc: Exception) -> int:
+def _unexpected(verb: str | None, exc: Exception) -> int:
     """One line and exit 1 for an error no verb anticipated (never a traceback).
 
     Each verb names the input errors it knows; what slips past them (a full disk under
@@ -95,7 +100,8 @@ def _unexpected(verb: str, exc: Exception) -> int:
     if len(text) > 300:
         text = text[:297] + "..."
     try:
-        print(f"thinkmem {verb}: error: {type(exc).__name__}: {text} "
+        print(f"{' '.join(filter(None, ('thinkmem', verb)))}: error: "
+              f"{type(exc).__name__}: {text} "
               f"({TRACEBACK_ENV}=1 shows where)", file=sys.stderr)
     except OSError:
         pass

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from thinkmem_ros.commands import one_line
+from thinkmem_ros.core.arguments import non_negative_int
 
 HELP = "write synthetic scenarios to rosbag2, play, inspect or convert a bag"
 
@@ -55,7 +56,8 @@ class WriteVerb:
         parser.add_argument("--out", required=True, help="output bag folder (must not exist)")
         parser.add_argument("--rate", type=positive_float, default=10.0,
                             help="frame rate in Hz (default 10)")
-        parser.add_argument("--seed", type=int, default=0, help="world generator seed")
+        parser.add_argument("--seed", type=non_negative_int, default=0,
+                            help="world generator seed")
         parser.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
         parser.add_argument("--overwrite", action="store_true",
                             help="replace an existing bag there (never a folder of other files)")
@@ -139,10 +141,10 @@ class InfoVerb:
         parser.add_argument("bag", help="rosbag2 folder (with metadata.yaml) or ROS 1 .bag")
 
     def main(self, args: argparse.Namespace) -> int:
-        """Print the summary."""
-        from thinkmem_ros.playback.bag_files import bag_info
+        """Print the summary, once a pass over the bag has confirmed its metadata."""
+        from thinkmem_ros.playback.bag_files import checked_bag_info
 
-        print_info(bag_info(Path(args.bag)))
+        print_info(checked_bag_info(Path(args.bag)))
         return 0
 
 

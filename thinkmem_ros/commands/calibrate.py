@@ -47,9 +47,8 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     signal_map = load_signal_map(params)
     _check_as_the_node_does(signal_map)
     if bundle is None:
-        raw = yaml.safe_load(Path(params).read_text(encoding="utf-8"))
-        found = _find_key(raw, "bundle_path")
-        bundle = found if isinstance(found, str) else ""
+        bundle = _bundle_path_of(yaml.safe_load(Path(params).read_text(encoding="utf-8")),
+                                 params)
     folder = resolve_bundle_path(bundle)
     manifest = read_manifest(folder)
     samples = read_samples(bag, signal_map)
@@ -127,6 +126,21 @@ def _check_as_the_node_does(signal_map) -> None:
             key = getattr(exc, "key", "field")
             raise ValueError(f"signals.{name}.{key}: {exc} (the node refuses to start with "
                              f"it)") from None
+
+
+def _bundle_path_of(raw, params) -> str:
+    """The params file's bundle_path, '' when unset (the shipped bundle); else ValueError.
+
+    A number or a list there is a mistake the node refuses; falling back to the shipped
+    bundle would calibrate against a bundle the robot never runs, without a word.
+    """
+    found = _find_key(raw, "bundle_path")
+    if found is None:
+        return ""
+    if not isinstance(found, str):
+        raise ValueError(f"{params}: bundle_path must be a string (a bundle folder, '' for "
+                         f"the shipped one), got {found!r}")
+    return found
 
 
 def _find_key(raw, key: str, seen: set[int] | None = None):

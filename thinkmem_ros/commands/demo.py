@@ -8,6 +8,7 @@ from pathlib import Path
 
 from thinkmem_ros.commands import one_line
 from thinkmem_ros.commands.bag import non_negative_float, positive_float
+from thinkmem_ros.core.arguments import non_negative_int
 
 HELP = ("run the main job end to end (bag -> node -> activations -> one consolidation round "
         "-> report)")
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of the (before) stream, played in real time; default 288")
     parser.add_argument("--rate", type=non_negative_float, default=0.0,
                         help="frame rate in Hz (default: the bundle's)")
-    parser.add_argument("--seed", type=int, default=7, help="world generator seed")
+    parser.add_argument("--seed", type=non_negative_int, default=7, help="world generator seed")
     parser.add_argument("--bundle", default=None, help="model bundle folder (default: shipped)")
     parser.add_argument("--offline", action="store_true",
                         help="no ROS: run the policy runtime over the stream's windows directly")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import sys
 import tempfile
@@ -47,6 +48,22 @@ REPRODUCE_DEFAULT = (
 WORLD_DEFAULTS = {"streams": 16, "window": 64, "preset": DEFAULT_PRESET, "epochs": 45,
                   "patience": 8}
 BAG_DEFAULTS = {"streams": 8, "window": 32, "preset": "default", "epochs": 16, "patience": 4}
+BAG_ONLY = {"labels": None, "params": None, "feedback_topic": None, "feedback_labels": None,
+            "train_fraction": 1.0, "augment": AugmentConfig.copies, "min_steps": 1500}
+"""Options that only mean something with --bag, and their defaults there. They default to
+None on the command line, so one given without --bag is seen and refused: ignoring it
+would train on the synthetic world as if a typo'd value had been accepted."""
+MAX_MODEL_VERSION = 2**63 - 1
+"""An experience carries the bundle's version as a signed 64-bit integer
+(``link.experience``): a robot running a bundle versioned past it could ship nothing."""
+
+
+def max_threads() -> int:
+    """Most --threads accepted (4 per core, at least 64).
+
+    libgomp segfaulted creating 100000 threads; past a few per core training only slows.
+    """
+    return max(4 * (os.cpu_count() or 1), 64)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,8 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--patience", type=int, default=None,
                         help="epochs without improvement before stopping (default 8; 4 "
                              "with --bag)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for training")
-    parser.add_argument("--model-version", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1,
+                        help=f"torch threads for training (1 to {max_threads()})")
+    parser.add_argument("--model-version", type=int, default=1,
+                        help="the bundle's version (0 to 2^63-1)")
     parser.add_argument("--out", default="models/default", help="bundle folder to write")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--signal-drop", type=float, default=0.0,
@@ -94,15 +113,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--params", metavar="FILE",
                      help="node parameter file whose 'signals' (topics, types, adapters) "
                           "read --bag; its frame_rate_hz, when set, overrides --rate")
-    own.add_argument("--train-fraction", type=float, default=1.0,
+    own.add_argument("--train-fraction", type=float, default=None,
                      help="train on the first fraction of each bag and score the bundle on "
                           "the rest (1 = train on everything)")
-    own.add_argument("--augment", type=int, default=AugmentConfig.copies, metavar="N",
-                     help="with a rules file: add N copies of each recording, time-stretched, "
-                          "shuffled in chunks, rescaled and sign-flipped, relabelled by the "
-                          "rules (0 = off; hindsight labels are never augmented)")
-    own.add_argument("--min-steps", type=int, default=1500,
-                     help="floor on optimiser steps when training on --bag")
+    own.add_argument("--augment", type=int, default=None, metavar="N",
+                     help=f"with a rules file (default {AugmentConfig.copies}): add N copies "
+                          "of each recording, time-stretched, shuffled in chunks, rescaled and "
+                          "sign-flipped, relabelled by the rules (0 = off; hindsight labels "
+                          "are never augmented)")
+    own.add_argument("--min-steps", type=int, default=None,
+                     help="floor on optimiser steps when training on --bag (default 1500)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -113,14 +133,13 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.training.export import build_manifest, export_bundle
     from thinkmem_ros.policy.training.train import train_policy
 
+    refuse_bag_only_options(args)
     resolve_defaults(args)
     check_options(args)
     if args.bag:
         from thinkmem_ros.commands.train_bags import main_bags
 
         return main_bags(args)
-    if args.labels or args.params:
-        raise SystemExit("--labels and --params need --bag (the recordings to label)")
     torch.set_num_threads(args.threads)
     try:
         recipe = StreamRecipe.from_args(args)
@@ -170,10 +189,15 @@ def check_options(args: argparse.Namespace) -> None:
     from thinkmem_ros.policy.config import PRESETS
     from thinkmem_ros.policy.training.train import STREAMING_PRESETS
 
-    for name, low in (("epochs", 1), ("patience", 1), ("batch_size", 1), ("threads", 1),
-                      ("streams", 1), ("min_steps", 0), ("model_version", 0)):
-        if getattr(args, name) < low:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= {low}, "
+    for name, low in (("epochs", 1), ("patience", 1), ("batch_size", 1), ("streams", 1),
+                      ("min_steps", 0)):
+        value = getattr(args, name)
+        if value is not None and value < low:  # min_steps is None without --bag
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    for name, low, high in (("threads", 1, max_threads()),
+                            ("model_version", 0, MAX_MODEL_VERSION)):
+        if not low <= getattr(args, name) <= high:
+            raise SystemExit(f"--{name.replace('_', '-')} must be in [{low}, {high}], "
                              f"got {getattr(args, name)}")
     for name, ok, rule in (("lr", args.lr > 0, "> 0"), ("rate", args.rate > 0, "> 0"),
                            ("signal_drop", 0 <= args.signal_drop < 1, "in [0, 1)"),
@@ -187,11 +211,45 @@ def check_options(args: argparse.Namespace) -> None:
     if not args.bag and 0 < args.test_duration * args.rate < args.window:
         raise SystemExit(f"--test-duration {args.test_duration:g} s at {args.rate:g} Hz is "
                          f"fewer frames than --window {args.window} (0 = no held-out stream)")
+    if not args.bag:
+        check_group_seconds(args.group_seconds, args.rate)
     check_bundle_out(args.out)
 
 
+def check_group_seconds(seconds: float, rate: float) -> None:
+    """A validation group must hold at least one frame: shorter chunks divide by zero.
+
+    ``--group-seconds 0.01`` at 10 Hz rounded to 0 frames per group: numpy warned of a
+    division by zero and every stream became one group, a validation split of nothing.
+    """
+    frames = seconds * rate  # the recipe rounds it; 0.5 and less round to 0
+    if not (math.isfinite(frames) and frames > 0.5):
+        raise SystemExit(f"--group-seconds must be a finite number of at least one frame "
+                         f"({1 / rate:g} s at --rate {rate:g}), got {seconds}")
+
+
+def refuse_bag_only_options(args: argparse.Namespace) -> None:
+    """Exit naming the --bag options given without --bag (see BAG_ONLY)."""
+    if args.bag:
+        return
+    given = [f"--{name.replace('_', '-')}" for name in BAG_ONLY
+             if getattr(args, name) is not None]
+    if given:
+        them = "it" if len(given) == 1 else "them"
+        raise SystemExit(f"{', '.join(given)}: only with --bag (your recordings); "
+                         f"the synthetic world has no use for {them}")
+
+
 def check_bundle_out(out: str) -> None:
-    """--out must be writable and, if it exists, a bundle: write_bundle replaces the folder."""
+    """--out must be writable and, if it exists, a bundle: write_bundle replaces the folder.
+
+    A symlink that resolves to nothing (a loop, a removed target) reads as "no such
+    path" to the checks below; write_bundle refused it only after training, leaving its
+    staging folder behind.
+    """
+    if Path(out).is_symlink() and not Path(out).exists():
+        raise SystemExit(f"--out {out}: a symlink that leads nowhere (a loop or a missing "
+                         "target)")
     folder = check_output(out, "--out", folder=True)
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "bundle.json").is_file():
         raise SystemExit(f"--out {out}: a folder that is not a bundle; training would "
@@ -200,7 +258,8 @@ def check_bundle_out(out: str) -> None:
 
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Fill the options left unset with the defaults of what is trained on (world or bags)."""
-    for name, value in (BAG_DEFAULTS if args.bag else WORLD_DEFAULTS).items():
+    defaults = {**BAG_DEFAULTS, **BAG_ONLY} if args.bag else WORLD_DEFAULTS
+    for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
 

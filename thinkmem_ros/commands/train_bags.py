@@ -66,6 +66,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
                          "FILE (the signal map)")
     if args.labels != "feedback" and (args.feedback_topic or args.feedback_labels):
         raise SystemExit("--feedback-topic and --feedback-labels need --labels feedback")
+    _refuse_unreadable_inputs(args)
     if not 0.0 < args.train_fraction <= 1.0:
         raise SystemExit(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
     try:
@@ -86,6 +87,23 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
         raise SystemExit(one_line(exc)) from None
     return _Inputs(signal_map, rules, hindsight, augment,
                    signal_map.frame_rate_hz or args.rate)
+
+
+def _refuse_unreadable_inputs(args: argparse.Namespace) -> None:
+    """Exit naming a --bag, --params or --labels that is a FIFO, device or socket.
+
+    Opening one waits for a writer for ever; this runs before anything is opened.
+    """
+    from thinkmem_ros.core.input_files import input_file, input_path
+
+    try:
+        for bag in args.bag:
+            input_path(bag, "--bag")
+        input_file(args.params, "--params")
+        if args.labels != "feedback":
+            input_file(args.labels, "--labels")
+    except ValueError as exc:
+        raise SystemExit(one_line(exc)) from None
 
 
 def _situations(args: argparse.Namespace, inputs: _Inputs):

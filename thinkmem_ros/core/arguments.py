@@ -17,3 +17,19 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def non_negative_int(text: str) -> int:
+    """Argparse type: an integer >= 0 (a seed, a count).
+
+    Raising ``ArgumentTypeError`` lets argparse put the option's name in front ("argument
+    --seed: must be ..."); numpy's own refusal of a negative seed came only later and
+    said "expected non-negative integer" without naming the option.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value

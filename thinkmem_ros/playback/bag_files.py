@@ -17,10 +17,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import json
 import logging
 import math
+import os
 import shutil
+import stat
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,9 +278,15 @@ def write_stream(stream: SignalStream, out: Path | str, *,
 
 
 def is_ros1_bag(path: Path | str) -> bool:
-    """True when ``path`` is a ROS 1 bag file (checked by its magic bytes, not its name)."""
+    """True when ``path`` is a ROS 1 bag file (checked by its magic bytes, not its name).
+
+    Only a regular file is opened: opening a FIFO waits for a writer for ever, and Python
+    retries the interrupted open after a SIGINT or SIGTERM handler has run.
+    """
     path = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with path.open("rb") as handle:
             return handle.read(len(ROS1_MAGIC)) == ROS1_MAGIC
     except OSError:  # a folder, unreadable, missing: not a ROS 1 bag file
@@ -290,20 +300,38 @@ def _convert_hint(path: Path) -> str:
 def _reader(path: Path):
     from rosbags.rosbag2 import Reader
 
+    check_bag_path(path)
     if not path.exists():
         raise BagError(f"bag not found: {path}")
     if is_ros1_bag(path):
         raise BagError(f"{path} is a ROS 1 bag: {_convert_hint(path)} (bag info and bag "
                        "play read it directly)")
+    if not path.is_dir():
+        raise BagError(f"not a bag: {path} is a file that is no ROS 1 bag (no "
+                       f"'#ROSBAG V2.0' header) and a rosbag2 bag is a folder")
     if not (path / "metadata.yaml").is_file():
-        raise BagError(f"not a rosbag2 bag (no metadata.yaml): {path}; a ROS 1 .bag file? "
-                       f"{_convert_hint(path)}")
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}")
     try:
         reader = Reader(path)
         reader.open()
     except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
         raise BagError(f"cannot open bag {path}: {exc}") from exc
     return reader
+
+
+def check_bag_path(path: Path | str) -> Path:
+    """``path`` as a Path; ValueError when it, or an entry of its folder, is no file.
+
+    A FIFO, device or socket as the bag, its metadata.yaml or a storage file would block
+    the first read for ever; ``os.stat`` never blocks, so this runs before any open.
+    """
+    from thinkmem_ros.core.input_files import input_path
+
+    path = input_path(path, "bag")
+    if path.is_dir():
+        for entry in path.iterdir():
+            input_path(entry, "bag file")
+    return path
 
 
 def _storage_of(path: Path) -> str:
@@ -342,7 +370,7 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
     """
     from rosbags.convert import convert
 
-    src, dst = Path(src), Path(dst)
+    src, dst = check_bag_path(src), Path(dst)
     if storage not in STORAGES:
         raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
     if not src.exists():
@@ -352,7 +380,7 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
     _clear_output(dst, overwrite)
     if dst.suffix == ".bag":
         raise BagError(f"output {dst} must be a folder name, not a .bag file")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    _check_writable(dst)
     chatter = io.StringIO()  # rosbags prints notes ('copying from source') on stdout
     try:
         with contextlib.redirect_stdout(chatter):
@@ -372,6 +400,21 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
     return info
 
 
+def _check_writable(dst: Path) -> None:
+    """Make ``dst``'s parent and probe it; BagError naming the output when it cannot be.
+
+    rosbags' converter reports an unwritable output as "cannot convert <input>:
+    FileNotFoundError", which blames the input bag. A probe file is the real test:
+    permission bits say nothing to root, and /proc refuses only the actual write.
+    """
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=dst.parent).close()
+    except OSError as exc:
+        raise BagError(f"cannot write the output {dst} in {dst.parent}: "
+                       f"{exc.strerror or exc}") from None
+
+
 def ros1_indexed_count(path: Path | str) -> int:
     """Messages a ROS 1 bag's chunk index lists (over every connection of every chunk).
 
@@ -389,7 +432,7 @@ def ros1_indexed_count(path: Path | str) -> int:
 
 def bag_info(path: Path | str) -> BagInfo:
     """Storage, time range and per-topic type/count of a rosbag2 bag or a ROS 1 bag file."""
-    path = Path(path)
+    path = check_bag_path(path)
     if is_ros1_bag(path):
         return ros1_bag_info(path)
     reader = _reader(path)
@@ -401,6 +444,66 @@ def bag_info(path: Path | str) -> BagInfo:
                        end_ns=end_ns, topics=topics)
     finally:
         reader.close()
+
+
+INFO_SAMPLED = 1000
+"""Messages ``checked_bag_info`` reads (raw, undecoded) to check the declared time range."""
+
+
+def checked_bag_info(path: Path | str) -> BagInfo:
+    """``bag_info`` once the bag's first messages and files agree with what it declares.
+
+    A rosbag2 bag's time range and counts are metadata.yaml's claims: printed as they
+    stand they were "duration: nan s" or 387 messages of a bag with no storage file,
+    while play and calibrate, which read the messages, refuse that bag. So the range must
+    be whole ns with end >= start, every listed storage file must be there, and the first
+    ``INFO_SAMPLED`` messages (raw bytes, nothing decoded) must lie inside the range. Only
+    that many: ``bag info`` answers at once on a bag of gigabytes, as ``ros2 bag info``
+    does; play and calibrate read every message and check the rest. A ROS 1 bag's range
+    comes from its own index; its chunk index must list no more messages than its readers
+    find.
+    """
+    info = bag_info(path)
+    if info.storage == "rosbag1":
+        listed = ros1_indexed_count(info.path)
+        if info.message_count < listed:
+            raise BagError(f"ROS 1 bag {info.path} is damaged: its message indexes hold "
+                           f"{info.message_count} of the {listed} messages its chunk index "
+                           "lists")
+        return info
+    _check_time_range(info)
+    _check_storage_files(info)
+    for message in itertools.islice(BagStream(info.path), INFO_SAMPLED):
+        if not info.start_ns <= message.timestamp_ns <= info.end_ns:
+            raise BagError(f"{info.path}: a message on {message.topic} at "
+                           f"{message.timestamp_ns} ns lies outside the time range its "
+                           f"metadata.yaml declares ({info.start_ns} ns + "
+                           f"{info.duration_s:.9g} s); the metadata (starting_time / "
+                           "duration) is wrong or the timestamp is damaged")
+    return info
+
+
+def _check_storage_files(info: BagInfo) -> None:
+    """Every storage file metadata.yaml lists is there, and it lists one if it counts any."""
+    import yaml
+
+    meta = yaml.safe_load((info.path / "metadata.yaml").read_text())
+    files = (meta.get("rosbag2_bagfile_information") or {}).get("relative_file_paths") or []
+    missing = [str(f) for f in files if not (info.path / str(f)).is_file()]
+    if missing or (info.message_count and not files):
+        what = f"storage file {missing[0]!r} is missing" if missing else "no storage file"
+        raise BagError(f"bag {info.path} is damaged: its metadata.yaml lists "
+                       f"{info.message_count} messages but {what}")
+
+
+def _check_time_range(info: BagInfo) -> None:
+    """metadata.yaml's start and end must be whole ns, the end not before the start."""
+    ends = (info.start_ns, info.end_ns)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ends) \
+            or info.end_ns < info.start_ns:
+        raise BagError(f"bag {info.path} is damaged: its metadata.yaml declares the time "
+                       f"range {info.start_ns!r} ns + {info.duration_s!r} s, not whole "
+                       "nanoseconds from a start to an end at or after it")
 
 
 class BagStream:

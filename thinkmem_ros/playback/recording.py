@@ -8,9 +8,10 @@ at run time, so this module reads a bag through the node's own signal map (the
 a signal whose latest sample is older than ``stale_after_s`` (or that has none yet, or
 that the map declares ``absent``) is NaN, which windows turn into mask 0.
 
-rosbag2 folders are read with :mod:`thinkmem_ros.playback.bag_files`; a ROS 1 ``.bag``
-file is read directly with ``rosbags``' ROS 1 reader (message definitions come from the
-bag itself), so a recording needs no conversion before it is calibrated or trained on.
+rosbag2 folders are read with :mod:`thinkmem_ros.playback.bag_files`; a ROS 1 bag file
+(known by its header, whatever its name) is read directly with ``rosbags``' ROS 1 reader
+(message definitions come from the bag itself), so a recording needs no conversion before
+it is calibrated or trained on.
 Times are bag receive times, the clock the node uses for staleness.
 """
 
@@ -27,7 +28,7 @@ import numpy as np
 from thinkmem_ros.core.data import SignalStream, SituationSet
 from thinkmem_ros.core.rule_augment import AugmentConfig, augmented_copies
 from thinkmem_ros.core.signal_adapters import SignalAdapter, parse_adapter
-from thinkmem_ros.playback.bag_files import BagError, BagStream, bag_typestore
+from thinkmem_ros.playback.bag_files import BagError, BagStream, bag_typestore, is_ros1_bag
 
 MAX_PARAMS_BYTES = 1024 * 1024
 MAX_RECORDING_FRAMES = 50_000_000
@@ -116,8 +117,11 @@ def _ros_parameters(raw: Any, seen: set[int] | None = None) -> list[dict]:
 def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
     """SignalMap from a parsed parameter file (or a plain ``{signals: ...}`` mapping).
 
-    Strict like the node: an entry without topic/type, an unknown key or a bad adapter
-    raises ValueError naming ``<source>: signals.<name>.<key>``.
+    Strict: a present signal's entry without topic/type, an unknown key or a bad adapter
+    raises ValueError naming ``<source>: signals.<name>.<key>``. An entry ``absent: true``
+    is read as the node reads it (``robot.node_config.source_from_entry``: topic, type and
+    field may be left out), so a file the robot runs is never refused offboard; a map
+    with every signal absent is refused, as the node refuses it.
     """
     sections = _ros_parameters(raw) or ([raw] if isinstance(raw, dict) else [])
     params: dict[str, Any] = {}
@@ -127,29 +131,91 @@ def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
     if not isinstance(signals, dict) or not signals:
         raise ValueError(f"{source}: no 'signals' mapping (signals.<name>: {{topic, type, "
                          f"field, ...}}) under ros__parameters")
-    bindings: dict[str, SignalBinding] = {}
-    for name, entry in signals.items():
-        try:
-            adapter = parse_adapter(str(name), entry)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
-        for key in ("topic", "type"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise ValueError(f"{source}: signals.{name}.{key} is required (a string)")
+    bindings = {str(name): _binding(str(name), entry, source)
+                for name, entry in signals.items()}
+    if all(b.absent for b in bindings.values()):
+        raise ValueError(f"{source}: every signal ({sorted(bindings)}) is declared absent; "
+                         "at least one must be read (the node refuses to start with it)")
+    rate = params.get("frame_rate_hz", 0.0)
+    stale = params.get("stale_after_s", 0.5)
+    for key, value, low in (("frame_rate_hz", rate, 0.0), ("stale_after_s", stale, 1e-3)):
+        if not _number_at_least(value, low):
+            raise ValueError(f"{source}: {key} must be a number >= {low}, got "
+                             f"{_short(value)}")
+    _check_frame_rate(rate, source)
+    return SignalMap(bindings, float(rate), float(stale), source)
+
+
+def _binding(name: str, entry: Any, source: str) -> SignalBinding:
+    """One ``signals.<name>`` entry as a binding; ValueError naming the key otherwise."""
+    if isinstance(entry, Mapping):
         absent = entry.get("absent", False)
         if not isinstance(absent, bool):
             raise ValueError(f"{source}: signals.{name}.absent must be true or false, "
                              f"got {absent!r}")
-        topic = entry["topic"] if entry["topic"].startswith("/") else "/" + entry["topic"]
-        bindings[str(name)] = SignalBinding(topic, _canonical(entry["type"]), adapter, absent)
-    rate = params.get("frame_rate_hz", 0.0)
-    stale = params.get("stale_after_s", 0.5)
-    for key, value, low in (("frame_rate_hz", rate, 0.0), ("stale_after_s", stale, 1e-3)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < low:
-            raise ValueError(f"{source}: {key} must be a number >= {low}, got {value!r}")
-    _check_frame_rate(rate, source)
-    return SignalMap(bindings, float(rate), float(stale), source)
+        if absent:
+            return _absent_binding(name, entry, source)
+    try:
+        adapter = parse_adapter(name, entry)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    except OverflowError:  # math.isfinite of an integer past the float range
+        raise ValueError(f"{source}: signals.{name}.{_huge_key(entry)} is too large "
+                         "for a number") from None
+    for key in ("topic", "type"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise ValueError(f"{source}: signals.{name}.{key} is required (a string)")
+    return SignalBinding(_absolute(entry["topic"]), _canonical(entry["type"]), adapter)
+
+
+def _absent_binding(name: str, entry: Mapping[str, Any], source: str) -> SignalBinding:
+    """A signal the robot lacks, filled in with the node's defaults for it.
+
+    It is never read (its frames are NaN, masked); only its name and place in the map
+    matter, so it needs no topic, type or field, exactly as the node needs none.
+    """
+    from thinkmem_ros.robot.node_config import source_from_entry
+
+    try:
+        spec = source_from_entry(name, entry)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    except OverflowError:
+        raise ValueError(f"{source}: signals.{name}.{_huge_key(entry)} is too large "
+                         "for a number") from None
+    return SignalBinding(_absolute(spec.topic), _canonical(spec.msg_type), spec.reader(),
+                         absent=True)
+
+
+def _huge_key(entry: Mapping[str, Any]) -> str:
+    """The key of an entry whose integer value no float holds (YAML reads 1e400 digits)."""
+    for key, value in entry.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                float(value)
+            except OverflowError:
+                return str(key)
+    return "?"
+
+
+def _number_at_least(value: Any, low: float) -> bool:
+    """True for a finite int or float >= ``low`` (an integer too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value >= low
+    except OverflowError:
+        return False
+
+
+def _short(value: Any) -> str:
+    """``repr`` cut to 40 characters: a 400-digit number must not fill the line."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _absolute(topic: str) -> str:
+    return topic if topic.startswith("/") else "/" + topic
 
 
 def _check_frame_rate(rate: float, source: str) -> None:
@@ -176,9 +242,10 @@ def load_signal_map(path: Path | str) -> SignalMap:
     """Read a node parameter file's signal map (ValueError naming the file and key)."""
     import yaml
 
+    from thinkmem_ros.core.input_files import input_file
     from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
 
-    path = Path(path)
+    path = input_file(path, "parameter file")  # a FIFO would block the read for ever
     try:
         if path.stat().st_size > MAX_PARAMS_BYTES:
             raise ValueError(f"{path}: larger than {MAX_PARAMS_BYTES} bytes")
@@ -191,7 +258,7 @@ def load_signal_map(path: Path | str) -> SignalMap:
 def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, int, Any]],
                                                      dict[str, str], int, int]:
     """(iterator of (topic, type, t_ns, msg), topic types, start_ns, end_ns) of any bag."""
-    if path.is_file() and path.suffix == ".bag":
+    if is_ros1_bag(path):  # by content, as bag info does: a copy may be named .dat
         from rosbags.rosbag1 import Reader
 
         try:
@@ -283,7 +350,9 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
     metadata.yaml lists them). Undecodable messages are counted per topic
     (``skipped`` of ``read``), for the caller to judge (:func:`check_readable`).
     """
-    path = Path(path)
+    from thinkmem_ros.core.input_files import input_path
+
+    path = input_path(path, "bag")
     if not path.exists():
         raise BagError(f"bag not found: {path}")
     wanted = {name: b for name, b in signal_map.bindings.items() if not b.absent}

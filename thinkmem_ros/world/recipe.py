@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from thinkmem_ros.core.arguments import non_negative_int
 from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.world.streams import generate_stream, stream_windows
 
@@ -43,6 +44,10 @@ class StreamRecipe:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):  # NaN passes a plain `<= 0`
                 raise RecipeError(f"recipe {name} must be a finite number > 0, got {value}")
+        frames = self.group_seconds * self.rate  # rounded to 0, a group divides by zero
+        if not (math.isfinite(frames) and frames > 0.5):
+            raise RecipeError(f"recipe group_seconds {self.group_seconds} is not a whole "
+                              f"number of frames >= 1 at {self.rate} Hz")
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +69,7 @@ class StreamRecipe:
                             help="frames between training windows")
         parser.add_argument("--group-seconds", type=float, default=60.0,
                             help="stream chunk length that forms one validation group")
-        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--seed", type=non_negative_int, default=0)
 
     def arguments(self) -> list[str]:
         """The recipe as ``thinkmem train`` options, every one spelt out."""
