@@ -324,3 +324,11 @@ def test_bag_info_refuses_metadata_that_the_messages_contradict(small_bag, tmp_p
     assert_one_line(code, err, "thinkmem bag info: error:", says)
     capsys.readouterr()
     assert run(capsys, "bag", "info", small_bag)[0] == 0
+
+
+def test_train_bag_refuses_the_worlds_options_it_would_ignore(tmp_path, capsys):
+    # --duration, --scenario and the rest shape the synthetic world; with --bag they were
+    # accepted and silently ignored
+    code, err = run(capsys, "train", "--bag", tmp_path / "nowhere", "--duration", "5",
+                    "--scenario", "thermal", "--out", tmp_path / "b")
+    assert_one_line(code, err, "--scenario, --duration: only for the synthetic world")

@@ -53,6 +53,10 @@ BAG_ONLY = {"labels": None, "params": None, "feedback_topic": None, "feedback_la
 """Options that only mean something with --bag, and their defaults there. They default to
 None on the command line, so one given without --bag is seen and refused: ignoring it
 would train on the synthetic world as if a typo'd value had been accepted."""
+WORLD_ONLY = {"scenario": "mixed", "duration": 900.0, "streams": None, "stride": 3,
+              "group_seconds": 60.0, "max_events": 8, "test_duration": 600.0}
+"""Options of the synthetic world that --bag does not read, and their defaults: one set to
+anything else with --bag is refused, as a bag-only option without --bag is."""
 MAX_MODEL_VERSION = 2**63 - 1
 """An experience carries the bundle's version as a signed 64-bit integer
 (``link.experience``): a robot running a bundle versioned past it could ship nothing."""
@@ -229,8 +233,18 @@ def check_group_seconds(seconds: float, rate: float) -> None:
 
 
 def refuse_bag_only_options(args: argparse.Namespace) -> None:
-    """Exit naming the --bag options given without --bag (see BAG_ONLY)."""
+    """Exit naming options the data source would ignore without a word.
+
+    The --bag options given without --bag (``BAG_ONLY``), or the synthetic world's set
+    with --bag (``WORLD_ONLY``).
+    """
     if args.bag:
+        ignored = [f"--{name.replace('_', '-')}" for name, default in WORLD_ONLY.items()
+                   if getattr(args, name) != default]
+        if ignored:
+            raise SystemExit(f"{', '.join(ignored)}: only for the synthetic world; with "
+                             f"--bag the recordings are the data (their rate: --rate or "
+                             f"the params file's frame_rate_hz)")
         return
     given = [f"--{name.replace('_', '-')}" for name in BAG_ONLY
              if getattr(args, name) is not None]
