@@ -206,7 +206,7 @@ def _receive_cli(*args, timeout=20):
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--initial-bundle", "/nonexistent"],
      "/nonexistent"),
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--flush-rows", "-1"],
-     "flush_rows must be >= 0"),
+     "--flush-rows must be >= 0"),
     (["--bind", "tcp://127.0.0.1:*", "--curve", "off", "--threads", "2"],
      "rounds only: --threads"),
 ])

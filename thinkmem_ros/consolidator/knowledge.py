@@ -30,6 +30,8 @@ from thinkmem_ros.consolidator.discovery import (
     Relation,
     pairs_inside,
 )
+from thinkmem_ros.consolidator.store import not_a_store
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
 
 STATUSES: tuple[str, ...] = ("candidate", "promoted", "demoted", "retired")
@@ -196,16 +198,33 @@ class KnowledgeStore:
         self.path = Path(path)
         self._tables = True
         try:
+            input_file(self.path, "knowledge store")  # a FIFO blocked the open forever
+        except ValueError as exc:
+            raise KnowledgeStoreError(f"{exc}") from None
+        try:
             if read_only:
                 self._conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro",
                                              uri=True, timeout=timeout_s)
+                self._refuse_foreign()
                 self._tables = self._version() is not None
             else:
                 self._conn = sqlite3.connect(str(self.path), timeout=timeout_s)
+                self._refuse_foreign()
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._migrate()
         except sqlite3.Error as err:
             raise KnowledgeStoreError(f"{self.path}: cannot open knowledge tables: {err}") from err
+
+    def _refuse_foreign(self) -> None:
+        """Refuse another program's database before anything reads or writes it.
+
+        Why: knowledge tables were added to any SQLite file named (``store.not_a_store``),
+        and looking at one listed "no knowledge units" with exit 0 as if it were a store.
+        """
+        problem = not_a_store(self._conn)
+        if problem is not None:
+            self._conn.close()
+            raise KnowledgeStoreError(f"{self.path}: not a thinkmem store ({problem})")
 
     def _version(self) -> int | None:
         """The knowledge schema version (None: no knowledge tables); refuses a newer one."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -55,6 +56,7 @@ from thinkmem_ros.link.receiver import (
     ExperienceReceiver,
     ReceiverConfig,
 )
+from thinkmem_ros.link.security import curve_keys_problem
 from thinkmem_ros.policy.bundle import Bundle, load_bundle
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,10 @@ class ReceiveConfig:
             raise ValueError(f"ReceiveConfig.watch_s must be > 0, got {self.watch_s}")
         if self.flush_rows < 0:
             raise ValueError(f"ReceiveConfig.flush_rows must be >= 0, got {self.flush_rows}")
+        problem = curve_keys_problem("ReceiveConfig", self.curve, self.server_secret_file,
+                                     self.allowed_clients)
+        if problem:
+            raise ValueError(problem)
 
 
 class ReceiveProcess:
@@ -202,6 +208,33 @@ class ReceiveProcess:
         self.stop()
 
 
+_CONFIG_FIELD = re.compile(r"\b([A-Z][A-Za-z]*)Config\.([a-z_]+)")
+# config fields whose option is not ``--<field>`` or ``--<owner>-<field>``; an owner-qualified
+# key ("rehearsal.max_rows") wins over a bare field name
+_FIELD_OPTIONS = {"engine_threads": "threads", "engine_address": "address", "db_path": "db",
+                  "server_secret_file": "server_key", "allowed_clients": "allow",
+                  "rehearsal.max_rows": "rehearsal_rows"}
+
+
+def option_message(exc: BaseException, args: argparse.Namespace) -> str:
+    """The first line of ``exc``'s message, naming the command-line options behind it.
+
+    Configs check their fields and say ``RehearsalConfig.max_rows``; the user typed
+    ``--rehearsal-rows``, so each ``<Owner>Config.<field>`` that one of ``args``'
+    options filled becomes that option (the consolidator and this process share them).
+    """
+    def option(match: re.Match) -> str:
+        owner, name = match.group(1).lower(), match.group(2)
+        for dest in (_FIELD_OPTIONS.get(f"{owner}.{name}"), _FIELD_OPTIONS.get(name, name),
+                     f"{owner}_{name}"):
+            if dest is not None and dest in vars(args):
+                return "--" + dest.replace("_", "-")
+        return match.group(0)
+
+    text = f"{exc}".splitlines()[0] if f"{exc}" else type(exc).__name__
+    return _CONFIG_FIELD.sub(option, text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of a bare ``python -m thinkmem_ros.consolidator.receive``."""
     parser.add_argument("--db", required=True, help="the consolidator's SQLite store")
@@ -231,7 +264,7 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
             signal.signal(signum, lambda *_: process.stop())
         process.start()  # opens the store: a bad --db fails here, by name
     except Exception as exc:  # noqa: BLE001 - bad options, keys, bundle, bind, store
-        print(f"{prog}: {exc}".splitlines()[0], file=sys.stderr)
+        print(f"{prog}: {option_message(exc, args)}", file=sys.stderr)
         return 2
     print(f"READY {process.endpoint}", flush=True)
     process.serve()

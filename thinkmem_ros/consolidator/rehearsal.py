@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.policy.bundle import Bundle
 from thinkmem_ros.world.recipe import RecipeError, StreamRecipe
 
@@ -174,6 +175,10 @@ def install(staged: Path | str, publish_dir: Path | str, version: int) -> Path:
 
 def load_npz(path: Path | str) -> SituationSet:
     """Read a training set written by ``save_rehearsal``."""
+    try:
+        input_file(path, "rehearsal set")  # np.load on a FIFO waited for a writer forever
+    except ValueError as exc:
+        raise RehearsalError(f"{exc}") from None
     try:
         with np.load(path, allow_pickle=False) as f:
             return SituationSet(

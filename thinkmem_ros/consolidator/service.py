@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
+import math
 import signal
 import sys
 import threading
@@ -75,6 +75,7 @@ from thinkmem_ros.consolidator.recall_server import (
     RecallServer,
     index_store,
 )
+from thinkmem_ros.consolidator.receive import option_message
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
 from thinkmem_ros.consolidator.round_lock import RoundLock
@@ -89,17 +90,26 @@ from thinkmem_ros.consolidator.store import (
     DEFAULT_FLUSH_ROWS,
     ExperienceStore,
     StoreDamaged,
+    holds_store,
     is_damage,
 )
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
-from thinkmem_ros.link.experience import Experience
+from thinkmem_ros.link.experience import Experience, ExperienceError, check_robot_id
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
+from thinkmem_ros.link.security import curve_keys_problem
 from thinkmem_ros.policy.anticipation_rules import RuleSet
 from thinkmem_ros.policy.bundle import load_bundle
 
 log = logging.getLogger(__name__)
+
+MAX_CHECK_S = 3600.0
+"""Longest trigger poll: the loop also decides canaries then, so longer is a stalled service."""
+MAX_SEED = 2**32 - 1
+"""Largest seed (numpy's legacy bound; torch takes it too): one seed for every generator."""
+MAX_ENGINE_THREADS = 256
+"""Most discovery threads: each holds one part's temporaries (~0.1-0.2 GB)."""
 
 
 class RoundAborted(RuntimeError):
@@ -165,8 +175,10 @@ class ConsolidatorConfig:
         if not self.bind or "://" not in self.bind:
             raise ValueError(f"ConsolidatorConfig.bind must look like tcp://host:port, "
                              f"got {self.bind!r}")
-        if not self.check_s > 0:  # NaN too
-            raise ValueError(f"ConsolidatorConfig.check_s must be > 0, got {self.check_s}")
+        problem = curve_keys_problem("ConsolidatorConfig", self.curve,
+                                     self.server_secret_file, self.allowed_clients)
+        if problem:
+            raise ValueError(problem)
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
@@ -189,6 +201,30 @@ class ConsolidatorConfig:
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"ConsolidatorConfig.{name} must be a {kind.__name__}, got "
                                  f"{type(getattr(self, name)).__name__}")
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Refuse durations, seeds and thread counts that pass ``> 0`` but cannot work.
+
+        Why: ``check_s`` inf or 1e12 passed, the service printed READY and then died on an
+        OverflowError from the loop's wait; an infinite canary wait blocks every round for
+        good; a negative seed failed only in a round (numpy refuses it); 100,000 threads
+        exhaust the process long before they speed discovery up.
+        """
+        if not 0 < self.check_s <= MAX_CHECK_S:  # NaN too
+            raise ValueError(f"ConsolidatorConfig.check_s must be > 0 and <= "
+                             f"{MAX_CHECK_S:g} seconds, got {self.check_s}")
+        if not math.isfinite(self.canary.max_wait_s):
+            raise ValueError(f"CanaryConfig.max_wait_s must be a finite number of seconds "
+                             f"(an undecided canary holds back every round until then), got "
+                             f"{self.canary.max_wait_s}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"ConsolidatorConfig.seed must be in [0, {MAX_SEED}], got "
+                             f"{self.seed}")
+        if self.engine_threads > MAX_ENGINE_THREADS:
+            raise ValueError(f"ConsolidatorConfig.engine_threads must be in [0, "
+                             f"{MAX_ENGINE_THREADS}] (0 = the cores this process may use), "
+                             f"got {self.engine_threads}")
 
 
 @dataclass
@@ -810,6 +846,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run one round on what the store holds and exit")
 
 
+def canary_robots(text: str) -> tuple[str, ...]:
+    """The robot ids of ``--canary-robots`` (comma-separated); ValueError naming the option.
+
+    Why: ``,,,`` parsed as no robots and quietly left the canary off, and an id no robot
+    can carry would wait for a canary that never reports.
+    """
+    robots = tuple(r.strip() for r in text.split(",") if r.strip())
+    if text.strip() and not robots:
+        raise ValueError(f"--canary-robots {text!r} names no robot id")
+    for robot in robots:
+        try:
+            check_robot_id(robot)
+        except ExperienceError as exc:
+            raise ValueError(f"--canary-robots: {robot!r} is no robot id ({exc})") from None
+    return robots
+
+
 def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
     """Build the validated config from parsed options."""
     buffer_limit = args.buffer_limit
@@ -824,7 +877,8 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         retrain=RetrainConfig(epochs=args.epochs, seed=args.seed),
         rehearsal=RehearsalConfig(max_rows=args.rehearsal_rows, npz=args.rehearsal_npz,
                                   enabled=not args.no_rehearsal, seed=args.seed),
-        canary=CanaryConfig(fraction=args.canary_fraction, robots=args.canary_robots,
+        canary=CanaryConfig(fraction=args.canary_fraction,
+                            robots=canary_robots(args.canary_robots),
                             min_feedback=args.canary_min_feedback, margin=args.canary_margin,
                             reward_margin=args.canary_reward_margin,
                             max_wait_s=args.canary_max_wait_s,
@@ -852,6 +906,10 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
     if once and not Path(config.db_path).exists():  # a typo made an empty store and exit 0
         raise ValueError(f"--db {config.db_path}: no such store (a round reads a store "
                          f"the serving consolidator filled)")
+    # an empty file too; holds_store only reads, and refuses another program's database
+    if once and not holds_store(config.db_path):
+        raise ValueError(f"--db {config.db_path}: holds no store yet (a round reads a "
+                         f"store the serving consolidator filled)")
     if once or Path(config.db_path).exists():  # a damaged one is refused here, in one line
         ExperienceStore(config.db_path).close()  # (serving creates a new one in the receiver)
     # the bundle robots run before the first round: its model must load, not only hash
@@ -861,69 +919,72 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
             knowledge.load()
 
 
-_CONFIG_FIELD = re.compile(r"\b([A-Z][A-Za-z]*)Config\.([a-z_]+)")
-_FIELD_OPTIONS = {"engine_threads": "threads", "engine_address": "address",
-                  "db_path": "db", "buffer_limit": "buffer_limit"}
-
-
-def _as_options(text: str, args: argparse.Namespace) -> str:
-    """Name the command-line option behind a config field.
-
-    ``CanaryConfig.fraction`` becomes ``--canary-fraction``: the user typed options, not
-    the classes they fill.
-    """
-    def option(match: re.Match) -> str:
-        owner, name = match.group(1).lower(), match.group(2)
-        for dest in (_FIELD_OPTIONS.get(name, name), f"{owner}_{name}"):
-            if dest in vars(args):
-                return "--" + dest.replace("_", "-")
-        return match.group(0)
-
-    return _CONFIG_FIELD.sub(option, text)
-
-
 def run(args: argparse.Namespace) -> int:
-    """Run the service from parsed options; prints ``READY <endpoint>`` once bound."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:  # bad options, unreadable keys or initial bundle: say why, exit 2
-        config = config_from_args(args)
-        if args.once and config.canary.enabled:
-            raise ValueError("--canary-* needs the serving consolidator (its live figures "
-                             "decide), not --once")
-        service = ConsolidatorService(config)
-        if config.engine != "embedded":  # a cluster that cannot be reached fails here
-            service._discovery_engine()
-        check_inputs(config, once=args.once)
-        lock = RoundLock(config.db_path, config.publish_dir)
-    except (ValueError, OSError, RuntimeError) as exc:
-        text = _as_options(f"{exc}".splitlines()[0] if f"{exc}" else "", args)
-        print(f"thinkmem consolidator: {text}", file=sys.stderr)
+    """Run the service from parsed options; prints ``READY <endpoint>`` once bound.
+
+    SIGTERM/SIGINT stop it with exit 0 at any point. Why the stop handlers come before
+    the inputs load: the initial model takes ~1-2 s to load (numba), and a Ctrl-C then
+    ended in a KeyboardInterrupt traceback and exit 130.
+    """
+    made: list[ConsolidatorService] = []  # the service, once there is one to close
+    try:
+        lock, previous = _prepare(args, made)
+    except KeyboardInterrupt:  # before the stop handlers exist: as clean as after them
+        _close(made)
+        return 0
+    except (ValueError, OSError, RuntimeError) as exc:  # bad options, keys, bundle: exit 2
+        _close(made)
+        print(f"thinkmem consolidator: {option_message(exc, args)}", file=sys.stderr)
         return 2
     with lock:
-        return _run_locked(service, args)
+        try:
+            return _run_locked(made[0], args)
+        finally:  # an in-process caller (``thinkmem consolidator``, tests) gets its own back
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
+             ) -> tuple[RoundLock, dict]:
+    """Check the options and inputs, take the round lock, then let signals stop the service.
+
+    Returns the lock and the signal handlers it replaced. The service goes into ``made``
+    as soon as it exists, so whatever stops this midway can close it.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = config_from_args(args)
+    if args.once and config.canary.enabled:
+        raise ValueError("--canary-* needs the serving consolidator (its live figures "
+                         "decide), not --once")
+    made.append(ConsolidatorService(config))
+    if config.engine != "embedded":  # a cluster that cannot be reached fails here
+        made[0]._discovery_engine()
+    check_inputs(config, once=args.once)
+    lock = RoundLock(config.db_path, config.publish_dir)
+    previous = {signum: signal.signal(signum, lambda *_: made[0].stop())
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    return lock, previous
+
+
+def _close(made: list[ConsolidatorService]) -> None:
+    for service in made:
+        service.close()
 
 
 def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
     """One round (``--once``) or serve until stopped, holding the round lock."""
-    if args.once:
-        try:
-            service.run_round("once")
-        except Exception as exc:
-            if not is_damage(exc):
-                raise
-            service.store_damaged(exc)
-            print(f"thinkmem consolidator: {service.failure}", file=sys.stderr)
-            return 2
+    if service.stop_event.is_set():  # stopped while the inputs loaded: nothing started
         return 0
+    if args.once:
+        return _run_once(service)
     try:
         service.start()
     except Exception as exc:  # noqa: BLE001 - a bind that fails (address in use), a bad store
         service.close()
         print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
         return 2
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: service.stop())
-    print(f"READY {service.endpoint}", flush=True)
+    if not service.stop_event.is_set():
+        print(f"READY {service.endpoint}", flush=True)
     try:
         service.serve()
     finally:
@@ -935,13 +996,37 @@ def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_once(service: ConsolidatorService) -> int:
+    """``--once``: one round; stopped by a signal, it publishes nothing and exits 0."""
+    try:
+        service.run_round("once")
+    except RoundAborted:  # the round's log line says it was aborted
+        return 0
+    except Exception as exc:
+        if not is_damage(exc):
+            raise
+        service.store_damaged(exc)
+        print(f"thinkmem consolidator: {service.failure}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``thinkmem_consolidator`` console script."""
-    parser = OneLineParser(prog="thinkmem_consolidator",
-                                     description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """Run the ``thinkmem_consolidator`` console script (a Ctrl-C while parsing: exit 0)."""
+    try:
+        parser = OneLineParser(prog="thinkmem_consolidator",
+                               description=__doc__.splitlines()[0])
+        add_arguments(parser)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # ``run`` takes over from here
+        return 0
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # in the instant after ``run`` put the default handler back
+        return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from thinkmem_ros.entry import exit_quietly
+
+    sys.exit(exit_quietly(main()))

@@ -14,9 +14,12 @@ busy timeout, and a migration runs under the write lock, so two processes openin
 file at once apply it once. Each row keeps the validated wire payload (so every field can be
 decoded again) next to indexed columns for the queries discovery and retraining run.
 
-A damaged file (SQLite: "database disk image is malformed") is refused at open (``PRAGMA
-quick_check``) and raises ``StoreDamaged`` wherever SQLite meets the damage later, so the
-processes that write into it stop instead of failing batch after batch (``ingest``).
+A file that is not a store (another program's database) is refused at open, before anything
+is written into it (``not_a_store``); a store says what it is in its header (``PRAGMA
+application_id``, ``APPLICATION_ID``). A damaged file (SQLite: "database disk image is
+malformed") is refused at open (``PRAGMA quick_check``) and raises ``StoreDamaged``
+wherever SQLite meets the damage later, so the processes that write into it stop instead
+of failing batch after batch (``ingest``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from thinkmem_ros.consolidator.lake import (
     ParquetLake,
     lake_dir_for,
 )
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.link.experience import (
     Experience,
     ExperienceError,
@@ -90,6 +94,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+APPLICATION_ID = 0x746D6D73  # b"tmms" in the header: "a thinkmem store", whatever it holds
+# Tables a store file may hold: the store's own and those other modules keep beside them in
+# the same file (``knowledge``, ``round_marks``).
+STORE_TABLES = frozenset(
+    {"schema_version", "knowledge_schema_version", "knowledge_units", "round_marks"}
+    | {statement.split()[2] for migration in MIGRATIONS for statement in migration
+       if statement.startswith("CREATE TABLE")})
 # A manifest row as ``LakeFile`` takes it.
 _LISTED = "path, robot_id, day, rows, min_id, max_id"
 PAGE_SIZE = 16384
@@ -167,6 +178,10 @@ class ExperienceStore:
         self._lake = ParquetLake(lake_dir_for(self.path))
         self._tail_rows: int | None = None
         try:
+            input_file(self.path, "path")
+        except ValueError as exc:  # a FIFO or a folder: SQLite's "disk I/O error" says less
+            raise StoreError(f"cannot open store: {exc}") from None
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=10.0)
             # 16 KiB pages: a ~1.4 KB record costs a third of the page writes and syscalls
@@ -174,6 +189,7 @@ class ExperienceStore:
             # file takes it, older stores keep their page size and still work.
             self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             self._quick_check()  # before anything is written into the file
+            self._refuse_foreign()  # this one too
             _set_wal(self._conn, 10.0)
             # In WAL mode NORMAL syncs at checkpoints, not at every commit: a committed
             # batch survives a crash of this process (kill -9) but a power cut may lose
@@ -219,6 +235,19 @@ class ExperienceStore:
             f"{self.path}: the store file is damaged, not opened (SQLite quick_check: "
             f"{problems[0][:200]}{more}); restore it from a backup (robots keep every batch "
             f"not acknowledged)")
+
+    def _refuse_foreign(self) -> None:
+        """Refuse another program's database in one line, before anything is written.
+
+        Opening creates the store's tables, so a --db naming another application's file (or
+        a typo that hit one) used to gain eleven tables and WAL files, and a round on it
+        reported "0 experiences" and exited 0.
+        """
+        problem = not_a_store(self._conn)
+        if problem is not None:
+            self._conn_close_quietly()
+            raise StoreError(f"{self.path}: not a thinkmem store ({problem}); refused so "
+                             f"nothing is written into it: name a new file or a store")
 
     def _failure(self, what: str, exc: sqlite3.Error) -> StoreError:
         """The error to raise for SQLite's ``exc``: ``StoreDamaged`` if it says so."""
@@ -684,6 +713,9 @@ class ExperienceStore:
             raise StoreError(
                 f"{self.path}: store schema {current} is newer than this thinkmem_ros "
                 f"({SCHEMA_VERSION}); upgrade the consolidator")
+        if _application_id(self._conn) != APPLICATION_ID:  # new, or written before the id
+            with self._conn:
+                self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         for version in range(current + 1, target + 1):
             with self._conn:  # each migration and its version row commit together
                 # IMMEDIATE takes the write lock before the version is read again: several
@@ -696,6 +728,62 @@ class ExperienceStore:
                     self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version VALUES (?, ?)",
                                    (version, time.time()))
+
+
+def _application_id(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA application_id").fetchone()[0])
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    """The file's own tables (SQLite's internal ``sqlite_*`` left out)."""
+    return {name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")}
+
+
+def not_a_store(conn: sqlite3.Connection) -> str | None:
+    """Why the file behind ``conn`` is no thinkmem store; None for a store or an empty file.
+
+    A store carries ``APPLICATION_ID``; one written before the id existed holds only
+    ``STORE_TABLES``, as does a new file one of this file's openers began (an empty one
+    holds none). Any other table, or another application id, is another program's.
+    Reads only, so a read-only opener (``thinkmem knowledge list``) may ask too.
+    """
+    app = _application_id(conn)
+    if app == APPLICATION_ID:
+        return None
+    if app != 0:
+        return f"another program's database: SQLite application id {app:#010x}"
+    other = sorted(_tables(conn) - STORE_TABLES)
+    if not other:
+        return None
+    more = f" and {len(other) - 3} more" if len(other) > 3 else ""
+    return f"it holds other tables: {', '.join(other[:3])}{more}"
+
+
+def holds_store(path: Path | str) -> bool:
+    """Whether ``path`` is a store already, not an empty file (a reader's check: read-only).
+
+    Raises ``StoreError`` for another program's database, a file that is no SQLite
+    database, a FIFO or a folder.
+    """
+    path = Path(path)
+    try:
+        input_file(path, "path")
+    except ValueError as exc:
+        raise StoreError(f"cannot open store: {exc}") from None
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open store: {exc}") from None
+    try:
+        problem = not_a_store(conn)
+        if problem is not None:
+            raise StoreError(f"{path}: not a thinkmem store ({problem})")
+        return _application_id(conn) == APPLICATION_ID or bool(_tables(conn))
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot open store: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _set_wal(conn: sqlite3.Connection, timeout_s: float) -> None:

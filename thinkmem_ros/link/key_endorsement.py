@@ -49,6 +49,7 @@ from pathlib import Path
 import nacl.exceptions
 import nacl.signing
 
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.link.security import (
     SecurityError,
     SignatureError,
@@ -265,6 +266,10 @@ def check_chain(chain: Sequence[KeyEndorsement], root: object | None = None) -> 
 def load_chain(path: Path | str) -> list[KeyEndorsement]:
     """Read a chain file (``{"format": 1, "endorsements": [...]}``) or one endorsement."""
     path = Path(path)
+    try:
+        input_file(path, "key chain")  # a FIFO blocked the read forever
+    except ValueError as exc:
+        raise EndorsementError("malformed", f"{exc}") from None
     try:
         if path.stat().st_size > MAX_CHAIN_FILE_BYTES:
             raise EndorsementError("malformed", f"{path}: larger than {MAX_CHAIN_FILE_BYTES} "

@@ -55,6 +55,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from thinkmem_ros.core.input_files import input_file, input_path
 from thinkmem_ros.link.experience import ExperienceError, check_robot_id
 from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
 
@@ -74,6 +75,18 @@ class SignatureError(BundleError):
 
 # ----------------------------------------------------------------------------- CURVE keys
 
+def _key_file(path: Path | str, what: str) -> None:
+    """Refuse a key path that is a FIFO, a device or a folder, in one line.
+
+    Why: reading a FIFO blocks until a writer comes, so a mistyped key path hung the
+    command with no output; ``os.stat`` answers without opening it.
+    """
+    try:
+        input_file(path, what)
+    except ValueError as exc:
+        raise SecurityError(f"{exc}") from None
+
+
 def write_curve_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
     """Create ``NAME.key`` (0644) and ``NAME.key_secret`` (0600); returns both paths."""
     folder = Path(folder)
@@ -90,6 +103,7 @@ def write_curve_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
 
 def load_curve_keypair(secret_file: Path | str) -> tuple[bytes, bytes]:
     """``(public, secret)`` Z85 keys from a ``.key_secret`` file."""
+    _key_file(secret_file, "CURVE key pair")
     try:
         public, secret = zmq.auth.load_certificate(str(secret_file))
     except (OSError, ValueError) as exc:
@@ -101,6 +115,7 @@ def load_curve_keypair(secret_file: Path | str) -> tuple[bytes, bytes]:
 
 def load_curve_public(key_file: Path | str) -> bytes:
     """Read the Z85 public key from a ``.key`` or ``.key_secret`` file."""
+    _key_file(key_file, "CURVE public key")
     try:
         public, _ = zmq.auth.load_certificate(str(key_file))
     except (OSError, ValueError) as exc:
@@ -142,6 +157,10 @@ def load_allow_list(source: Path | str | Mapping[bytes, str] | AllowList) -> All
         raise SecurityError("allowed client keys need robot ids: pass {key: robot_id}, a "
                             "folder of <robot_id>.key files or a TOML allow-list")
     path = Path(source)
+    try:
+        input_path(path, "allow-list")  # a FIFO "was not found", and blocked a reload
+    except ValueError as exc:
+        raise SecurityError(f"{exc}") from None
     signature = allow_list_signature(path)
     robots = {}
     if path.is_dir():
@@ -200,6 +219,7 @@ def write_allow_list(path: Path | str, robots: Mapping[str, bytes | list[bytes]]
 
 
 def _load_toml(path: Path) -> dict[bytes, str]:
+    _key_file(path, "allow-list")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -299,6 +319,31 @@ def curve_enabled(mode: str, endpoint: str, have_keys: bool) -> bool:
     return wanted
 
 
+def curve_keys_problem(owner: str, mode: str, server_secret_file: object,
+                       allowed_clients: object) -> str | None:
+    """Why a server's CURVE settings contradict each other (None: they do not).
+
+    ``owner`` names the config whose fields these are (``ConsolidatorConfig``), so a
+    command can name its options. Why: CURVE authenticates only with both the server's
+    key pair and the allow-list, and ``off`` turns it off whatever else was given, so a
+    server key or allow-list passed with ``off`` (or one without the other, on loopback)
+    ran unauthenticated, exit 0, with the allow-list the user passed not enforced.
+    """
+    given = [name for name, value in (("server_secret_file", server_secret_file),
+                                      ("allowed_clients", allowed_clients))
+             if value is not None]
+    if given and mode == "off":
+        named = " and ".join(f"{owner}.{name}" for name in given)
+        return (f"{owner}.curve off contradicts {named}: with CURVE off no robot is "
+                f"authenticated and no allow-list is enforced; drop "
+                f"{'it' if len(given) == 1 else 'them'}, or keep CURVE on")
+    if len(given) == 1:
+        other = ({"server_secret_file", "allowed_clients"} - set(given)).pop()
+        return (f"{owner}.{given[0]} needs {owner}.{other}: CURVE authenticates robots "
+                f"with both the server's key pair and the allow-list")
+    return None
+
+
 class _AllowList:
     """ZAP credentials callback: admits the allow-list's keys, logs and counts refusals.
 
@@ -389,6 +434,7 @@ def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
     if Path(path).name.endswith(".pub"):
         raise SecurityError(f"{path}: this is a public key; sign with the matching secret "
                             f"key (NAME.sign.key)")
+    _key_file(path, "Ed25519 signing key")
     try:
         return nacl.signing.SigningKey(bytes.fromhex(Path(path).read_text().strip()))
     except (OSError, ValueError, nacl.exceptions.CryptoError) as exc:
@@ -404,6 +450,7 @@ def load_verify_key(key: nacl.signing.VerifyKey | bytes | str | Path) -> nacl.si
             return nacl.signing.VerifyKey(key)
         text = str(key)
         if isinstance(key, Path) or not _is_hex(text):
+            _key_file(text, "Ed25519 public key")
             text = Path(text).read_text().strip()
         return nacl.signing.VerifyKey(bytes.fromhex(text))
     except (OSError, ValueError, TypeError, nacl.exceptions.CryptoError) as exc:

@@ -1,0 +1,334 @@
+"""Hostile input to ``thinkmem_consolidator`` (and its receive-only sibling): one line, exit 2.
+
+The project rule for every command: bad input prints one line and exits non-zero, never a
+traceback, never exit 0 on input it could not use, never a hang, never silent data loss.
+Each case here broke it once: another program's SQLite file gained the store's tables and
+a round exited 0 on it; a FIFO given as a key or a store blocked forever; ``--check-s inf``
+printed READY and died on an OverflowError; ``--curve off`` with an allow-list ran
+unauthenticated; a Ctrl-C while the initial model loaded printed a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thinkmem_ros.consolidator import service
+from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
+from thinkmem_ros.consolidator.receive import ReceiveConfig
+from thinkmem_ros.consolidator.store import APPLICATION_ID, ExperienceStore, StoreError
+from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """A signing key, the server's CURVE pair and an allow-list folder with one robot."""
+    _, sign = write_signing_keypair(tmp_path / "keys", "c")
+    _, secret = write_curve_keypair(tmp_path / "keys", "c")
+    write_curve_keypair(tmp_path / "keys" / "allowed", "robot1")
+    return {"sign": sign, "secret": secret, "allow": tmp_path / "keys" / "allowed"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    ExperienceStore(tmp_path / "c.db").close()
+    return tmp_path / "c.db"
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def foreign_db(path: Path) -> Path:
+    """Another application's SQLite file: one table of its own."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
+        conn.execute("INSERT INTO customers VALUES (1, 'ada')")
+    conn.close()
+    return path
+
+
+def run_main(capsys, *argv) -> tuple[int, str]:
+    """Exit status and stderr of ``thinkmem_consolidator ARGV`` run in this process.
+
+    The signal handlers a started service installs are put back, so pytest's stay.
+    """
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = service.main([str(a) for a in argv])
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    return code, capsys.readouterr().err
+
+
+def assert_one_line(code: int, err: str, *names: object) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for name in names:
+        assert str(name) in err, err
+
+
+def run_process(tmp_path, *argv, module="thinkmem_ros.consolidator.service", timeout=30):
+    """The command as a process: a hang fails the test after ``timeout`` instead of for good."""
+    try:
+        return subprocess.run([sys.executable, "-m", module, *[str(a) for a in argv]],
+                              capture_output=True, text=True, env=ENV, cwd=tmp_path,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{module} {' '.join(map(str, argv))} blocked for {timeout} s")
+
+
+# ------------------------------------------------------------------ the store file
+
+def test_another_programs_database_is_refused_before_anything_is_written(tmp_path):
+    path = foreign_db(tmp_path / "app.db")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="not a thinkmem store") as refused:
+        ExperienceStore(path)
+    assert str(path) in str(refused.value) and "customers" in str(refused.value)
+    for read_only in (False, True):
+        with pytest.raises(KnowledgeStoreError, match="not a thinkmem store"):
+            KnowledgeStore(path, read_only=read_only)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_a_file_another_application_id_claims_is_refused(tmp_path):
+    path = tmp_path / "gpkg.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA application_id = 1196444487")  # GeoPackage's
+    conn.close()
+    with pytest.raises(StoreError, match="application id 0x47504b47"):
+        ExperienceStore(path)
+
+
+def test_an_empty_file_becomes_a_store_that_says_what_it_is(tmp_path):
+    path = tmp_path / "new.db"
+    path.write_bytes(b"")
+    ExperienceStore(path).close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    conn.close()
+
+
+def test_a_store_written_before_the_header_id_still_opens(tmp_path, store):
+    with sqlite3.connect(store) as conn:  # as every store written before the id existed
+        conn.execute("PRAGMA application_id = 0")
+        conn.execute("INSERT INTO experiences (robot_id, seq, episode_id, stamp, "
+                     "bundle_version, payload) VALUES ('r1', 1, 'e1', 1.0, 1, x'00')")
+    conn.close()
+    with ExperienceStore(store, flush_rows=0) as opened:
+        assert opened.count() == 1
+    with KnowledgeStore(store, read_only=True) as knowledge:
+        assert knowledge.load() == []
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    conn.close()
+
+
+def test_once_on_another_programs_database_is_refused_and_leaves_it_alone(tmp_path, keys,
+                                                                          capsys):
+    path = foreign_db(tmp_path / "app.db")
+    before = path.read_bytes()
+    code, err = run_main(capsys, "--once", "--db", path, "--signing-key", keys["sign"],
+                         "--publish-dir", tmp_path / "pub")
+    assert_one_line(code, err, "thinkmem consolidator:", path, "not a thinkmem store")
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("app.db-*"))
+
+
+def test_once_on_an_empty_file_is_refused_and_leaves_it_empty(tmp_path, keys, capsys):
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    code, err = run_main(capsys, "--once", "--db", path, "--signing-key", keys["sign"],
+                         "--publish-dir", tmp_path / "pub")
+    assert_one_line(code, err, "thinkmem consolidator:", path, "holds no store")
+    assert path.stat().st_size == 0
+
+
+def test_serving_still_makes_a_new_store_of_an_empty_file(tmp_path, keys):
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thinkmem_ros.consolidator.service", "--db", str(path),
+         "--publish-dir", str(tmp_path / "pub"), "--signing-key", str(keys["sign"]),
+         "--bind", "tcp://127.0.0.1:*", "--curve", "off"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().startswith("READY "), proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with ExperienceStore(path) as opened:
+        assert opened.count() == 0
+
+
+# ------------------------------------------------------------------ FIFOs, at start
+
+@pytest.mark.parametrize("argv, what", [
+    (["--once", "--signing-key", "FIFO"], "signing key"),
+    (["--once", "--endorsements", "FIFO"], "key chain"),
+    (["--once", "--rehearsal-npz", "FIFO"], "rehearsal set"),
+    (["--once", "--db", "FIFO"], "cannot open store"),
+    (["--db", "FIFO", "--bind", "tcp://127.0.0.1:*", "--curve", "off"], "cannot open store"),
+    (["--server-key", "FIFO", "--allow", "ALLOW", "--bind", "tcp://127.0.0.1:*"],
+     "CURVE key pair"),
+    (["--server-key", "SECRET", "--allow", "FIFO", "--bind", "tcp://127.0.0.1:*"],
+     "allow-list"),
+], ids=["signing-key", "endorsements", "rehearsal-npz", "db-once", "db-serving", "server-key",
+        "allow"])
+def test_a_fifo_for_a_file_is_refused_at_start(tmp_path, keys, store, fifo, argv, what):
+    """It blocked forever in ``open`` waiting for a writer, with no output."""
+    names = {"FIFO": fifo, "ALLOW": keys["allow"], "SECRET": keys["secret"]}
+    argv = [names.get(a, a) for a in argv]
+    base = ["--db", store, "--signing-key", keys["sign"], "--publish-dir", tmp_path / "pub"]
+    done = run_process(tmp_path, *base, *argv)  # later options win
+    assert_one_line(done.returncode, done.stderr, "thinkmem consolidator:", fifo, what,
+                    "a FIFO")
+    assert "READY" not in done.stdout
+
+
+def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, fifo):
+    code = ("import sys\nfrom thinkmem_ros.consolidator.knowledge import KnowledgeStore\n"
+            "try:\n    KnowledgeStore(sys.argv[1], read_only=True)\n"
+            "except Exception as exc:\n    sys.exit(str(exc))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True,
+                              text=True, env=ENV, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("KnowledgeStore blocked on a FIFO")
+    assert done.returncode == 1 and "is a FIFO, not a file" in done.stderr
+
+
+# ------------------------------------------------------------------ options, named
+
+@pytest.mark.parametrize("argv, says", [
+    (["--check-s", "inf"], "--check-s must be > 0 and <= 3600"),
+    (["--check-s", "1e12"], "--check-s must be > 0 and <= 3600"),
+    (["--canary-max-wait-s", "inf", "--canary-fraction", "0.5"],
+     "--canary-max-wait-s must be a finite number"),
+    (["--rehearsal-rows", "-1"], "--rehearsal-rows must be >= 1"),
+    (["--threads", "100000"], "--threads must be in [0, 256]"),
+    (["--seed", "-1"], "--seed must be in [0, 4294967295]"),
+    (["--canary-robots", ",,,"], "--canary-robots ',,,' names no robot id"),
+    (["--canary-robots", "r1,no robot"], "'no robot' is no robot id"),
+    (["--curve", "off", "--server-key", "SECRET", "--allow", "ALLOW"],
+     "--curve off contradicts --server-key and --allow"),
+    (["--curve", "off", "--allow", "ALLOW"], "--curve off contradicts --allow"),
+    (["--allow", "ALLOW"], "--allow needs --server-key"),
+], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "rehearsal-rows", "threads", "seed",
+        "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys", "curve-off-allow",
+        "allow-alone"])
+def test_an_option_that_cannot_work_is_refused_by_its_name(tmp_path, keys, store, capsys,
+                                                           argv, says):
+    """Each used to pass: --once then ran its round and exited 0, serving ran (READY) with
+    an OverflowError later, or unauthenticated; or the line named a config field."""
+    argv = [{"SECRET": keys["secret"], "ALLOW": keys["allow"]}.get(a, a) for a in argv]
+    code, err = run_main(capsys, "--once", "--db", store, "--signing-key", keys["sign"],
+                         "--publish-dir", tmp_path / "pub", *argv)
+    assert_one_line(code, err, "thinkmem consolidator:", says)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--curve", "off", "--server-key", "SECRET", "--allow", "ALLOW"],
+     "--curve off contradicts --server-key and --allow"),
+    (["--curve", "off", "--flush-rows", "-1"], "--flush-rows must be >= 0"),
+], ids=["curve-off-keys", "flush-rows"])
+def test_receive_refuses_as_the_consolidator_does(tmp_path, keys, argv, says):
+    """The receive-only process shares these options; with CURVE off it served."""
+    argv = [{"SECRET": keys["secret"], "ALLOW": keys["allow"]}.get(a, a) for a in argv]
+    done = run_process(tmp_path, "--db", tmp_path / "r.db", "--bind", "tcp://127.0.0.1:*",
+                       *argv, module="thinkmem_ros.consolidator.receive")
+    assert_one_line(done.returncode, done.stderr, "consolidator.receive:", says)
+    assert "READY" not in done.stdout
+
+
+def test_receive_config_refuses_an_allow_list_with_curve_off(tmp_path, keys):
+    with pytest.raises(ValueError, match="ReceiveConfig.curve off contradicts"):
+        ReceiveConfig(db_path=tmp_path / "r.db", bind="tcp://127.0.0.1:*", curve="off",
+                      server_secret_file=keys["secret"], allowed_clients=keys["allow"])
+
+
+# ------------------------------------------------------------------ Ctrl-C at start
+
+INTERRUPT_AT = """
+import os, signal, sys, time
+from thinkmem_ros import entry
+from thinkmem_ros.consolidator import service
+
+owner = service if sys.argv[1] == "check_inputs" else service.ConsolidatorService
+original = getattr(owner, sys.argv[1])
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, at this very step
+    time.sleep(1)
+    return original(*args, **kwargs)
+
+setattr(owner, sys.argv[1], interrupted)
+sys.argv = ["thinkmem_consolidator", *sys.argv[2:]]
+sys.exit(entry.thinkmem_consolidator())
+"""
+
+
+@pytest.mark.parametrize("step, serving", [
+    ("check_inputs", False),  # loading the initial model (~1-2 s with numba)
+    ("_round", False),  # --once's round: it stops at its next step boundary
+    ("start", True),  # binding and opening the store, before READY
+], ids=["loading-inputs", "once-round", "binding"])
+def test_a_ctrl_c_at_start_is_a_clean_stop(tmp_path, keys, store, step, serving):
+    """Exit 0 and no traceback, as a Ctrl-C after READY.
+
+    The signal is injected at the step (the process sends it to itself there): a real
+    Ctrl-C timed to land in a 1-2 s window is unreliable on a loaded machine.
+    """
+    argv = ["--db", store, "--signing-key", keys["sign"], "--publish-dir", tmp_path / "pub"]
+    argv += ["--bind", "tcp://127.0.0.1:*", "--curve", "off"] if serving else ["--once"]
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_AT, step, *map(str, argv)],
+                          capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "READY" not in done.stdout, done.stderr
+    assert not (tmp_path / "pub" / "history").exists() or not any(
+        (tmp_path / "pub" / "history").iterdir())
+
+
+INTERRUPT_AT_EXIT = """
+import atexit, os, signal, sys, time
+from thinkmem_ros import entry
+
+def interrupted():  # runs as the interpreter tears down, after main returned
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)
+
+atexit.register(interrupted)
+sys.argv = ["thinkmem_consolidator", *sys.argv[1:]]
+sys.exit(entry.thinkmem_consolidator())
+"""
+
+
+def test_a_ctrl_c_while_the_process_exits_keeps_its_clean_exit(tmp_path, keys, store):
+    """A Ctrl-C in the ~0.3 s the interpreter takes to exit after a round ended in 130.
+
+    Injected for the same reason as above, in an atexit callback: the last Python code
+    that runs before the interpreter resets its handlers and tears down.
+    """
+    argv = ["--once", "--db", store, "--signing-key", keys["sign"], "--publish-dir",
+            tmp_path / "pub"]
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_EXIT, *map(str, argv)],
+                          capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr
