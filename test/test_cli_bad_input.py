@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_checks import assert_one_line, run
 
 from thinkmem_ros import cli
 from thinkmem_ros.consolidator import service
@@ -22,23 +23,8 @@ SMALL_TRAIN = ["--duration", "130", "--streams", "2", "--epochs", "1", "--test-d
                "--no-progress"]  # if a check were missing, training stays seconds, not minutes
 
 
-def run(capsys, *argv, entry=cli.main) -> tuple[int, str]:
-    """Exit status and stderr of one command, a ``SystemExit`` handled as the interpreter does."""
-    try:
-        code = entry([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    return code, capsys.readouterr().err
 
 
-def assert_one_line(code: int, err: str, *names: str) -> None:
-    """The rule: non-zero, one line on stderr that names the problem, no traceback."""
-    assert code != 0, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for name in names:
-        assert name in err, err
 
 
 @pytest.fixture
@@ -366,7 +352,6 @@ def test_a_second_consolidator_on_one_store_or_publish_folder_is_refused(tmp_pat
 
 def test_the_round_lock_holds_across_processes_and_dies_with_its_holder(tmp_path):
     import subprocess
-    import sys
 
     from thinkmem_ros.consolidator.round_lock import RoundLock, RoundLockError
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import assert_one_line, run
 from rich.console import Console
 
 from thinkmem_ros import cli
@@ -27,23 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 STATE = ("keys", "consolidator", "node_state")
 
 
-def run(capsys, *argv) -> tuple[int, str]:
-    """Exit status and stderr of one command, a ``SystemExit`` handled as the interpreter does."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    return code, capsys.readouterr().err
 
 
-def assert_one_line(code: int, err: str, *names: str) -> None:
-    """The rule: non-zero, one line on stderr that names the problem, no traceback."""
-    assert code != 0, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for name in names:
-        assert name in err, err
 
 
 def _manifest(model_version: int = 3) -> BundleManifest:

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from cli_checks import assert_one_line, run
 
-from thinkmem_ros import cli
 from thinkmem_ros.commands import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,22 +31,8 @@ SMALL = ["--duration", "30", "--streams", "2", "--window", "8", "--epochs", "1",
          "1", "--test-duration", "0", "--no-progress", "--preset", "fast"]
 
 
-def run(capsys, *argv) -> tuple[int, str]:
-    """Exit status and stderr of one ``thinkmem`` command, a SystemExit as Python ends it."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-        if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    return code, capsys.readouterr().err
 
 
-def assert_one_line(code: int, err: str, *names: str) -> None:
-    assert code != 0, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for name in names:
-        assert name in err, err
 
 
 # ------------------------------------------------------------------ absent signals

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from thinkmem_ros.commands import check_output, one_line
 from thinkmem_ros.core.input_files import input_file
-from thinkmem_ros.link.experience import ExperienceError, check_robot_id
+from thinkmem_ros.link.experience import check_robot_ids
 from thinkmem_ros.link.key_endorsement import (
     KeyEndorsement,
     check_chain,
@@ -158,11 +158,11 @@ def _pairs(args: argparse.Namespace) -> int:
     for name in [*names, sign_name]:
         if not _NAME_RE.fullmatch(name):
             raise SystemExit(f"--name {name!r}: use letters, digits, '_', '.', '-' only")
+    try:
+        check_robot_ids(robots, "--robot")
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     for robot in robots:
-        try:
-            check_robot_id(robot)
-        except ExperienceError as exc:
-            raise SystemExit(f"--robot {robot!r}: not a valid robot id ({exc})") from None
         if not _NAME_RE.fullmatch(robot):
             raise SystemExit(f"--robot {robot!r}: use letters, digits, '_', '.', '-' only")
     pairs = [*names, *robots]

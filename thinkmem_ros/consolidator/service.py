@@ -96,7 +96,7 @@ from thinkmem_ros.consolidator.store import (
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
-from thinkmem_ros.link.experience import Experience, ExperienceError, check_robot_id
+from thinkmem_ros.link.experience import Experience, check_robot_ids
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 from thinkmem_ros.link.security import curve_keys_problem
 from thinkmem_ros.policy.anticipation_rules import RuleSet
@@ -855,12 +855,7 @@ def canary_robots(text: str) -> tuple[str, ...]:
     robots = tuple(r.strip() for r in text.split(",") if r.strip())
     if text.strip() and not robots:
         raise ValueError(f"--canary-robots {text!r} names no robot id")
-    for robot in robots:
-        try:
-            check_robot_id(robot)
-        except ExperienceError as exc:
-            raise ValueError(f"--canary-robots: {robot!r} is no robot id ({exc})") from None
-    return robots
+    return check_robot_ids(robots, "--canary-robots")
 
 
 def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:

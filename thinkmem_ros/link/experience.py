@@ -610,6 +610,21 @@ def check_robot_id(value: Any) -> str:
     return value
 
 
+def check_robot_ids(ids, option: str) -> tuple[str, ...]:
+    """``ids`` as a tuple when each is a valid robot id; ValueError naming ``option`` and it.
+
+    For command-line options that list robots (``--robot``, ``--canary-robots``): an id no
+    record can carry would bind a key, or wait for a canary, that never reports.
+    """
+    ids = tuple(ids)
+    for robot in ids:
+        try:
+            check_robot_id(robot)
+        except ExperienceError as exc:
+            raise ValueError(f"{option} {robot!r}: not a valid robot id ({exc})") from None
+    return ids
+
+
 def _check_id(name: str, value: str) -> None:
     """Check a robot/episode id; ids seen valid before skip the regex (they repeat a lot)."""
     if value in _KNOWN_IDS:
