@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import threading
 import zlib
 from pathlib import Path
@@ -18,6 +19,19 @@ REPO = Path(__file__).resolve().parent.parent
 def domain_id_for(name: str) -> int:
     """A ROS_DOMAIN_ID in 1..200 that differs between modules and between concurrent runs."""
     return (os.getpid() * 7 + zlib.crc32(name.encode())) % 200 + 1
+
+
+def pytest_configure(config):
+    """Give the processes the tests start the Ctrl-C a terminal's user has.
+
+    A suite started with SIGINT ignored (a background job of a non-interactive shell, as
+    ``make test &`` is) passes that on to every process it starts, and the tests of
+    Ctrl-C handling then send a SIGINT nobody receives: they failed that way, and only
+    behind tests that happen to install a handler of their own.
+    """
+    del config
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")
