@@ -225,6 +225,7 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--rehearsal-rows", "-1"], "--rehearsal-rows must be >= 1"),
     (["--threads", "100000"], "--threads must be in [0, 256]"),
     (["--seed", "-1"], "--seed must be in [0, 4294967295]"),
+    (["--train-workers", "100000"], "--train-workers must be in [1, 256]"),
     (["--canary-robots", ",,,"], "--canary-robots ',,,' names no robot id"),
     (["--canary-robots", "r1,no robot"], "'no robot': not a valid robot id"),
     (["--curve", "off", "--server-key", "SECRET", "--allow", "ALLOW"],
@@ -232,8 +233,8 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--curve", "off", "--allow", "ALLOW"], "--curve off contradicts --allow"),
     (["--allow", "ALLOW"], "--allow needs --server-key"),
 ], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "rehearsal-rows", "threads", "seed",
-        "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys", "curve-off-allow",
-        "allow-alone"])
+        "train-workers", "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys",
+        "curve-off-allow", "allow-alone"])
 def test_an_option_that_cannot_work_is_refused_by_its_name(tmp_path, keys, store, capsys,
                                                            argv, says):
     """Each used to pass: --once then ran its round and exited 0, serving ran (READY) with

@@ -225,6 +225,9 @@ class ConsolidatorConfig:
             raise ValueError(f"ConsolidatorConfig.engine_threads must be in [0, "
                              f"{MAX_ENGINE_THREADS}] (0 = the cores this process may use), "
                              f"got {self.engine_threads}")
+        if self.train_workers > MAX_ENGINE_THREADS:  # each is a process holding a model copy
+            raise ValueError(f"ConsolidatorConfig.train_workers must be in [1, "
+                             f"{MAX_ENGINE_THREADS}], got {self.train_workers}")
 
 
 @dataclass
