@@ -121,7 +121,7 @@ def test_the_consolidator_refuses_a_damaged_store_with_one_line_and_exit_2(tmp_p
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "thinkmem_ros.consolidator.service", "--db", str(path),
             "--publish-dir", str(tmp_path / "published"), "--signing-key", str(key),
-            "--bind", "tcp://127.0.0.1:*", "--epochs", "1", *(["--once"] if once else [])]
+            "--epochs", "1", *(["--once"] if once else ["--bind", "tcp://127.0.0.1:*"])]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:

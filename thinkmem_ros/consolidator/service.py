@@ -954,6 +954,10 @@ def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
     if args.once and config.canary.enabled:
         raise ValueError("--canary-* needs the serving consolidator (its live figures "
                          "decide), not --once")
+    if args.once and (served := serving_options(args)):
+        raise ValueError(f"{', '.join(served)}: --once runs one round on the store and "
+                         "exits, it serves no robots; drop "
+                         f"{'it' if len(served) == 1 else 'them'}")
     made.append(ConsolidatorService(config))
     if config.engine != "embedded":  # a cluster that cannot be reached fails here
         made[0]._discovery_engine()
@@ -962,6 +966,19 @@ def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
     previous = {signum: signal.signal(signum, lambda *_: made[0].stop())
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     return lock, previous
+
+
+def serving_options(args: argparse.Namespace) -> list[str]:
+    """The options given that only a serving consolidator uses.
+
+    Why: ``--once`` took them and never used them, so a mistyped command (``--once`` left
+    in a service file) ran one round and exited 0 while the robots found nobody listening.
+    """
+    given = (("--bind", args.bind != ConsolidatorConfig.bind),
+             ("--server-key", args.server_key is not None),
+             ("--allow", args.allow is not None),
+             ("--recall-bind", args.recall_bind is not None))
+    return [name for name, present in given if present]
 
 
 def _close(made: list[ConsolidatorService]) -> None:
