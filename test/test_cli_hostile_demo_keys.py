@@ -287,3 +287,31 @@ def test_plot_formats_matplotlib_saves_pass_the_check(tmp_path, name):
     from thinkmem_ros.commands import check_plot
 
     assert check_plot(tmp_path / name, "--plot") == tmp_path / name
+
+
+# ------------------------------------------------------------------ a FIFO as an output
+
+def test_a_fifo_nobody_reads_is_refused_as_an_output_before_running(tmp_path, capsys,
+                                                                    monkeypatch):
+    """The report used to be written after the whole run, into a FIFO that blocked it."""
+    def never(name):
+        raise AssertionError(f"benchmark {name} started before --json was checked")
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    monkeypatch.setattr("thinkmem_ros.commands.bench.load", never)
+    code, err = run(capsys, "bench", "latency", "--quick", "--json", fifo)
+    assert_one_line(code, err, f"--json {fifo}", "is a FIFO nobody reads")
+
+
+def test_a_fifo_with_a_reader_is_a_fine_output(tmp_path):
+    """``--json >(jq .)`` hands the command a pipe that someone reads."""
+    from thinkmem_ros.commands import check_output
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert check_output(fifo, "--json") == fifo
+    finally:
+        os.close(reader)

@@ -14,6 +14,23 @@ def one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
 
 
+def _fifo_has_reader(path: Path) -> bool:
+    """Whether a write to the FIFO ``path`` would go somewhere rather than block for ever.
+
+    A FIFO with a reader is a fine output (``--json >(jq .)`` hands the command a pipe); one
+    without blocks the write, after the whole run, until someone opens it. A non-blocking
+    open for writing tells the two apart (ENXIO: no reader) without waiting.
+    """
+    import errno
+    import os
+
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        return exc.errno != errno.ENXIO
+    return True
+
+
 def check_output(path: str | Path, option: str, *, folder: bool = False) -> Path:
     """``path`` when an output can be written there; else exit with one line naming ``option``.
 
@@ -24,6 +41,8 @@ def check_output(path: str | Path, option: str, *, folder: bool = False) -> Path
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
         raise SystemExit(f"{option} {path}: " + ("not a folder" if folder else "is a folder"))
+    if not folder and path.is_fifo() and not _fifo_has_reader(path):
+        raise SystemExit(f"{option} {path}: is a FIFO nobody reads (writing would block)")
     parent = next(p for p in path.absolute().parents if p.exists())
     try:
         tempfile.TemporaryFile(dir=parent).close()
