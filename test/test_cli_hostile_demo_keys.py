@@ -315,3 +315,35 @@ def test_a_fifo_with_a_reader_is_a_fine_output(tmp_path):
         assert check_output(fifo, "--json") == fifo
     finally:
         os.close(reader)
+
+
+# ------------------------------------------------------------------ demo: a user's files stay
+
+@pytest.mark.parametrize("name", ["summary.json", "node.log", "timeline.png"])
+def test_the_demo_refuses_to_write_over_a_users_file_in_out(tmp_path, name):
+    from thinkmem_ros.demo.round import round_steps
+
+    (tmp_path / name).write_text("a user's file")
+    with pytest.raises(ValueError, match=f"{tmp_path / name} was not written by thinkmem "
+                                         "demo.*pick another --out"):
+        round_steps()[0].run(context(tmp_path))
+    assert (tmp_path / name).read_text() == "a user's file"
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_the_demo_writes_over_its_own_files_and_an_earlier_demos(tmp_path):
+    """The first step marks --out; a run from before the mark is known by its summary."""
+    import json
+
+    from thinkmem_ros.demo.ros import ros_steps
+
+    first = ros_steps()[0]
+    first.run(context(tmp_path / "a"))  # an empty --out: marked
+    (tmp_path / "a" / "node.log").write_text("the previous run's log")
+    first.run(context(tmp_path / "a"))
+    old = tmp_path / "b"
+    old.mkdir()
+    (old / "summary.json").write_text(json.dumps({"mode": "ros", "steps": [], "bundle": {}}))
+    (old / "node.log").write_text("an earlier demo's log")
+    first.run(context(old))
+    assert (old / MARKER).is_file()

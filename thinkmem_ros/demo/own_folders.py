@@ -13,6 +13,10 @@ before any step has run; the user moves it away or picks another ``--out``. A fo
 a demo older than this rule carries no mark: it is taken as the demo's own when ``--out``
 holds that demo's ``summary.json`` (so ``make demo`` after an upgrade does not stop on the
 folder the previous ``make demo`` left), and refused like any other folder otherwise.
+
+The files the demo writes into ``--out`` itself (``OUTPUT_FILES``) follow the same rule:
+written over only where ``--out`` carries the mark (the first step puts it there) or an
+earlier demo's summary.json.
 """
 
 from __future__ import annotations
@@ -44,11 +48,42 @@ def _not_replaceable(path: Path) -> str | None:
 
 def _earlier_demo(path: Path) -> bool:
     """Whether ``path`` sits beside the summary of a demo run from before the mark."""
+    return _demo_summary(path.parent / "summary.json")
+
+
+def _demo_summary(path: Path) -> bool:
+    """Whether ``path`` is a summary.json a demo run wrote."""
     try:
-        summary = json.loads((path.parent / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and {"mode", "steps", "bundle"} <= summary.keys()
+
+
+OUT_MARKER_TEXT = ("used by thinkmem demo as --out: a later demo run writes its "
+                   f"{', '.join(('summary.json', 'timeline.png', 'before_after.png'))} "
+                   "and node.log here again\n")
+OUTPUT_FILES = ("summary.json", "timeline.png", "before_after.png", "node.log")
+"""Files the demo writes straight into ``--out`` (the same names every run)."""
+
+
+def _not_overwritable(path: Path) -> str | None:
+    """Why the demo must not write over the file ``path`` (None: absent or the demo's).
+
+    The demo's own: ``--out`` carries the mark (a run made or used it) or an earlier demo's
+    summary.json (a run from before the mark). A user's ``summary.json`` or ``node.log`` in
+    a folder given as ``--out`` used to be overwritten without a word.
+    """
+    if path.is_symlink():
+        return "is a symlink"
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "is not a file"
+    out = path.parent
+    if (out / MARKER).is_file() or _demo_summary(out / "summary.json"):
+        return None
+    return f"was not written by thinkmem demo (no {MARKER} in {out})"
 
 
 def check_replaceable(path: Path) -> None:
@@ -88,7 +123,16 @@ def check_out_step(names: Iterable[str]) -> Step:
     names = tuple(names)
 
     def check(ctx: DemoContext) -> None:
+        out = ctx.config.out_dir
         for name in names:
-            check_replaceable(ctx.config.out_dir / name)
+            check_replaceable(out / name)
+        for name in OUTPUT_FILES:
+            why = _not_overwritable(out / name)
+            if why:
+                raise ValueError(f"{out / name} {why}; the demo writes its own {name} there: "
+                                 "move it away or pick another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / MARKER).exists():  # its files here are the demo's to replace next run
+            (out / MARKER).write_text(OUT_MARKER_TEXT, encoding="utf-8")
 
     return Step("check out", check, f"--out's {', '.join(names)} are the demo's to replace")
