@@ -310,6 +310,31 @@ def test_a_ctrl_c_at_start_is_a_clean_stop(tmp_path, keys, store, step, serving)
         (tmp_path / "pub" / "history").iterdir())
 
 
+INTERRUPT_RECEIVE = """
+import os, signal, sys, time
+from thinkmem_ros.consolidator import receive
+
+original = receive.ReceiveProcess._line_bundles
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C while the bundles load
+    time.sleep(1)
+    return original(*args, **kwargs)
+
+receive.ReceiveProcess._line_bundles = interrupted
+sys.exit(receive.main(sys.argv[1:]))
+"""
+
+
+def test_a_ctrl_c_while_the_receiver_loads_its_bundles_is_a_clean_stop(tmp_path):
+    """It printed a KeyboardInterrupt traceback (the stop handlers come after the load)."""
+    argv = ["--db", tmp_path / "r.db", "--bind", "tcp://127.0.0.1:*", "--curve", "off"]
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_RECEIVE, *map(str, argv)],
+                          capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "READY" not in done.stdout, done.stderr
+
+
 INTERRUPT_AT_EXIT = """
 import atexit, os, signal, sys, time
 from thinkmem_ros import entry

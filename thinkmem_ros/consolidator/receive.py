@@ -255,6 +255,13 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
     """Bind, print ``READY <endpoint>``, serve until SIGTERM/SIGINT (0); 2 on bad options."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        return _start_and_serve(args, prog)
+    except KeyboardInterrupt:  # before the stop handlers exist (loading the bundles, ~1-2 s):
+        return 0  # as clean as a Ctrl-C after READY; the sockets go with the process
+
+
+def _start_and_serve(args: argparse.Namespace, prog: str) -> int:
+    try:
         process = ReceiveProcess(ReceiveConfig(
             db_path=args.db, bind=args.bind, curve=args.curve,
             server_secret_file=args.server_key, allowed_clients=args.allow,
