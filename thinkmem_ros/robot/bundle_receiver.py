@@ -26,6 +26,11 @@ crash never leaves a half-written bundle under a visible name. Only then is the
 ``on_install`` callback (the node's hot-swap) handed the folder. Every refusal is logged
 with its reason and counted (``stats()`` for ``/diagnostics``); the running bundle is
 never touched by a refused push. No torch here: this runs on the robot.
+
+Power loss or a failing disk can damage ``current`` or the folder it names. The receiver
+then stands on the newest ``v<version>`` folder that is still intact (one ERROR line), and
+its rollback floor never drops below the highest version folder name on disk
+(``installed_floor``), so a damaged file cannot reopen the door to a replayed older push.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +54,14 @@ from thinkmem_ros.link.security import (
     load_verify_key,
 )
 from thinkmem_ros.link.sockets import RateLimitedLog
-from thinkmem_ros.policy.bundle import MANIFEST, ONNX_FILE, BundleError, fsync_dir, load_bundle
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    ONNX_FILE,
+    Bundle,
+    BundleError,
+    fsync_dir,
+    load_bundle,
+)
 from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig, log_outcome
 
 log = logging.getLogger(__name__)
@@ -144,23 +157,22 @@ class BundleReceiver:
         self.trust = TrustStore(TrustStoreConfig(self.bundles_dir, config.verify_key))
         self.version = config.current_version
         self.sha256 = config.current_sha256
-        installed = self.installed()
-        if installed is not None:  # survive restarts: never accept below what we installed
-            manifest = load_bundle(installed).manifest
-            if manifest.model_version > self.version:
-                self.version, self.sha256 = manifest.model_version, manifest.sha256
+        installed = self._installed_bundle()
+        if installed is not None and installed.version > self.version:
+            self.version, self.sha256 = installed.version, installed.manifest.sha256
+        # survive restarts and damage: never accept below what was ever installed here
+        self.floor = max(self.version, installed_floor(self.bundles_dir))
 
     # ---- API
     def installed(self) -> Path | None:
-        """Return the last bundle this receiver installed (``bundles_dir/current``), or None."""
-        link = self.bundles_dir / CURRENT_LINK
-        if not link.exists():
-            return None
-        try:
-            return load_bundle(link.resolve()).path
-        except BundleError as exc:
-            log.error("installed bundle %s is unreadable: %s", link, exc)
-            return None
+        """Return the bundle this receiver stands on (``bundles_dir/current``), or None.
+
+        When ``current`` is lost or damaged (power loss, a failing disk), the newest intact
+        ``v<version>`` folder is what was last installed and can still run; an unreadable
+        file (EIO) counts as damage, so it never stops the node from starting.
+        """
+        bundle = self._installed_bundle()
+        return None if bundle is None else bundle.path
 
     def set_running(self, version: int, sha256: str = "") -> None:
         """Tell the receiver what the node runs (e.g. after a manual bundle change)."""
@@ -207,6 +219,15 @@ class BundleReceiver:
         return out
 
     # ---- steps
+    def _installed_bundle(self) -> Bundle | None:
+        bundle, problem = intact_installed(self.bundles_dir, load_bundle)
+        if problem:
+            instead = (f"standing on v{bundle.version} ({bundle.path}), the newest intact one"
+                       if bundle is not None else "no intact installed bundle is left")
+            log.error("installed bundle %s %s; %s", self.bundles_dir / CURRENT_LINK, problem,
+                      instead)
+        return bundle
+
     def _install(self, body: dict) -> Path | None:
         version, manifest, onnx, signature, artefacts = _check_body(body,
                                                                     self.config.max_bytes)
@@ -226,6 +247,9 @@ class BundleReceiver:
         if version <= self.version:  # cheap check first; re-checked on the signed manifest
             raise PushRejected("version", f"v{version} is not newer than the running "
                                           f"v{self.version} (rollback/replay)")
+        if version < self.floor:  # the newest install was damaged: only it may come back
+            raise PushRejected("version", f"v{version} is older than v{self.floor}, installed "
+                                          f"here before (rollback/replay)")
         staging: Path | None = None
         try:  # a full or failing disk is a counted refusal, never an escaping OSError
             staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=self.bundles_dir))
@@ -248,6 +272,7 @@ class BundleReceiver:
             if staging is not None and staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         self.version, self.sha256 = version, bundle.manifest.sha256
+        self.floor = max(self.floor, version)
         try:
             self._prune()
         except OSError as exc:  # installed and linked already: pruning can wait
@@ -287,30 +312,122 @@ class BundleReceiver:
     def _publish(self, staging: Path, version: int) -> Path:
         target = self.bundles_dir / f"v{version:06d}"
         try:
-            if target.exists():  # left by a crash before the link moved: replace it
+            if target.exists():  # left by a crash before the link moved, or damaged
                 shutil.rmtree(target)
+            fsync_dir(staging)  # the entries first: after power loss v<N> is whole or absent
             staging.rename(target)
             fsync_dir(self.bundles_dir)
-            link_tmp = self.bundles_dir / f".{CURRENT_LINK}.tmp"
-            if link_tmp.is_symlink() or link_tmp.exists():
-                link_tmp.unlink()
-            os.symlink(target.name, link_tmp)
-            os.replace(link_tmp, self.bundles_dir / CURRENT_LINK)
-            fsync_dir(self.bundles_dir)
+            aside = point_current(self.bundles_dir, target.name)
         except OSError as exc:
             raise PushRejected("install", f"cannot install v{version}: {exc}") from exc
+        if aside is not None:
+            log.warning("%s was not a link: moved it to %s", self.bundles_dir / CURRENT_LINK,
+                        aside.name)
         return target
 
     def _prune(self) -> None:
-        versions = sorted((int(m.group(1)), p) for p in self.bundles_dir.iterdir()
-                          if (m := _VERSION_DIR.fullmatch(p.name)) and p.is_dir())
-        for number, path in versions[:-self.config.keep]:
+        versions = [(n, p) for n, p in version_folders(self.bundles_dir) if p.is_dir()]
+        for number, path in versions[self.config.keep:]:
             if number != self.version:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _clean_staging(self) -> None:
         for path in self.bundles_dir.glob(".incoming-*"):  # a crash mid-push left these
             shutil.rmtree(path, ignore_errors=True)
+
+
+def version_folders(bundles_dir: Path) -> list[tuple[int, Path]]:
+    """The ``v<version>`` entries of ``bundles_dir``, newest first (none when unreadable)."""
+    try:
+        entries = list(bundles_dir.iterdir())
+    except OSError:
+        return []
+    return sorted(((int(m.group(1)), p) for p in entries
+                   if (m := _VERSION_DIR.fullmatch(p.name))), reverse=True)
+
+
+def installed_floor(bundles_dir: Path) -> int:
+    """The highest version ever installed here: the rollback floor after a restart.
+
+    Taken from the version folder names, not from a file of its own: a name is written by
+    the same synced rename that installs the bundle, so it is exactly as durable as the
+    install, and damage to the files inside (a truncated graph, a NUL-filled manifest)
+    cannot lower it. A floor file would be one more file a power cut can damage, and a
+    damaged one would have to fall back to something else anyway; pruning never removes
+    the highest version, so the names always hold it.
+    """
+    return max((number for number, _ in version_folders(bundles_dir)), default=0)
+
+
+def intact_installed(bundles_dir: Path, check: Callable[[Path], Bundle]
+                     ) -> tuple[Bundle | None, str]:
+    """The bundle ``current`` names, else the newest version folder ``check`` accepts.
+
+    ``check`` verifies a folder (raising BundleError, OSError or ValueError when it must
+    not run). Returns the bundle and, when ``current`` itself failed, what was wrong with
+    it in a few words ('' when it passed, or when nothing was ever installed here).
+    """
+    link = bundles_dir / CURRENT_LINK
+    versions = version_folders(bundles_dir)
+    if not os.path.lexists(link) and not versions:
+        return None, ""
+    problem, failed = _link_problem(link), None
+    if not problem:
+        failed = link.resolve()
+        try:
+            return check(failed), ""
+        except OSError as exc:
+            problem = f"is unreadable: {exc}"
+        except (BundleError, ValueError) as exc:
+            problem = f"does not verify: {exc}"
+    root = bundles_dir.resolve()
+    for _, folder in versions:
+        if root / folder.name == failed:
+            continue  # refused above already
+        try:
+            return check(root / folder.name), problem
+        except (BundleError, OSError, ValueError):
+            continue
+    return None, problem
+
+
+def _link_problem(link: Path) -> str:
+    if not os.path.lexists(link):
+        return "is missing"
+    if link.is_symlink() and not link.exists():
+        return f"points to {os.readlink(link)}, which is missing"
+    if not link.is_dir():
+        return "is not a link to a bundle folder"
+    return ""
+
+
+def point_current(bundles_dir: Path, target: str) -> Path | None:
+    """Point ``current`` at the folder ``target`` atomically; returns where a non-link went.
+
+    ``os.replace`` cannot put a link over a directory, so a ``current`` that became a real
+    folder (a backup restored by a copy that followed links) would refuse every install.
+    Whatever is there and is not a link is renamed aside, never deleted: it was not made
+    here. None when ``current`` was a link or absent.
+    """
+    link = bundles_dir / CURRENT_LINK
+    aside = _move_aside(link) if os.path.lexists(link) and not link.is_symlink() else None
+    link_tmp = bundles_dir / f".{CURRENT_LINK}.tmp"
+    if link_tmp.is_dir() and not link_tmp.is_symlink():
+        _move_aside(link_tmp)
+    elif os.path.lexists(link_tmp):
+        link_tmp.unlink()
+    os.symlink(target, link_tmp)
+    os.replace(link_tmp, link)
+    fsync_dir(bundles_dir)
+    return aside
+
+
+def _move_aside(path: Path) -> Path:
+    aside = path.with_name(f"{path.name.lstrip('.')}.moved-{time.strftime('%Y%m%dT%H%M%S')}")
+    while os.path.lexists(aside):  # rename() would replace an empty folder silently
+        aside = aside.with_name(aside.name + "+")
+    path.rename(aside)
+    return aside
 
 
 def _check_body(body: object, max_bytes: int

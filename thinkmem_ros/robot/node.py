@@ -463,6 +463,11 @@ class ThinkingNode(Node):
             self._subs.append(self.create_subscription(
                 String, self.config.feedback_topic, self._on_feedback,
                 QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)))
+        if link.shipper is None:  # the spool could not open; ShippingLink logged why
+            self.get_logger().info(
+                f"experience shipping to {self.config.consolidator_endpoint} is disabled; "
+                "no pushed bundles either (they arrive over the same connection)")
+            return
         self.get_logger().info(
             f"shipping experiences to {self.config.consolidator_endpoint} (CURVE "
             f"{'on' if link.curve else 'off'}, spool {self.config.spool_file()}); feedback "

@@ -12,6 +12,8 @@ Nothing here runs on the tick except O(1) appends.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +27,16 @@ from thinkmem_ros.link.security import (
 )
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.link.sockets import TransportError
-from thinkmem_ros.policy.bundle import MANIFEST, BundleError, read_manifest
+from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, read_manifest
 from thinkmem_ros.robot.activation import FrameResult
-from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.robot.bundle_receiver import (
+    CURRENT_LINK,
+    BundleReceiver,
+    BundleReceiverConfig,
+    intact_installed,
+    point_current,
+    version_folders,
+)
 from thinkmem_ros.robot.diagnostics import (
     PushSnapshot,
     ShippingSnapshot,
@@ -53,7 +62,9 @@ def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | Non
     installed bundle is verified again (signature and hash): files on disk may have changed.
     The signature is checked against the trust list in ``bundles_dir`` (after applying the
     key chain the installed manifest carries, as a push would: a no-op unless the trust
-    file was lost), so a bundle signed by a rotated key survives the restart.
+    file was lost), so a bundle signed by a rotated key survives the restart. When
+    ``current`` is lost or damaged, the newest version folder that verifies the same way
+    takes its place (see ``_current_bundle``).
 
     With ``pin_bundle_version`` set, only that version is ever returned: ``bundle_path`` when
     it is the pinned version (None), else ``bundles_dir/v<pin>`` when it verifies; if
@@ -64,15 +75,10 @@ def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | Non
     configured = read_manifest(resolve_bundle_path(config.bundle_path)).model_version
     if pin and configured == pin:
         return None
-    candidate = folder / (f"v{pin:06d}" if pin else "current")
     installed = None
-    if verify_key is not None and candidate.exists():
-        try:
-            trust = TrustStore(TrustStoreConfig(folder, verify_key))
-            log_outcome(trust.apply_manifest((candidate / MANIFEST).read_bytes()))
-            installed = trust.verify_bundle(candidate.resolve())
-        except (BundleError, ValueError, OSError) as exc:
-            logger.error(f"ignoring the installed bundle {candidate}: {exc}")
+    if verify_key is not None:
+        installed = (_pinned_bundle(folder, pin, verify_key, logger) if pin
+                     else _current_bundle(folder, verify_key, configured, logger))
     if pin and (installed is None or installed.version != pin):
         logger.error(f"pin_bundle_version {pin}: neither bundle_path (v{configured}) nor a "
                      f"verified bundle in {folder} is v{pin}; running bundle_path and "
@@ -85,6 +91,72 @@ def newer_installed_bundle(config: NodeConfig, verify_key, logger) -> Path | Non
     logger.info(f"using the installed pushed bundle v{installed.version} at {installed.path} "
                 f"({why})")
     return installed.path
+
+
+def _pinned_bundle(folder: Path, pin: int, verify_key, logger) -> Bundle | None:
+    candidate = folder / f"v{pin:06d}"
+    if not candidate.exists():
+        return None
+    try:
+        trust = TrustStore(TrustStoreConfig(folder, verify_key))
+        return _verified(trust, candidate.resolve())
+    except (BundleError, ValueError, OSError) as exc:
+        logger.error(f"ignoring the installed bundle {candidate}: {exc}")
+        return None
+
+
+def _current_bundle(folder: Path, verify_key, configured: int, logger) -> Bundle | None:
+    """``current`` when it verifies, else the newest version folder that does.
+
+    Power loss or a failing disk can truncate a graph, NUL-fill a manifest or lose the
+    folder ``current`` names while older signed versions still sit intact beside it;
+    running ``bundle_path`` then would be a silent rollback. One ERROR line says what was
+    wrong and what runs instead, and ``current`` is pointed at the bundle that verified,
+    so the receiver and the next start agree with this one.
+    """
+    link = folder / CURRENT_LINK
+    if not os.path.lexists(link) and not version_folders(folder):
+        return None  # nothing was ever pushed here
+    try:
+        trust = TrustStore(TrustStoreConfig(folder, verify_key))
+    except ValueError as exc:  # a corrupt trust file: no installed bundle can be verified
+        logger.error(f"ignoring the installed bundle {link}: {exc}")
+        return None
+    bundle, problem = intact_installed(folder, functools.partial(_verified, trust))
+    if problem:
+        logger.error(f"installed bundle {link} {problem}; "
+                     f"{_fallback(folder, bundle, configured)}")
+    return bundle
+
+
+def _fallback(folder: Path, bundle: Bundle | None, configured: int) -> str:
+    """Point ``current`` at ``bundle``; say what runs now and what became of ``current``."""
+    if bundle is None:
+        return f"no intact installed bundle in {folder}: running bundle_path v{configured}"
+    runs = (f"running v{bundle.version} ({bundle.path}) instead" if bundle.version > configured
+            else f"running bundle_path v{configured} (the newest intact installed bundle "
+                 f"is v{bundle.version})")
+    try:
+        aside = point_current(folder, bundle.path.name)
+    except OSError as exc:
+        return f"{runs}; cannot repoint {CURRENT_LINK}: {exc}"
+    moved = f", the old one moved to {aside.name}" if aside is not None else ""
+    return f"{runs}; {CURRENT_LINK} now points to {bundle.path.name}{moved}"
+
+
+def _verified(trust: TrustStore, folder: Path) -> Bundle:
+    """Verify an installed bundle as a push is verified (key chain first, then signature).
+
+    A manifest that does not even parse was damaged, not tampered with: no signature was
+    ever checked on it, so it is reported as such.
+    """
+    raw = (folder / MANIFEST).read_bytes()
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BundleError(f"{folder / MANIFEST} is damaged: it does not parse as JSON") from None
+    log_outcome(trust.apply_manifest(raw))
+    return trust.verify_bundle(folder)
 
 
 class ShippingLink:

@@ -181,6 +181,8 @@ class TrustStore:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise TrustStoreError(f"{where}: cannot read: {exc}{hint}") from None
+        except RecursionError:  # damage or a hostile file, not a bug: one line, no traceback
+            raise TrustStoreError(f"{where}: cannot read: JSON nested too deeply{hint}") from None
         if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
             raise TrustStoreError(f"{where}: not a format-{STORE_FORMAT} trust list{hint}")
         try:
