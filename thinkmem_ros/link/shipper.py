@@ -32,6 +32,12 @@ A full spool disk is never silent: the spool sheds its oldest rows to make room
 (``refused_disk_full``); acknowledged rows are deleted even on a full disk, so the spool
 drains when the consolidator is back (see ``spool``).
 
+A damaged spool never stops shipping: damage met at start or while running makes the spool
+move its file aside and go on with a fresh one holding every row that could still be read
+(rows that could not are counted in ``spool_failed``); then everything unacknowledged is
+re-sent from it. Should the thread stop all the same, ``ship`` refuses (and counts) what it
+could no longer deliver.
+
 Several receivers (``consolidator.receive``: receive-only processes sharing one store):
 ``endpoint`` may name several, as a list or comma-separated. The robot talks to ONE at a
 time: it starts at a home endpoint picked from a stable hash of its robot id (so a fleet
@@ -82,12 +88,13 @@ from thinkmem_ros.link.security import (
     tcp_port_problem,
 )
 from thinkmem_ros.link.sockets import RateLimitedLog, TransportError, context
-from thinkmem_ros.link.spool import Spool, SpoolError, SpoolFull
+from thinkmem_ros.link.spool import Spool, SpoolDamaged, SpoolError, SpoolFull
 
 log = logging.getLogger(__name__)
 
 _REOPEN_GRACE_S = 3.0  # a drop not followed by a ZeroMQ retry within this: new socket
 _REOPEN_MAX_S = 60.0  # longest wait between new sockets while we keep being refused
+_RECOVER_RETRY_S = 5.0  # a damaged spool that could not be moved aside: next try
 
 
 @dataclass
@@ -192,7 +199,7 @@ def endpoint_order(robot_id: str, endpoints: Sequence[str]) -> list[str]:
 @dataclass
 class _Stats:
     queued: int = 0
-    dropped_queue_full: int = 0
+    dropped_queue_full: int = 0  # also: refused after close() or once the thread stopped
     spooled: int = 0
     sent: int = 0
     resent: int = 0
@@ -203,7 +210,9 @@ class _Stats:
     shed: int = 0  # spooled experiences dropped by the spool's size bound (oldest first)
     shed_disk_full: int = 0  # experiences dropped because the spool's disk was full
     refused_disk_full: int = 0  # ship() calls refused while nothing could be spooled
-    spool_failed: int = 0  # experiences lost to a spool write error other than a full disk
+    # experiences lost to a spool error other than a full disk: a write that failed, or
+    # spooled rows a damaged spool could no longer read
+    spool_failed: int = 0
     timeouts: int = 0
     send_blocked: int = 0
     auth_failures: int = 0
@@ -285,15 +294,22 @@ class ExperienceShipper:
     def ship(self, experience: Experience) -> bool:
         """Queue one experience (O(1), never blocks); False when it cannot be kept.
 
-        False (and counted) when the memory queue is full (``dropped_queue_full``) or when
-        the spool's disk is so full that nothing could be written even after shedding
-        (``refused_disk_full``; tried again every second). A disk that is merely full
-        still takes new experiences by shedding the oldest spooled ones, counted in
-        ``shed_disk_full``.
+        False (and counted) when the memory queue is full, the shipper was closed or its
+        thread stopped (``dropped_queue_full``: nothing would take the record off the
+        queue), or when the spool's disk is so full that nothing could be written even
+        after shedding (``refused_disk_full``; tried again every second). A disk that is
+        merely full still takes new experiences by shedding the oldest spooled ones,
+        counted in ``shed_disk_full``.
         """
         if self._refuse_until and time.monotonic() < self._refuse_until:
             self._stats.refused_disk_full += 1
             self._drop_log(logging.ERROR, "spool disk full: refused an experience")
+            return False
+        if self._thread is not None and not self._stop.is_set() \
+                and not self._thread.is_alive():
+            self._stats.dropped_queue_full += 1
+            self._drop_log(logging.ERROR, "experience shipper is not running: dropped an "
+                           "experience")
             return False
         if self._stop.is_set() or len(self._queue) >= self.config.queue_size:
             self._stats.dropped_queue_full += 1
@@ -383,8 +399,7 @@ class ExperienceShipper:
             self._stats.errors += 1
             log.exception("experience shipper stopped on an unexpected error")
         finally:
-            loop.spool_queue()
-            loop.close_socket()
+            loop.finish()
             spool.close()
 
     def _open_socket(self, keys: tuple[bytes, bytes, bytes] | None, endpoint: str
@@ -474,6 +489,7 @@ class _ShipLoop:
         self.spool_log = RateLimitedLog(log, 100)
         self.refused_log = RateLimitedLog(log, 100)
         self.reply_log = RateLimitedLog(log, 100)
+        self.recover_at = 0.0  # monotonic time before which a damaged spool is not retried
         self._publish_gauges()
 
     def run(self) -> None:
@@ -486,7 +502,10 @@ class _ShipLoop:
                 self.check_failover()
             if self.spool.disk_full and time.monotonic() >= space_check_at:
                 space_check_at = time.monotonic() + 1.0
-                self.spool.check_space()
+                try:
+                    self.spool.check_space()
+                except SpoolError as exc:
+                    self.on_spool_error(exc, "could not check the spool's disk")
             busy = self.spool_queue(limit=4 * self.cfg.batch_size)
             busy |= self.send_window()
             timeout = 0 if busy else self.cfg.idle_poll_s
@@ -497,6 +516,63 @@ class _ShipLoop:
                     self.on_replies()
             self.check_timeouts()
             self._publish_gauges()
+
+    def finish(self) -> None:
+        """Spool what is still queued and close the socket; never raises (thread's end).
+
+        What cannot be spooled is counted in ``spool_failed``, not left to vanish.
+        """
+        try:
+            self.spool_queue()
+        except Exception as exc:  # anything unforeseen: count, do not re-raise
+            left = len(self.owner._queue)
+            self.owner._queue.clear()
+            self.stats.spool_failed += left
+            self.stats.errors += 1
+            log.error("could not spool %d queued experiences at shutdown: %s", left, exc)
+        self.close_socket()
+
+    def on_spool_error(self, exc: SpoolError, what: str) -> bool:
+        """Log and count a spool error; recover from damage. True if the spool was renewed.
+
+        Anything else (the file or folder went read-only, say) leaves the spool as it is:
+        what it holds stays, and the next try may work.
+        """
+        self.stats.errors += 1
+        if isinstance(exc, SpoolDamaged):
+            return self.recover(exc)
+        self.spool_log(logging.ERROR, "%s: %s", what, exc)
+        return False
+
+    def recover(self, exc: SpoolError) -> bool:
+        """Go on with a fresh spool holding what the damaged one could still give.
+
+        The spool logs what it found and saved; here the rows it could not read are
+        counted, and everything unacknowledged goes again from the fresh spool.
+        """
+        if time.monotonic() < self.recover_at:
+            return False
+        lost = self.spool.lost
+        try:
+            self.spool.recover(str(exc))
+        except SpoolError as again:  # e.g. a read-only folder: try again later
+            self.recover_at = time.monotonic() + _RECOVER_RETRY_S
+            self.spool_log(logging.ERROR, "%s", again)
+            return False
+        self.stats.spool_failed += self.spool.lost - lost
+        self.go_back()
+        self._publish_gauges()
+        return True
+
+    def put(self, rows: list[tuple[int, bytes]]) -> int:
+        """``Spool.put``; after damage, once more into the fresh spool."""
+        try:
+            return self.spool.put(rows)
+        except SpoolDamaged as exc:
+            self.stats.errors += 1
+            if not self.recover(exc):
+                raise
+        return self.spool.put(rows)
 
     def spool_queue(self, limit: int | None = None) -> bool:
         """Move queued experiences to the spool (encoding them); True if any moved."""
@@ -521,7 +597,7 @@ class _ShipLoop:
             return popped > 0
         written = len(rows)
         try:
-            shed = self.spool.put(rows)
+            shed = self.put(rows)
         except SpoolFull as exc:  # the rows not written are counted in shed_disk_full
             self.owner._refuse_until = time.monotonic() + 1.0
             self.spool_log(logging.ERROR, "%s; refusing new experiences for 1 s", exc)
@@ -565,7 +641,13 @@ class _ShipLoop:
             if from_memory:
                 read = list(itertools.islice(self.fresh, size))
             else:
-                read = self.spool.read_after(self.cursor, size)
+                try:
+                    read = self.spool.read_after(self.cursor, size)
+                except SpoolError as exc:  # a renewed spool is read again next turn
+                    if not self.on_spool_error(exc, "could not read the spool"):
+                        self.resume_at = time.monotonic() + self.backoff
+                        self.backoff = min(2 * self.backoff, self.cfg.backoff_max_s)
+                    break
                 if not read:  # nothing spooled after the cursor: new rows go via memory
                     self.synced = True
             rows = _cap_bytes(read, self.cfg.max_batch_bytes)
@@ -640,14 +722,7 @@ class _ShipLoop:
         if entry is None:  # an ACK for a batch we forgot long ago: nothing left to do
             return
         seqs, epoch = entry
-        try:
-            if epoch == self.ooo_epoch:  # the range holds only rows this batch carried
-                self.spool.remove_range(seqs[0], seqs[-1])
-            else:
-                self.spool.remove(seqs)
-        except SpoolError as exc:  # the rows stay and go again; the store keeps one copy
-            self.stats.errors += 1
-            self.spool_log(logging.ERROR, "could not remove acknowledged rows: %s", exc)
+        self.remove_acked(seqs, epoch)
         self.stats.acked += len(seqs)
         self.stats.stored += body["stored"]
         self.stats.duplicates += body["duplicates"]
@@ -656,6 +731,19 @@ class _ShipLoop:
             self.reject_log(logging.WARNING, "consolidator rejected an experience: %s",
                             body["rejected"][0][1])
         self.backoff = self.cfg.backoff_initial_s
+
+    def remove_acked(self, seqs: list[int], epoch: int) -> None:
+        """Delete an acknowledged batch; rows that stay go again (the store keeps one copy)."""
+        for _ in range(2):  # twice when the first try met damage and renewed the spool
+            try:
+                if epoch == self.ooo_epoch:  # the range holds only rows this batch carried
+                    self.spool.remove_range(seqs[0], seqs[-1])
+                else:
+                    self.spool.remove(seqs)
+                return
+            except SpoolError as exc:
+                if not self.on_spool_error(exc, "could not remove acknowledged rows"):
+                    return
 
     def on_monitor(self) -> None:
         while True:
