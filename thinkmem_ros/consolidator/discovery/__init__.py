@@ -28,7 +28,8 @@ partitions can be scored from per-partition sums.
    bound where that would be too large) is a p-value - no permutation floor, no
    Bonferroni over scales. The same tail of the summed level itself (suits short missions
    where a rule's and a chance frame's tails differ by less than a bit) is the second
-   statistic; the pattern's p-value is twice the smaller of the two.
+   statistic; the pattern's p-value is the exact tail of the better of the two (their
+   joint law; twice the smaller, a union bound, far from the level).
    Family: every ordered pattern whose codes co-occur in >= ``accept_support`` episodes,
    less Tarone's untestable ones (smallest achievable p-value above the level);
    Benjamini-Hochberg at q = ``alpha``, weighted (mean weight 1) by how much more often the

@@ -15,7 +15,7 @@ import numpy as np
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
 from thinkmem_ros.consolidator.discovery.model import Relation, pairs_inside
 from thinkmem_ros.consolidator.discovery.significance import _null_probs, _observed_scores, _Tested
-from thinkmem_ros.consolidator.discovery.tails import _score_tail
+from thinkmem_ros.consolidator.discovery.tails import _score_tail, two_statistic_tail
 
 
 def _self_sufficient(ctx: _Episodes, tested: _Tested, relations: list[Relation],
@@ -59,9 +59,11 @@ def _self_sufficient(ctx: _Episodes, tested: _Tested, relations: list[Relation],
             return 1.0, obs
         z = int(_observed_scores(m, pe, ctx.scales).sum())
         z_levels = int((m[:, None] <= ctx.scales[None, :]).sum())
-        p = min(float(_score_tail([pe], np.array([z]))[0]),
-                float(_score_tail([pe], np.array([z_levels]), bits=False)[0]))
-        return min(2.0 * p, 1.0) / tested.weight[i], obs
+        p = two_statistic_tail(pe, z, z_levels)
+        if p != p:  # too large for the joint law: twice the smaller tail (a union bound)
+            p = 2.0 * min(float(_score_tail([pe], np.array([z]))[0]),
+                          float(_score_tail([pe], np.array([z_levels]), bits=False)[0]))
+        return min(p, 1.0) / tested.weight[i], obs
 
     order = sorted(range(len(relations)), key=lambda r: (_weakest_link(relations[r]),
                                                         -relations[r].support))

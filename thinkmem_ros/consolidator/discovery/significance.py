@@ -27,6 +27,7 @@ from thinkmem_ros.consolidator.discovery.tails import (
     _p_order3,
     _score_tail,
     poisson_tail_bound,
+    two_statistic_tail,
 )
 
 
@@ -242,6 +243,7 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
     for bound, observed, bits in ((p_bits, z, True), (p_levels, z_levels, False)):
         _refine(bound, observed, bits, frames, frame_start, width, support, held_frames, ctx)
     p = np.minimum(1.0, 2.0 * np.minimum(p_bits, p_levels))
+    _joint(p, z, z_levels, frames, frame_start, held_frames)
     p = np.where(support[:, -1] >= cfg.accept_support, p, 1.0)
     minp = np.minimum(1.0, 2.0 * np.exp(sums.log_min))
     # a candidate whose frames are fewer than accept_support can never be accepted
@@ -251,6 +253,25 @@ def _tested(ctx: _Episodes, keys: np.ndarray, codes: np.ndarray, sums: _Sums,
     return _Tested(keys=keys, codes=codes, p=p, minp=minp, scale=best, support=support,
                    expected=sums.expected, frame_start=frame_start, frame_ep=frames.ep,
                    frame_m=frames.m, frame_k=frames.k)
+
+
+JOINT_BELOW = 1e-3
+"""Union-bound p-values at or below this are replaced by the exact two-statistic tail."""
+
+
+def _joint(p: np.ndarray, z: np.ndarray, z_levels: np.ndarray, frames: _Frames,
+           frame_start: np.ndarray, held_frames: np.ndarray) -> None:
+    """The exact p-value of the better statistic (in place) where it can matter.
+
+    Any p-value at least the exact one is valid, so keeping the union bound elsewhere
+    (far from the level, or where the joint law would be too large) costs power there
+    only, never validity.
+    """
+    for c in np.flatnonzero((p <= JOINT_BELOW) & held_frames).tolist():
+        exact = two_statistic_tail(frames.pe[frame_start[c]:frame_start[c + 1]],
+                                   int(z[c]), int(z_levels[c]))
+        if exact == exact:  # not NaN: the box was small enough
+            p[c] = min(p[c], exact)
 
 
 def _refine(p: np.ndarray, z: np.ndarray, bits: bool, frames: _Frames,

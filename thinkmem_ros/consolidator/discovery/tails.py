@@ -237,3 +237,87 @@ def _sign_flip_law(mags: np.ndarray, total: int) -> np.ndarray:
     for m in mags.tolist():
         dist = 0.5 * (np.roll(dist, m) + np.roll(dist, -m))
     return dist
+
+
+JOINT_CELLS = 200_000
+"""Largest box (bits threshold x level threshold) worked out for the joint tail."""
+
+
+def _frame_laws(pe: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per frame: P(level = l) for l = 0..S, the bits level l scores, and l itself."""
+    n_scales = pe.shape[1]
+    q = np.concatenate((np.ones((pe.shape[0], 1)), pe[:, ::-1],
+                        np.zeros((pe.shape[0], 1))), axis=1)
+    prob = q[:, :-1] - q[:, 1:]
+    bits = np.concatenate((np.zeros((pe.shape[0], 1), np.int64), _level_scores(pe)), axis=1)
+    return prob, bits, np.arange(n_scales + 1)
+
+
+def _tail_function(prob: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """P(sum of frame scores >= z) for every z = 0..max: the whole law, added from the top.
+
+    Every mass is a product of probabilities (no differences), so the smallest tails keep
+    full relative precision.
+    """
+    top = int(score.max(axis=1).sum()) if score.size else 0
+    dist = np.zeros(top + 1)
+    dist[0] = 1.0
+    reach = 0
+    for f in range(prob.shape[0]):
+        new = np.zeros(top + 1)
+        for p, d in zip(prob[f].tolist(), score[f].tolist()):
+            if p > 0.0:
+                new[d:d + reach + 1] += p * dist[:reach + 1]
+        reach += int(score[f].max())
+        dist = new
+    return np.cumsum(dist[::-1])[::-1]
+
+
+def two_statistic_tail(pe: np.ndarray, z_bits: int, z_levels: int) -> float:
+    """Exact p-value of the better of the two statistics (bits, level count) of one pattern.
+
+    Why: each statistic's exact tail is a valid p-value, and twice the smaller of the two
+    is one too (a union bound), but the two statistics rise together (both grow with
+    every frame's level), so the union bound spends nearly a whole bit for nothing. The
+    statistic here is M = min(P(Zb >= zb), P(Zl >= zl)) itself, and its p-value
+    P(M <= m) = P(Zb >= tb or Zl >= tl), where tb and tl are the smallest totals whose
+    tails are at most m, is worked out exactly: the joint law of the two sums stays inside
+    the box [0, tb) x [0, tl), and the mass that leaves it, frame after frame, is the
+    p-value (accumulated, never 1 minus something, so tiny tails keep their precision).
+    It is never above twice the smaller tail, and at least the smaller tail.
+
+    Returns NaN where the box would exceed ``JOINT_CELLS`` (the caller keeps the union
+    bound there).
+    """
+    if not pe.shape[0]:
+        return 1.0
+    prob, bits, levels = _frame_laws(pe)
+    tail_b = _tail_function(prob, bits)
+    tail_l = _tail_function(prob, np.broadcast_to(levels, prob.shape))
+    p_b = tail_b[z_bits] if z_bits < tail_b.size else 0.0
+    p_l = tail_l[z_levels] if z_levels < tail_l.size else 0.0
+    m = min(p_b, p_l)
+    if m <= 0.0:
+        return 0.0
+    tb = int(np.argmax(tail_b <= m)) if np.any(tail_b <= m) else tail_b.size
+    tl = int(np.argmax(tail_l <= m)) if np.any(tail_l <= m) else tail_l.size
+    if tb * tl > JOINT_CELLS:
+        return float("nan")
+    if tb == 0 or tl == 0:
+        return 1.0
+    box = np.zeros((tb, tl))
+    box[0, 0] = 1.0
+    out = 0.0
+    for f in range(prob.shape[0]):
+        new = np.zeros((tb, tl))
+        for p, db, dl in zip(prob[f].tolist(), bits[f].tolist(), levels.tolist()):
+            if p <= 0.0:
+                continue
+            kb, kl = max(tb - db, 0), max(tl - dl, 0)
+            # mass this level carries out of the box: rows past tb - db, or columns past
+            # tl - dl within the rows that stay
+            out += p * (box[kb:, :].sum() + box[:kb, kl:].sum())
+            if kb and kl:
+                new[db:, dl:] += p * box[:kb, :kl]
+        box = new
+    return float(min(out, 1.0))
