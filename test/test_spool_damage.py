@@ -27,6 +27,7 @@ import pytest
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.link import spool as spool_module
 from thinkmem_ros.link.experience import Experience, encode_experience
 from thinkmem_ros.link.receiver import ReceiverConfig
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
@@ -91,6 +92,15 @@ def damaged_copies(folder, name="spool.db"):
     return sorted(p.name for p in folder.iterdir()
                   if p.name.startswith(f"{name}.damaged-") and not p.name.endswith(("-wal",
                                                                                    "-shm")))
+
+
+def damage_freelist(path):
+    """Overwrite the first freelist trunk page (rows removed before put their pages there)."""
+    trunk = struct.unpack(">I", path.read_bytes()[32:36])[0]
+    assert trunk, "the file has no freelist"
+    with open(path, "r+b") as handle:
+        handle.seek((trunk - 1) * PAGE)
+        handle.write(b"\xff" * 8 + b"\0" * (PAGE - 8))
 
 
 def spool_errors(caplog):
@@ -215,6 +225,59 @@ def test_a_meta_next_seq_that_is_not_a_number_is_damage_named_and_salvaged(tmp_p
     (line,) = spool_errors(caplog)
     assert "meta.next_seq is not an integer" in line.getMessage()
     assert str(path) in line.getMessage()
+
+
+# ------------------------------------------------------------------ a large spool: checked later
+
+def test_a_large_spool_opens_unchecked_and_verify_moves_a_damaged_one_aside(tmp_path, caplog):
+    path = tmp_path / "spool.db"
+    make_spool(path, remove=(1, 200))
+    damage_freelist(path)
+    damaged = path.read_bytes()
+    spool = Spool(path, 1 << 30, full_check_bytes=PAGE)  # "large": above the threshold
+    assert not spool.checked and spool.rows == 100
+    assert not damaged_copies(tmp_path) and not spool_errors(caplog)
+    assert spool.verify()
+    assert spool.checked and spool.lost == 0
+    assert all_seqs(spool) == list(range(201, 301)) and spool.next_seq == 301
+    for seq in range(1000, 1010):  # new pages come from a sound freelist now
+        spool.put(rows(seq, seq, size=20000))
+    assert not spool.verify()  # checked once: nothing more to do
+    spool.close()
+    (aside,) = damaged_copies(tmp_path)
+    # opened read-write before the check, so only the header's change counter moved
+    assert (tmp_path / aside).read_bytes()[100:] == damaged[100:]
+    (line,) = spool_errors(caplog)
+    assert "quick_check" in line.getMessage() and "salvaged 100 rows" in line.getMessage()
+
+
+def test_verify_of_a_sound_large_spool_changes_nothing(tmp_path, caplog):
+    path = tmp_path / "spool.db"
+    make_spool(path)
+    spool = Spool(path, 1 << 30, full_check_bytes=0)
+    spool.put(rows(301, 310))  # the read-write connection holds these in its WAL
+    assert not spool.checked and not spool.verify() and spool.checked
+    assert all_seqs(spool) == list(range(1, 311))
+    spool.close()
+    assert not damaged_copies(tmp_path) and not spool_errors(caplog)
+
+
+def test_a_leftover_wal_is_checked_at_open_whatever_the_size(tmp_path, caplog):
+    path = tmp_path / "spool.db"
+    make_spool(path, remove=(1, 200))
+    conn = sqlite3.connect(path)  # a crash: the last commit is still in the WAL
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', 400)")
+    conn.commit()
+    wal = Path(f"{path}-wal").read_bytes()
+    conn.close()
+    Path(f"{path}-wal").write_bytes(wal)
+    damage_freelist(path)
+    spool = Spool(path, 1 << 30, full_check_bytes=0)
+    assert spool.checked and damaged_copies(tmp_path)  # found at open, not left for later
+    assert all_seqs(spool) == list(range(201, 301)) and spool.next_seq == 400
+    spool.close()
+    assert len(spool_errors(caplog)) == 1
 
 
 # ------------------------------------------------------------------ refused, left alone
@@ -468,3 +531,44 @@ def test_a_thread_that_stopped_makes_ship_refuse_and_count(tmp_path, monkeypatch
     assert not any(shipper.ship(exp(i)) for i in range(10))
     assert shipper.stats()["dropped_queue_full"] == before + 10
     shipper.close()
+
+
+def test_the_shipper_verifies_a_large_spool_once_started_and_ships_every_row(
+        tmp_path, receiver, caplog, monkeypatch):
+    path = tmp_path / "robot" / "spool.db"
+    path.parent.mkdir()
+    encoded_spool(path, 3000)
+    spool = Spool(path, 1 << 30)
+    spool.remove_range(1, 1000)  # acknowledged before the restart: a freelist
+    spool.close()
+    damage_freelist(path)
+    monkeypatch.setattr(spool_module, "FULL_CHECK_AT_OPEN_BYTES", PAGE)
+    verified = []
+    real_verify = Spool.verify
+
+    def watched(self):  # what the shipper's thread saw when it checked the spool
+        started = shipper._started.is_set()
+        verified.append((started, real_verify(self)))
+        return verified[-1][1]
+
+    monkeypatch.setattr(Spool, "verify", watched)
+    shipper = ExperienceShipper(shipper_cfg(path, receiver.endpoint))
+    with shipper:
+        for i in range(5000, 5100):
+            assert shipper.ship(exp(i))
+        assert shipper.flush(30.0), shipper.stats()
+        stats = shipper.stats()
+        assert shipper.alive()
+    assert verified == [(True, True)]  # after start() was let go; it found the damage
+    assert traces(tmp_path / "store.db") == {f"x{i}" for i in range(1001, 3001)} | {
+        f"x{i}" for i in range(5000, 5100)}
+    assert stats["spool_failed"] == 0
+    assert len(spool_errors(caplog)) == 1 and damaged_copies(path.parent)
+
+
+def test_the_fault_probe_of_a_foreign_wal_at_start_loses_nothing():
+    from thinkmem_ros.bench.fault_probes_link import run_probes
+
+    (record,) = run_probes(["link_spool_foreign_wal_at_start"], quick=True)
+    assert record["ok"] and not record["crashed"], record["detail"]
+    assert record["lost"] == 0, record["detail"]

@@ -698,6 +698,65 @@ def probe_shipper_kill9_with_spool(work: Path, quick: bool = False) -> dict:
     return record
 
 
+def _foreign_wal(folder: Path) -> bytes:
+    """A WAL with committed frames of another database (never checkpointed into it)."""
+    import sqlite3
+
+    other = folder / "other.db"
+    conn = sqlite3.connect(other)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute("CREATE TABLE notes(body BLOB)")
+        conn.executemany("INSERT INTO notes VALUES (?)", [(b"n" * 500,)] * 50)
+        conn.commit()
+        return Path(f"{other}-wal").read_bytes()
+    finally:
+        conn.close()
+
+
+def probe_spool_foreign_wal_at_start(work: Path, quick: bool = False) -> dict:
+    """A robot restarts on a spool of unsent experiences with another database's WAL beside it.
+
+    A WAL left by a copy, a restore or a reused path. Opened read-write, SQLite would
+    replay it and checkpoint it into the spool for good: the file would become the other
+    database and every unsent experience would be gone without a word. The spool must be
+    moved aside with the WAL, every row salvaged, shipped once, and the robot ship on.
+    """
+    from thinkmem_ros.link.spool import Spool
+
+    robot, count, fresh = "wal-bot", 1000 if quick else 5000, 200
+    spool = work / "robot" / "spool.db"
+    kept = Spool(spool, 256 * 1024 * 1024)
+    kept.put([(i, encode_experience(_exp(robot, i, f"old{i}", i))) for i in range(1, count + 1)])
+    kept.close()
+    Path(f"{spool}-wal").write_bytes(_foreign_wal(work))
+    cons = Consolidator(work)
+    try:
+        with ExperienceShipper(_shipper_cfg(cons.endpoint, spool, robot)) as shipper:
+            accepted = sum(shipper.ship(_exp(robot, None, f"new{i}", i)) for i in range(fresh))
+            drained = shipper.flush(60.0)
+            alive, stats = shipper.alive(), shipper.stats()
+        stored = _stored_traces(cons, robot)
+        crashed = not alive or not cons.alive()
+    finally:
+        cons.stop()
+    shipped = {f"old{i}" for i in range(1, count + 1)} | {f"new{i}" for i in range(accepted)}
+    missing, doubled, foreign = _exactly_once(shipped, stored)
+    aside = sorted(p.name for p in spool.parent.iterdir() if ".damaged-" in p.name)
+    detail = (f"{count} spooled under a foreign WAL, {accepted} of {fresh} shipped after "
+              f"start; stored {len(set(stored))} distinct of {len(stored)} rows (missing "
+              f"{missing}, doubled {doubled}, never shipped {foreign}); drained {drained}; "
+              f"spool_failed {stats['spool_failed']}; moved aside: {', '.join(aside) or 'none'}")
+    record = _result("link_spool_foreign_wal_at_start", crashed=crashed,
+                     lost=max(0, missing - stats["spool_rows"] - stats["spool_failed"]),
+                     detail=detail)
+    record["ok"] = (not crashed and drained and accepted == fresh and missing == 0
+                    and doubled == 0 and foreign == 0
+                    and any(name.endswith("-wal") for name in aside))  # the WAL kept aside
+    return record
+
+
 PROBES: dict[str, Callable[..., dict]] = {
     "link_spoofed_batch": probe_spoofed_batch,
     "link_spoofed_hello": probe_spoofed_hello,
@@ -714,6 +773,7 @@ PROBES: dict[str, Callable[..., dict]] = {
     "link_store_damaged_at_open": probe_store_damaged_at_open,
     "link_consolidator_kill9_midstream": probe_consolidator_kill9_midstream,
     "link_shipper_kill9_with_spool": probe_shipper_kill9_with_spool,
+    "link_spool_foreign_wal_at_start": probe_spool_foreign_wal_at_start,
 }
 """Every link probe by name (the names are the ``probe`` field of their results)."""
 

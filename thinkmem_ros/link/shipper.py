@@ -35,8 +35,9 @@ drains when the consolidator is back (see ``spool``).
 A damaged spool never stops shipping: damage met at start or while running makes the spool
 move its file aside and go on with a fresh one holding every row that could still be read
 (rows that could not are counted in ``spool_failed``); then everything unacknowledged is
-re-sent from it. Should the thread stop all the same, ``ship`` refuses (and counts) what it
-could no longer deliver.
+re-sent from it. A large spool is read in full only once the thread runs (``verify``,
+before the first send), so a slow SD card cannot make ``start`` time out. Should the thread
+stop all the same, ``ship`` refuses (and counts) what it could no longer deliver.
 
 Several receivers (``consolidator.receive``: receive-only processes sharing one store):
 ``endpoint`` may name several, as a list or comma-separated. The robot talks to ONE at a
@@ -394,6 +395,7 @@ class ExperienceShipper:
                          lambda endpoint: self._open_socket(keys, endpoint))
         self._started.set()
         try:
+            loop.verify_spool()
             loop.run()
         except Exception:  # the node must keep running even if shipping dies
             self._stats.errors += 1
@@ -531,6 +533,23 @@ class _ShipLoop:
             self.stats.errors += 1
             log.error("could not spool %d queued experiences at shutdown: %s", left, exc)
         self.close_socket()
+
+    def verify_spool(self) -> None:
+        """Read every page the spool's open left unread, before anything is sent from it.
+
+        Here rather than at open, where it could take longer than ``start`` waits; damage
+        found renews the spool as any damage met later does (its unreadable rows counted).
+        """
+        lost = self.spool.lost
+        try:
+            renewed = self.spool.verify()
+        except SpoolError as exc:  # shipping goes on; damage a read or write meets renews it
+            self.on_spool_error(exc, "could not check the spool")
+            return
+        if renewed:
+            self.stats.spool_failed += self.spool.lost - lost
+            self.go_back()
+            self._publish_gauges()
 
     def on_spool_error(self, exc: SpoolError, what: str) -> bool:
         """Log and count a spool error; recover from damage. True if the spool was renewed.

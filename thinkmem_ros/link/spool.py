@@ -43,14 +43,12 @@ the incoming rows there too. ``disk_full`` tells whether the filesystem is still
 room (the reserve could not be taken back yet).
 
 Damage (a bad sector, a power cut on an SD card, a leftover WAL of another database) is
-never adopted and never fatal. Before anything opens the file read-write it is judged through
-a read-only connection, which reads a WAL lying beside it without checkpointing it (a
-read-write open replays such a WAL and then writes it into the file for good). A file that
-fails, or a read or write that meets damage later, is moved aside with its ``-wal``/``-shm``
-(``<spool>.damaged-<UTC time>``, never deleted); every row that can still be read is copied
-into a fresh spool with its seq, one ERROR line says what was found and how many rows were
-saved, and shipping goes on. Another program's database at the path is refused and left
-byte for byte as it was.
+never adopted and never fatal: the file is judged read-only before anything may write to
+it, and a damaged one (found then, by ``verify`` or by a later read or write) is moved
+aside as ``<spool>.damaged-<UTC time>``, never deleted, and every row that can still be
+read goes on in a fresh spool; one ERROR line says what was found and how many rows were
+saved. Another program's database at the path is refused and left as it was. How a
+damaged file is read is ``spool_damage``'s business.
 
 The spool also persists ``next_seq`` so sequence numbers stay monotonic across restarts.
 A spool is used by one thread at a time (the shipper's background thread).
@@ -64,13 +62,13 @@ import logging
 import os
 import sqlite3
 import time
-import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from thinkmem_ros.link import spool_damage
 from thinkmem_ros.link.sockets import RateLimitedLog
+from thinkmem_ros.link.spool_damage import SIDE_FILES, file_size, is_damage
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +80,20 @@ RESERVE_BYTES = 1 << 20
 LOW_DISK_BYTES = 64 << 20
 """Below this much free space the WAL is checkpointed after every write."""
 _LOW_DISK_WAL_PAGES = 16  # most WAL pages kept (and reused) in low-disk mode
+FULL_CHECK_AT_OPEN_BYTES = 32 << 20
+"""Spool files up to this size get every page read (``quick_check``) before they open.
+
+A larger one without a leftover WAL opens after the cheap read-only checks (schema, meta,
+whose tables) and is read in full by ``verify``, which the shipper runs once started, so
+a slow card cannot make ``start`` time out. Measured here (1.4 KB rows, file read from
+disk, page cache warm in brackets): a full default spool (256 MB) opened in 1.5-2.1 s
+(0.17 s) with the check and in 0.15-0.45 s (0.06 s) without it, the row count still
+reading the table; ``verify`` then took 1.55-1.65 s (0.11 s). At 32 MB the check costs
+0.19 s (0.015 s): under 2 s even on an SD card ten times slower. A non-empty WAL is
+always checked at open: a crash or power cut left it, and it is exactly what a read-write
+open would checkpoint into the file for good.
+"""
 _RESERVE_RETRY_S = 0.5  # how often a missing reserve is tried again
-_SIDE_FILES = ("", "-wal", "-shm")  # suffixes of the files SQLite keeps for one database
-_TABLES = {"meta": {"key", "value"}, "spool": {"seq", "payload", "size"}}
-_META_KEYS = ("schema_version", "next_seq", "shed_total", "shed_disk_full_total")
-# errors that say the bytes are bad (not the folder, the disk's room or a lock)
-_DAMAGE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
-_READ_ERRORS = frozenset({sqlite3.SQLITE_IOERR_READ, sqlite3.SQLITE_IOERR_SHORT_READ})
-_SALVAGE_BATCH = 500
-_MIN_SEQ, _MAX_SEQ = -(1 << 63), (1 << 63) - 1
 _T = TypeVar("_T")
 
 
@@ -119,24 +122,13 @@ class SpoolFull(SpoolError):
     """
 
 
-@dataclass
-class _View:
-    """What one read-only view of a damaged spool gave to the fresh one."""
-
-    copied: int = 0  # rows handed to the fresh spool
-    failed: int = 0  # rows read but not written (a write error other than a full disk)
-    # stretches skipped: (last seq read before, first seq read after); None: none
-    gaps: list[tuple[int | None, int | None]] = field(default_factory=list)
-    meta: dict[str, int] = field(default_factory=dict)
-    spool: bool = True  # the view shows a spool table (a foreign WAL's view does not)
-
-
 class Spool:
     """A bounded, durable FIFO of ``(seq, payload)`` rows keyed by sequence number."""
 
     def __init__(self, path: Path | str, max_bytes: int, *,
                  check_same_thread: bool = True, reserve_bytes: int = RESERVE_BYTES,
-                 low_disk_bytes: int = LOW_DISK_BYTES) -> None:
+                 low_disk_bytes: int = LOW_DISK_BYTES,
+                 full_check_bytes: int | None = None) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         if reserve_bytes < 0:
@@ -171,6 +163,15 @@ class Spool:
         self.shed_disk_full = 0  # rows dropped because the filesystem was full
         self.shed_total = self.shed_disk_full_total = self.next_seq = 0
         self.lost = 0  # spooled rows a damaged spool could no longer read (see recover)
+        self._full_check_bytes = FULL_CHECK_AT_OPEN_BYTES if full_check_bytes is None \
+            else full_check_bytes
+        self.checked = False  # every page was read since open (else ``verify`` will)
+        self._open_judged()
+        self._check_disk()
+        self._take_reserve()
+
+    def _open_judged(self) -> None:
+        """Open the file once judged sound; a damaged one is replaced (and salvaged)."""
         damage = self._at_open(self._inspect)
         if damage is None:
             try:
@@ -181,8 +182,6 @@ class Spool:
                 damage = str(exc).removeprefix(f"{self.path}: ")
         if damage is not None:
             self._start_over(damage, self._move_aside(damage), None)
-        self._check_disk()
-        self._take_reserve()
 
     def _open(self) -> None:
         self._conn = sqlite3.connect(self.path, timeout=5.0,
@@ -362,6 +361,28 @@ class Spool:
                 self._open()
             raise
         self._start_over(reason, aside, known)
+
+    def verify(self) -> bool:
+        """Read every page, if opening left that for later; True if damage was recovered from.
+
+        A large spool opens without this (seconds on an SD card would hold up the
+        shipper's start); its owner calls it once running. Through a read-only
+        connection, which reads beside the open one and never writes. Damage found goes
+        through ``recover``: the file moved aside, every readable row kept, the unreadable
+        counted in ``lost``. Raises SpoolError when the check cannot run or the file
+        cannot be moved aside.
+        """
+        if self.checked:
+            return False
+        try:
+            damage = spool_damage.check_pages(self.path)
+        except sqlite3.Error as exc:
+            raise self._error("cannot check spool", exc) from exc
+        self.checked = True
+        if damage is None:
+            return False
+        self.recover(damage)
+        return True
 
     # ---- internals
     def _put_chunk(self, chunk: list[tuple[int, bytes]], trimmed: int) -> tuple[int, int]:
@@ -651,7 +672,7 @@ class Spool:
 
     def _error(self, what: str, exc: sqlite3.Error, hint: str = "") -> SpoolError:
         """``exc`` as a SpoolError naming the file; SpoolDamaged when the bytes are bad."""
-        kind = SpoolDamaged if _is_damage(exc) else SpoolError
+        kind = SpoolDamaged if is_damage(exc) else SpoolError
         return kind(f"{self.path}: {what}: {exc}{hint}")
 
     # ---- opening: judge the file before anything may write to it
@@ -678,7 +699,7 @@ class Spool:
         if not os.access(folder, os.W_OK):
             return (f" (the folder {folder} is not writable: a read-only filesystem or "
                     f"the wrong owner)")
-        for suffix in _SIDE_FILES:
+        for suffix in SIDE_FILES:
             name = f"{self.path}{suffix}"
             if os.path.exists(name) and not os.access(name, os.R_OK | os.W_OK):
                 return f" ({name} is not readable and writable by this user)"
@@ -687,107 +708,27 @@ class Spool:
     def _inspect(self) -> str | None:
         """What is wrong with the file at ``path`` (it is then replaced), or None.
 
-        Runs before anything opens the file read-write, which would replay a WAL lying
-        beside it and then checkpoint it into the file for good: another database's WAL
-        would replace the spool, a stale one of its own would corrupt it. So the file is
-        judged through read-only connections: with its WAL, and when that view is not a
-        spool, also without it (``immutable``), which tells a spool under a foreign WAL
-        (damaged) from another program's database (refused, left as it is). Raises
-        SpoolError for a refusal: a directory in the way, another program's database, a
-        newer schema, or what the read-only open met.
-
-        ``quick_check`` reads every page once, freelist included (which the row count of
-        ``_open`` does not visit, and whose damage would fail every later write). On a
-        100,000-row spool it took 0.02 s with the file in the page cache and 0.24 s from
-        disk (real 330-byte records, 35 MB), 0.06 s and 0.96 s with 1.4 KB rows (150 MB);
-        a full default spool (256 MB) 1.3-1.6 s from disk. Paid once per start and within
-        about a second at that size, so the full check is kept rather than a partial one
-        that would let a damaged freelist or a stale WAL through to the read-write open.
+        Judged read-only (``spool_damage.judge_file``) before anything may write to it;
+        every page is read only where that is cheap or a leftover WAL calls for it (see
+        ``FULL_CHECK_AT_OPEN_BYTES``), else ``verify`` does it later. Raises SpoolError
+        for a refusal: a directory in the way, another program's database, a newer
+        schema.
         """
-        for suffix in _SIDE_FILES:
-            if os.path.isdir(f"{self.path}{suffix}"):
-                raise SpoolError(f"{self.path}{suffix} is a directory, not a spool file")
-        size, wal = _file_size(self.path), _file_size(Path(f"{self.path}-wal"))
-        if not size:
-            return "an empty file beside a non-empty WAL" if wal else None
-        verdict, detail = self._look("mode=ro")
-        if verdict in ("foreign", "empty") and wal:
-            alone, tables = self._look("mode=ro&immutable=1")
-            if alone in ("ok", "damaged"):
-                return f"its WAL belongs to another database (tables: {detail or 'none'})"
-            if alone == "foreign":
-                verdict, detail = alone, tables
-        if verdict == "foreign":
-            raise SpoolError(f"{self.path} is not a thinkmem spool (tables: {detail}); "
-                             f"left as it is")
+        wal = file_size(Path(f"{self.path}-wal"))
+        full = bool(wal) or file_size(self.path) <= self._full_check_bytes
+        verdict, detail = spool_damage.judge_file(self.path, SPOOL_SCHEMA_VERSION, full)
+        if verdict == "refused":
+            raise SpoolError(detail)
+        self.checked = full
         return detail if verdict == "damaged" else None
-
-    def _look(self, params: str) -> tuple[str, str]:
-        """Judge the file through a read-only connection: ``(verdict, detail)``.
-
-        ``verdict`` is "ok", "empty" (no tables), "foreign" (detail: its tables) or
-        "damaged" (detail: what is wrong). A read-only connection reads the WAL but never
-        checkpoints it, so the file keeps its bytes whatever is found.
-        """
-        try:
-            conn = sqlite3.connect(_uri(self.path, params), uri=True, timeout=5.0)
-            try:
-                return self._judge(conn)
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            if not _is_damage(exc):
-                raise
-            return "damaged", str(exc)
-
-    def _judge(self, conn: sqlite3.Connection) -> tuple[str, str]:
-        tables = _tables(conn)
-        if not tables:
-            return "empty", ""
-        meta = _read_meta(conn, tables)
-        has_spool = _has_table(conn, tables, "spool")
-        if "schema_version" not in meta and not has_spool:
-            return "foreign", ", ".join(tables)
-        for key, value in meta.items():
-            if not isinstance(value, int):
-                return "damaged", f"meta.{key} is not an integer ({value!r})"
-        version = meta.get("schema_version")
-        if version is not None and version != SPOOL_SCHEMA_VERSION:
-            raise SpoolError(f"{self.path}: spool schema {version} is not supported")
-        if version is None or not has_spool:
-            return "damaged", "its spool or meta table is missing"
-        result = conn.execute("PRAGMA quick_check").fetchone()[0]
-        if result != "ok":
-            lines = [line for line in result.splitlines() if not line.startswith("***")]
-            return "damaged", f"quick_check: {(lines or [result])[0]}"
-        return "ok", ""
 
     # ---- damage: move the file aside, salvage what can be read into a fresh one
     def _move_aside(self, reason: str) -> Path:
-        """Rename the file and its -wal/-shm to ``<name>.damaged-<UTC time>``; return that.
-
-        Renamed, never deleted: the bytes stay for whoever looks into the damage. When
-        one cannot be moved, those already moved are put back (SpoolError).
-        """
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
-        number = 0
-        while any(os.path.lexists(f"{aside}{suffix}") for suffix in _SIDE_FILES):
-            number += 1
-            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{number}")
-        moved: list[str] = []
         try:
-            for suffix in _SIDE_FILES:
-                if os.path.lexists(f"{self.path}{suffix}"):
-                    os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
-                    moved.append(suffix)
+            return spool_damage.move_aside(self.path)
         except OSError as exc:
-            for suffix in moved:
-                with contextlib.suppress(OSError):
-                    os.rename(f"{aside}{suffix}", f"{self.path}{suffix}")
             raise SpoolError(f"{self.path} is damaged ({reason}) and cannot be moved "
                              f"aside: {exc}") from exc
-        return aside
 
     def _start_over(self, reason: str, aside: Path, known_rows: int | None) -> None:
         """Open a fresh spool in place of the damaged one (now ``aside``) and salvage it.
@@ -799,6 +740,7 @@ class Spool:
         except SpoolError as exc:
             raise SpoolError(f"{self.path} was damaged ({reason}) and moved aside to "
                              f"{aside}, but a fresh spool cannot be opened: {exc}") from exc
+        self.checked = True
         self._low_disk = False  # the new connection takes the low-disk settings anew
         self._check_disk()
         copied, lost = self._salvage(aside, known_rows)
@@ -809,60 +751,20 @@ class Spool:
     def _salvage(self, aside: Path, known_rows: int | None) -> tuple[int, str]:
         """Copy every row still readable in ``aside`` into this fresh spool, keeping its seq.
 
-        Through read-only connections, so the damaged copy keeps its bytes: the file with
-        its WAL, and when it has one or that view met damage, also the file alone
-        (``immutable``: SQLite ignores the WAL then), since a foreign or stale WAL hides
-        rows the file itself holds, and its older copy of a page may still read. A seq's
-        payload never changes, so the union is right. ``next_seq`` never goes back: the
-        highest of this spool's, the copy's ``meta`` and the salvaged seqs + 1 (``put``
-        sees to that). Returns the rows copied and what was lost, in words.
+        ``next_seq`` never goes back: the highest of this spool's, the copy's ``meta`` and
+        the salvaged seqs + 1 (``put`` sees to that). Returns the rows copied and what
+        was lost, in words.
         """
-        found: list[_View] = []
-        if _file_size(aside):  # an empty file: SQLite would delete the WAL beside it
-            found.append(self._salvage_view(aside, "mode=ro", dedupe=False))
-            if _file_size(Path(f"{aside}-wal")) or found[0].gaps:
-                found.append(self._salvage_view(aside, "mode=ro&immutable=1", dedupe=True))
-        copied = sum(view.copied for view in found)
-        failed = sum(view.failed for view in found)
-        meta = {key: max([view.meta.get(key, 0) for view in found], default=0)
-                for key in _META_KEYS}
-        self._keep_meta(meta, at_open=known_rows is None)
+        found = spool_damage.salvage(aside, self._conn, self._salvage_put)
+        self._keep_meta(found.meta, at_open=known_rows is None)
         if known_rows is None:
-            return copied, self._loss_words(found, meta["next_seq"], failed)
-        lost = max(0, known_rows - copied - failed) + failed
+            return found.copied, spool_damage.loss_words(found, self._conn)
+        lost = max(0, known_rows - found.copied - found.failed) + found.failed
         self.lost += lost
-        return copied, f"{lost} lost"
-
-    def _salvage_view(self, aside: Path, params: str, dedupe: bool) -> _View:
-        """Copy what one view of ``aside`` can read; ``dedupe``: skip seqs already here."""
-        try:
-            conn = sqlite3.connect(_uri(aside, params), uri=True, timeout=5.0)
-        except sqlite3.Error:
-            return _View(gaps=[(None, None)])
-        try:
-            try:
-                tables = _tables(conn)
-                view = _View(spool=_has_table(conn, tables, "spool"))
-            except sqlite3.Error:  # not even the schema can be read
-                return _View(gaps=[(None, None)])
-            with contextlib.suppress(sqlite3.Error):
-                view.meta = {key: value for key, value in _read_meta(conn, tables).items()
-                             if isinstance(value, int)}
-            for batch in _readable_batches(conn, view.gaps) if view.spool else ():
-                if dedupe:
-                    present = self._present([seq for seq, _ in batch])
-                    batch = [row for row in batch if row[0] not in present]
-                failed = self._salvage_put(batch)
-                view.failed += failed
-                view.copied += len(batch) - failed
-            return view
-        finally:
-            conn.close()
+        return found.copied, f"{lost} lost"
 
     def _salvage_put(self, rows: list[tuple[int, bytes]]) -> int:
         """Spool salvaged rows; returns how many could not be written (not for a full disk)."""
-        if not rows:
-            return 0
         try:
             self.put(rows)
         except SpoolFull:  # put counted them in shed_disk_full
@@ -870,14 +772,6 @@ class Spool:
         except SpoolError as exc:
             return len(rows) - exc.written
         return 0
-
-    def _present(self, seqs: list[int]) -> set[int]:
-        marks = ",".join("?" * len(seqs))
-        try:
-            return {row[0] for row in self._conn.execute(
-                f"SELECT seq FROM spool WHERE seq IN ({marks})", seqs)}
-        except sqlite3.Error:
-            return set()
 
     def _keep_meta(self, meta: dict[str, int], at_open: bool) -> None:
         """Persist next_seq (never lower than before) and the shed totals in the fresh file."""
@@ -892,163 +786,6 @@ class Spool:
                 self._set_meta("shed_disk_full_total", self.shed_disk_full_total)
         except sqlite3.Error as exc:  # next_seq is kept in memory; the next put persists it
             log.warning("cannot record the counters in the fresh spool %s: %s", self.path, exc)
-
-    def _loss_words(self, views: list[_View], next_seq: int, failed: int) -> str:
-        """What a salvage at open lost, in words (how many rows the file held is unknown).
-
-        A stretch a view skipped runs from the last seq read before it to the first after
-        it (or ``next_seq``); its seqs that no view salvaged bound the rows lost there
-        from above, since seqs may have holes. The view that lost least tells.
-        """
-        bounds = [self._gap_bound(view.gaps, next_seq) for view in views if view.spool]
-        known = [bound for bound in bounds if bound is not None]
-        if not known:
-            return "an unknown number lost (the spool table cannot be read)"
-        lost = min(known) + failed
-        return f"up to {lost} lost" if lost else "none lost"
-
-    def _gap_bound(self, gaps: list[tuple[int | None, int | None]],
-                   next_seq: int) -> int | None:
-        total = 0
-        merged: dict[int | None, int | None] = {}
-        for low, high in gaps:  # a row stepped over gives a second stretch from `low`
-            old = merged.get(low, high)
-            merged[low] = None if old is None or high is None else max(old, high)
-        for low, high in merged.items():
-            high = next_seq if high is None and next_seq else high
-            if low is None or high is None:
-                return None
-            total += max(0, high - low - 1 - self._count_between(low, high))
-        return total
-
-    def _count_between(self, low: int, high: int) -> int:
-        try:
-            return self._conn.execute("SELECT COUNT(*) FROM spool WHERE seq > ? AND seq < ?",
-                                      (low, high)).fetchone()[0]
-        except sqlite3.Error:
-            return 0
-
-
-def _is_damage(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", 0)
-    return (code & 0xFF) in _DAMAGE_CODES or code in _READ_ERRORS
-
-
-def _uri(path: Path, params: str) -> str:
-    return f"file:{urllib.parse.quote(os.fspath(path))}?{params}"
-
-
-def _file_size(path: Path) -> int:
-    """Size of ``path``; 0 when it cannot be seen (the open that follows says why)."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _tables(conn: sqlite3.Connection) -> list[str]:
-    return sorted(row[0] for row in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'"))
-
-
-def _has_table(conn: sqlite3.Connection, tables: list[str], name: str) -> bool:
-    """Whether ``name`` is among ``tables`` with (at least) the spool's columns for it."""
-    if name not in tables:
-        return False
-    columns = {row[1] for row in conn.execute(f"PRAGMA table_info({name})")}
-    return columns >= _TABLES[name]
-
-
-def _read_meta(conn: sqlite3.Connection, tables: list[str]) -> dict[str, object]:
-    if not _has_table(conn, tables, "meta"):
-        return {}
-    marks = ",".join("?" * len(_META_KEYS))
-    return dict(conn.execute(f"SELECT key, value FROM meta WHERE key IN ({marks})",
-                             _META_KEYS))
-
-
-def _readable_batches(conn: sqlite3.Connection, gaps: list[tuple[int | None, int | None]]
-                      ) -> Iterator[list[tuple[int, bytes]]]:
-    """The spool rows ``conn`` can still read, in seq order and in batches, past damage.
-
-    A read that fails has met a damaged page after the last seq read; ``_next_readable``
-    finds where intact pages start again, and each stretch stepped over is noted in
-    ``gaps`` as (last seq read before it, first seq after it), None where there is none.
-    """
-    after, last, jumped = _MIN_SEQ, None, False
-    while True:
-        rows, failed = _read_rows(conn, after)
-        if rows:
-            yield rows
-            after = last = rows[-1][0]
-            jumped = False
-        if not failed:
-            if not rows:
-                return
-            continue
-        if jumped and not rows:  # a scan cannot even start at the row a seek found:
-            after += 1  # read that row alone (a scan steps on into the damage), then on
-            one = _read_one(conn, after)
-            if one:
-                yield one
-                last = after
-        found = _next_readable(conn, after)
-        gaps.append((last, found))
-        if found is None:
-            return
-        after, jumped = found - 1, True
-
-
-def _read_rows(conn: sqlite3.Connection, after: int) -> tuple[list[tuple[int, bytes]], bool]:
-    """Up to a batch of rows after ``after``, and whether the read stopped on an error."""
-    rows: list[tuple[int, bytes]] = []
-    try:  # ">= after + 1": SQLite seeks "> after" by visiting ``after`` first, maybe damaged
-        for row in conn.execute("SELECT seq, payload FROM spool WHERE seq >= ? ORDER BY seq "
-                                "LIMIT ?", (after + 1, _SALVAGE_BATCH)):
-            rows.append(row)
-    except sqlite3.Error:
-        return rows, True
-    return rows, False
-
-
-def _read_one(conn: sqlite3.Connection, seq: int) -> list[tuple[int, bytes]]:
-    try:
-        return conn.execute("SELECT seq, payload FROM spool WHERE seq = ?", (seq,)).fetchall()
-    except sqlite3.Error:
-        return []
-
-
-def _next_readable(conn: sqlite3.Connection, after: int) -> int | None:
-    """The first seq after ``after`` that a seek reaches without meeting damage, or None.
-
-    Seeks to ever further seqs (the step doubles) until one lands on an intact page, then
-    bisects back to the nearest seek point that works: the rows in between are on the
-    damaged pages. Some 2 x 64 seeks at most, against any spread of seqs.
-    """
-    bad, step = after, 1
-    while True:
-        at = min(after + step, _MAX_SEQ)
-        try:
-            found = _first_at(conn, at)
-            break
-        except sqlite3.Error:
-            if at == _MAX_SEQ:
-                return None
-            bad, step = at, 2 * step
-    good = at
-    while good - bad > 1:
-        middle = (bad + good) // 2
-        try:
-            found, good = _first_at(conn, middle), middle
-        except sqlite3.Error:
-            bad = middle
-    return found
-
-
-def _first_at(conn: sqlite3.Connection, at: int) -> int | None:
-    row = conn.execute("SELECT seq FROM spool WHERE seq >= ? ORDER BY seq LIMIT 1",
-                       (at,)).fetchone()
-    return None if row is None else row[0]
 
 
 def _fs_free(folder: Path) -> int:
