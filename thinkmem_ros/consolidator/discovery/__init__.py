@@ -87,6 +87,7 @@ Where each step lives: ``model`` (configuration, ``EventLog``, ``Relation``, the
 and ``family`` (step 2), ``occurrences``, ``contrasts`` and ``checks`` (step 3),
 ``examine`` (step 3's families and the reasons), ``redundancy`` (step 4), ``scan`` and
 ``spill`` (the passes over a log, whole or part by part; ``engine.py`` runs the parts),
+``vocabulary`` and ``density`` (codes too few robots report, episodes too dense to scan),
 ``arrays`` (sorted-key helpers). ``discover`` below ties them together.
 """
 
@@ -99,6 +100,7 @@ from dataclasses import replace
 import numpy as np
 
 from thinkmem_ros.consolidator.discovery.arrays import _lookup, _sorted_set_key
+from thinkmem_ros.consolidator.discovery.density import scan_weights, without_dense
 from thinkmem_ros.consolidator.discovery.examine import _examine
 from thinkmem_ros.consolidator.discovery.family import _cooccurrence_weights, tarone_bh
 from thinkmem_ros.consolidator.discovery.model import (
@@ -131,7 +133,9 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     del rng
     start = _time.perf_counter()
     log, excluded = fleet_log(log, cfg)
-    parts = _parts(log, cfg.part_events)
+    log, too_dense = without_dense(log, cfg)
+    weights = scan_weights(log, cfg)
+    parts = _parts(log, cfg.part_events, weights)
     if len(parts) < 2:
         ctx, candidates, by_length = _scan_whole(log, cfg, parts)
     else:
@@ -139,14 +143,14 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         # parts that run side by side in this process are smaller, so that together they
         # hold what one part did (the sums do not depend on where parts are cut)
         share = max(1, getattr(engine, "concurrent_parts", 1))
-        parts = _parts(log, max(1, cfg.part_events // share))
+        parts = _parts(log, max(1, cfg.part_events // share), weights)
         ctx, candidates, by_length = _scan_parts(log, cfg, parts, engine)
     v = ctx.v
     # where a round's discovery time goes, for the round report: the scan with the
     # family-wide tests, the per-pattern checks, the redundancy step
     step_s = {"scan": _time.perf_counter() - start, "checks": 0.0, "redundancy": 0.0}
     notes: dict = {"scales": ctx.scales.tolist(), "median_gap": ctx.delta,
-                   "codes_too_few_robots": excluded,
+                   "codes_too_few_robots": excluded, "episodes_too_dense": too_dense,
                    "parts": len(parts), "pass_s": dict(ctx.pass_s),
                    "family_budget": dict(ctx.family), "step_s": step_s}
     if progress is not None:

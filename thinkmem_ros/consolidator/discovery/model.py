@@ -45,6 +45,9 @@ class DiscoveryConfig:
     # holds fixed, so the error control stays valid); 0 = every co-occurring pair
     family_frames_per_event: float = 2.0
     min_family_frames: int = 2_000_000
+    # an episode holding more distinct codes than this is left out of discovery: its
+    # candidate rows grow with their square (``density.py``); 0 = keep every episode
+    max_episode_codes: int = 64
 
     def __post_init__(self) -> None:
         if self.min_gap < 0 or self.max_gap < self.min_gap:
@@ -73,6 +76,9 @@ class DiscoveryConfig:
         if self.family_frames_per_event < 0 or self.min_family_frames < 0:
             raise ValueError(f"family_frames_per_event and min_family_frames must be >= 0, "
                              f"got {self.family_frames_per_event}, {self.min_family_frames}")
+        if self.max_episode_codes < 0 or 0 < self.max_episode_codes < 3:
+            raise ValueError(f"max_episode_codes must be 0 (off) or >= 3, got "
+                             f"{self.max_episode_codes}")
         if self.max_lookback < 1 or self.max_checked < 1:
             raise ValueError(f"max_lookback and max_checked must be >= 1, got "
                              f"{self.max_lookback}, {self.max_checked}")

@@ -54,13 +54,22 @@ _Scan = tuple["_Episodes", dict[int, np.ndarray],
               dict[int, tuple["_Tested", np.ndarray, np.ndarray]]]
 
 
-def _parts(log: EventLog, part_events: int) -> list[tuple[int, int]]:
-    """Consecutive episode ranges of about ``part_events`` events each (whole episodes)."""
+def _parts(log: EventLog, part_events: int, weights: np.ndarray | None = None
+           ) -> list[tuple[int, int]]:
+    """Consecutive episode ranges of about ``part_events`` events each (whole episodes).
+
+    ``weights`` (per episode, in events; default each episode's events) counts an episode
+    at what it costs the scan (``density.scan_weights``): a part of dense episodes then
+    holds fewer of them, so every part holds about as many candidate rows.
+    """
     n_ep = len(log.episode_ids)
-    if part_events <= 0 or log.code.size <= part_events:
+    if weights is None:
+        weights = np.bincount(log.episode, minlength=n_ep)
+    ends = np.cumsum(weights)  # weight up to and including each episode
+    total = ends[-1] if n_ep else 0
+    if part_events <= 0 or total <= part_events:
         return [(0, n_ep)]
-    ends = np.searchsorted(log.episode, np.arange(1, n_ep + 1))  # events up to each episode
-    cuts = np.searchsorted(ends, np.arange(part_events, log.code.size, part_events))
+    cuts = np.searchsorted(ends, np.arange(part_events, total, part_events))
     bounds = np.unique(np.concatenate(([0], cuts + 1, [n_ep])).clip(0, n_ep))
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
