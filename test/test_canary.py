@@ -10,13 +10,13 @@ BundleReceivers).
 from __future__ import annotations
 
 import threading
-import time
 
 import consolidator_world as world
 import numpy as np
 import pytest
 import torch
 from conftest import copy_bundle
+from waiting import wait
 
 from thinkmem_ros.consolidator import service as service_module
 from thinkmem_ros.consolidator.canary import (
@@ -43,13 +43,6 @@ THRESHOLDS = {1: {"trend": 0.5, "hazard": 0.5}, 2: {"trend": 0.5, "hazard": 0.5,
 SHA = {0: "0" * 64, 1: "b" * 64, 2: "a" * 64}  # each version's ONNX sha256
 
 
-def wait(pred, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def record(robot, version, active, required, reward=None, sha=None, labels=LABELS):

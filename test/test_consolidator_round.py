@@ -7,6 +7,7 @@ import consolidator_world as world
 import numpy as np
 import pytest
 import torch
+from waiting import wait
 
 from thinkmem_ros.consolidator.gate import GateConfig, validate
 from thinkmem_ros.consolidator.knowledge import KnowledgeStore
@@ -33,14 +34,6 @@ def setup(tmp_path):
     return {"pub": pub, "key": key, "bundle": bundle}
 
 
-def wait(pred, timeout=15.0):
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_path, setup,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 
 import numpy as np
 import pytest
 import zmq
+from waiting import wait
 
 from thinkmem_ros.commands import keys as keys_cmd
 from thinkmem_ros.consolidator.ingest import open_receiver
@@ -48,14 +48,6 @@ def exp(robot, seq, trace):
                       window=np.zeros((4, 2)), labels=["trend"], probabilities=[0.5],
                       bundle_version=1, trace=trace)
 
-
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def receiver_cfg(tmp_path, keys, allowed, **kw):

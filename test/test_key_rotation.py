@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import copy_bundle
+from waiting import wait
 
 from thinkmem_ros import cli
 from thinkmem_ros.consolidator.ingest import open_receiver
@@ -36,15 +36,6 @@ from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverCon
 from thinkmem_ros.robot.node_config import NodeConfig
 from thinkmem_ros.robot.shipping_link import newer_installed_bundle
 from thinkmem_ros.robot.trust_store import TRUST_FILE, TrustStoreError
-
-
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def thinkmem(*argv: str) -> int:

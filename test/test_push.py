@@ -1,10 +1,10 @@
 """Signed publication and the push over the experience connection, on real ZeroMQ."""
 
-import time
 
 import numpy as np
 import pytest
 from conftest import copy_bundle
+from waiting import wait
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError
@@ -14,15 +14,6 @@ from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypa
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.policy.bundle import load_bundle
 from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
-
-
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture

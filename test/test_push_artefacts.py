@@ -2,11 +2,11 @@
 
 import hashlib
 import logging
-import time
 
 import numpy as np
 import pytest
 from conftest import copy_bundle
+from waiting import wait
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError, push_frame
@@ -20,15 +20,6 @@ from thinkmem_ros.policy.bundle import load_bundle
 from thinkmem_ros.policy.value_table import ValueConfig, ValueTable
 from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
 from thinkmem_ros.robot.thinking_gates import attach_artefacts, load_gate_artefacts
-
-
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture

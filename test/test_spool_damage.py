@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait as wait_until
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
@@ -394,13 +395,9 @@ def traces(db):
         return {e.trace for _, e in store.iter_experiences()}
 
 
+
 def wait(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
+    return wait_until(pred, timeout)
 
 
 def test_shipper_starts_on_a_damaged_spool_and_ships_every_readable_row(tmp_path, receiver,

@@ -4,6 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from waiting import wait
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.store import ExperienceStore
@@ -20,14 +21,6 @@ def exp(i, robot="r1"):
                       window=np.full((8, 3), i % 7, dtype=np.float32), labels=["trend"],
                       probabilities=[0.5], bundle_version=1, trace=f"x{i}")
 
-
-def wait(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def shipper_cfg(tmp_path, endpoint, **kw):
