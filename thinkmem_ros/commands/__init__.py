@@ -5,6 +5,8 @@ Shared here: what every verb needs to answer bad input with one line on stderr.
 
 from __future__ import annotations
 
+import errno
+import os
 import tempfile
 from pathlib import Path
 
@@ -21,9 +23,6 @@ def _fifo_has_reader(path: Path) -> bool:
     without blocks the write, after the whole run, until someone opens it. A non-blocking
     open for writing tells the two apart (ENXIO: no reader) without waiting.
     """
-    import errno
-    import os
-
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
     except OSError as exc:

@@ -41,14 +41,10 @@ def _not_replaceable(path: Path) -> str | None:
         return None
     if not path.is_dir():
         return "is not a folder"
-    if (path / MARKER).is_file() or not any(path.iterdir()) or _earlier_demo(path):
+    if ((path / MARKER).is_file() or not any(path.iterdir())
+            or _demo_summary(path.parent / "summary.json")):  # a demo's from before the mark
         return None
     return f"was not made by thinkmem demo (no {MARKER} in it)"
-
-
-def _earlier_demo(path: Path) -> bool:
-    """Whether ``path`` sits beside the summary of a demo run from before the mark."""
-    return _demo_summary(path.parent / "summary.json")
 
 
 def _demo_summary(path: Path) -> bool:
@@ -60,9 +56,8 @@ def _demo_summary(path: Path) -> bool:
     return isinstance(summary, dict) and {"mode", "steps", "bundle"} <= summary.keys()
 
 
-OUT_MARKER_TEXT = ("used by thinkmem demo as --out: a later demo run writes its "
-                   f"{', '.join(('summary.json', 'timeline.png', 'before_after.png'))} "
-                   "and node.log here again\n")
+OUT_MARKER_TEXT = ("used by thinkmem demo as --out: a later demo run writes its summary.json, "
+                   "timeline.png, before_after.png and node.log here again\n")
 OUTPUT_FILES = ("summary.json", "timeline.png", "before_after.png", "node.log")
 """Files the demo writes straight into ``--out`` (the same names every run)."""
 

@@ -133,8 +133,8 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     del rng
     start = _time.perf_counter()
     log, excluded = fleet_log(log, cfg)
-    log, too_dense = without_dense(log, cfg)
-    weights = scan_weights(log, cfg)
+    log, too_dense, distinct = without_dense(log, cfg)
+    weights = scan_weights(log, cfg, distinct)
     parts = _parts(log, cfg.part_events, weights)
     if len(parts) < 2:
         ctx, candidates, by_length = _scan_whole(log, cfg, parts)

@@ -46,17 +46,22 @@ def distinct_codes(log: EventLog) -> np.ndarray:
     return np.bincount(present // max(log.n_codes, 1), minlength=n_ep)
 
 
-def without_dense(log: EventLog, cfg: DiscoveryConfig) -> tuple[EventLog, int]:
-    """``log`` without its episodes of more than ``max_episode_codes`` codes; how many."""
-    if cfg.max_episode_codes <= 0 or log.code.size == 0:
-        return log, 0
-    dense = distinct_codes(log) > cfg.max_episode_codes
-    if not dense.any():
-        return log, 0
-    return log.select(np.flatnonzero(~dense)), int(dense.sum())
+def without_dense(log: EventLog, cfg: DiscoveryConfig
+                  ) -> tuple[EventLog, int, np.ndarray]:
+    """``log`` without its episodes of more than ``max_episode_codes`` codes.
+
+    Also returns how many were left out and the kept episodes' distinct codes (what
+    ``scan_weights`` reads next, so they are counted once).
+    """
+    counts = distinct_codes(log)
+    if cfg.max_episode_codes <= 0 or not (counts > cfg.max_episode_codes).any():
+        return log, 0, counts
+    kept = np.flatnonzero(counts <= cfg.max_episode_codes)
+    return log.select(kept), int(counts.size - kept.size), counts[kept]
 
 
-def scan_weights(log: EventLog, cfg: DiscoveryConfig) -> np.ndarray:
+def scan_weights(log: EventLog, cfg: DiscoveryConfig, distinct: np.ndarray | None = None
+                 ) -> np.ndarray:
     """(E,) what each episode costs the scan, in honest events.
 
     An event costs about w² triple rows for the w distinct codes within ``max_lookback``
@@ -64,5 +69,6 @@ def scan_weights(log: EventLog, cfg: DiscoveryConfig) -> np.ndarray:
     event (w ≤ ``HONEST_WIDTH``) counts as one.
     """
     n = np.bincount(log.episode, minlength=len(log.episode_ids)).astype(np.float64)
-    width = np.minimum(np.minimum(distinct_codes(log), n), cfg.max_lookback)
+    distinct = distinct_codes(log) if distinct is None else distinct
+    width = np.minimum(np.minimum(distinct, n), cfg.max_lookback)
     return n * np.maximum(1.0, (width / HONEST_WIDTH) ** 2)
