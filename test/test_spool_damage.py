@@ -170,6 +170,43 @@ def test_a_zeroed_page_loses_only_the_rows_on_it(tmp_path, caplog):
     assert f"up to {300 - len(readable)} lost" in line.getMessage()
 
 
+def test_damage_at_every_start_keeps_the_newest_copies_not_a_full_disk(tmp_path, caplog):
+    """Storage that fails again and again moved a copy aside at every start, each as
+    large as the spool: they filled the robot's disk outside the spool's byte cap."""
+    path = tmp_path / "spool.db"
+    make_spool(path, 1, 30)
+    for start in range(5):
+        with open(path, "r+b") as handle:  # the same damage after every start
+            handle.write(os.urandom(100))
+        spool = Spool(path, 1 << 30)
+        spool.put(rows(100 + start, 100 + start))
+        spool.close()
+        time.sleep(0.01 if start else 1.1)  # two copies within one second, the rest not
+    kept = damaged_copies(tmp_path)
+    assert len(kept) == spool_module.spool_damage.KEEP_DAMAGED == 2
+    assert len(spool_errors(caplog)) == 5
+    deleted = [r.getMessage() for r in caplog.records if "deleted the older" in r.getMessage()]
+    assert len(deleted) == 3 and not any(name in " ".join(deleted) for name in kept)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(("-wal", "-shm"))
+                and ".damaged-" in p.name and p.name[:-4] not in kept]
+
+
+def test_pruning_orders_copies_by_time_then_number(tmp_path):
+    from thinkmem_ros.link.spool_damage import prune_damaged
+
+    names = ["spool.db.damaged-20261205T010203Z", "spool.db.damaged-20261205T010203Z-2",
+             "spool.db.damaged-20261205T010203Z-10", "spool.db.damaged-20261204T235959Z",
+             "spool.db.damaged-20261205T010203Z-10-wal", "other.db.damaged-20201205T010203Z"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    deleted = prune_damaged(tmp_path / "spool.db", keep=2)
+    assert sorted(p.name for p in deleted) == ["spool.db.damaged-20261204T235959Z",
+                                               "spool.db.damaged-20261205T010203Z"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["spool.db.damaged-20261205T010203Z-2", "spool.db.damaged-20261205T010203Z-10",
+         "spool.db.damaged-20261205T010203Z-10-wal", "other.db.damaged-20201205T010203Z"])
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage header", "page 1 zeroed",
                                     "random file"])
 def test_an_unreadable_file_is_kept_and_a_fresh_spool_started(tmp_path, caplog, damage):

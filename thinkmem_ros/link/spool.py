@@ -747,6 +747,10 @@ class Spool:
         log.error("spool %s was damaged (%s): moved it aside to %s (with its -wal/-shm); "
                   "salvaged %d rows into a fresh spool, %s", self.path, reason, aside,
                   copied, lost)
+        for old in spool_damage.prune_damaged(self.path):
+            log.warning("deleted the older damaged spool copy %s (the newest %d are kept; "
+                        "its rows were salvaged when it was moved aside)", old,
+                        spool_damage.KEEP_DAMAGED)
 
     def _salvage(self, aside: Path, known_rows: int | None) -> tuple[int, str]:
         """Copy every row still readable in ``aside`` into this fresh spool, keeping its seq.

@@ -190,6 +190,42 @@ def move_aside(path: Path) -> Path:
     return aside
 
 
+KEEP_DAMAGED = 2
+"""Damaged copies of one spool kept beside it (the newest); older ones are deleted."""
+
+
+def prune_damaged(path: Path, keep: int = KEEP_DAMAGED) -> list[Path]:
+    """Delete all but the newest ``keep`` damaged copies of ``path``; return those deleted.
+
+    Why: each copy is as large as the spool was (up to its byte cap), and a robot whose
+    storage keeps failing would move one aside at every start until its disk was full,
+    outside the cap the spool keeps to. Their rows were salvaged when they moved aside;
+    the newest copies stay for whoever looks into the damage. Oldest by the time in the
+    name (and its number within one second). A copy that cannot be deleted is left.
+    """
+    prefix = f"{path.name}.damaged-"
+    copies: dict[tuple[str, int], str] = {}
+    for entry in os.listdir(path.parent):
+        if not entry.startswith(prefix):
+            continue
+        base = entry.removesuffix("-wal").removesuffix("-shm")
+        stamp, _, number = base[len(prefix):].partition("-")
+        copies[(stamp, int(number) if number.isdigit() else 0)] = base
+    deleted = []
+    for key in sorted(copies)[:max(0, len(copies) - keep)]:
+        left = False
+        for suffix in SIDE_FILES:
+            try:
+                os.remove(path.parent / f"{copies[key]}{suffix}")
+            except FileNotFoundError:
+                pass
+            except OSError:  # not ours to force (a folder of that name, permissions)
+                left = True
+        if not left:
+            deleted.append(path.parent / copies[key])
+    return deleted
+
+
 # ---------------------------------------------------------------- salvage
 
 @dataclass
