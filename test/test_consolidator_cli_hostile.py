@@ -235,9 +235,13 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--bind", "tcp://127.0.0.1:*"], "--bind: --once runs one round on the store and exits"),
     (["--server-key", "SECRET", "--allow", "ALLOW"],
      "--server-key, --allow: --once runs one round on the store and exits"),
+    (["--discovery-events", "100"], "--discovery-events must be 0 (every episode) or at "
+     "least 1024"),
+    (["--discovery-events", "-1"], "--discovery-events must be >= 0"),
 ], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "rehearsal-rows", "threads", "seed",
         "train-workers", "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys",
-        "curve-off-allow", "allow-alone", "once-bind", "once-keys"])
+        "curve-off-allow", "allow-alone", "once-bind", "once-keys", "horizon-short",
+        "horizon-negative"])
 def test_an_option_that_cannot_work_is_refused_by_its_name(tmp_path, keys, store, capsys,
                                                            argv, says):
     """Each used to pass: --once then ran its round and exited 0, serving ran (READY) with

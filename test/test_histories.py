@@ -224,3 +224,59 @@ def test_a_mark_that_is_no_row_id_folds_every_row_again(tmp_path, caplog, damage
         assert store.episode_events()[("r1", "e9")] == ["N"]
         assert {(r[0], r[1]): r[3] for r in store.histories()} == {
             (r[0], r[1]): r[5] for r in store.latest_histories()}
+
+
+def _episodes_of(store, sizes: dict[str, int], start: int = 0) -> None:
+    """One record per episode: episode ``eK`` starts at stamp K and holds ``sizes`` events."""
+    store.insert_many([exp(start + i, episode=name, stamp=float(name[1:]),
+                           events=[f"E{j % 7}" for j in range(n)])
+                       for i, (name, n) in enumerate(sizes.items())])
+
+
+def test_the_horizon_reads_the_newest_whole_episodes_and_stops(tmp_path):
+    sizes = {"e1": 5, "e2": 9, "e3": 0, "e4": 4, "e5": 6, "e6": 3}
+    with ExperienceStore(tmp_path / "c.db", flush_rows=4) as store:
+        _episodes_of(store, sizes)
+        store.fold_histories()
+        rows, horizon = store.histories_within(13)
+        # newest first: e6 (3), e5 (6), e4 (4) = 13; e3 holds nothing and fits too; e2's 9
+        # do not, and the older e1 (5, which would fit) is not read in its place
+        assert [r[1] for r in rows] == ["e6", "e5", "e4", "e3"]
+        assert (horizon.episodes, horizon.events, horizon.left_out) == (4, 13, 2)
+        assert [len(r[3].split("\n")) if r[3] else 0 for r in rows] == [3, 6, 4, 0]
+        every, whole = store.histories_within(0)
+        assert sorted(r[1] for r in every) == sorted(sizes) and whole.left_out == 0
+        assert whole.events == sum(sizes.values())
+        # the in-memory answer (a histories table that cannot be read) is the same one
+        from thinkmem_ros.consolidator.histories import newest_within
+        scanned = [(r[0], r[1], r[2], r[5]) for r in store.latest_histories()]
+        again, same = newest_within(scanned, 13)
+        assert again == rows and same == horizon
+
+
+def test_the_horizon_walks_an_index_instead_of_sorting_every_history(tmp_path):
+    """Also on a store of the schema before the index: opening it adds the index."""
+    from thinkmem_ros.consolidator.histories import NEWEST_FIRST_SQL
+
+    with ExperienceStore(tmp_path / "c.db", target_version=7) as old:
+        _episodes_of(old, {"e1": 3, "e2": 4})
+        old.fold_histories()
+    with ExperienceStore(tmp_path / "c.db") as store:
+        plan = " ".join(str(r) for r in store._conn.execute(
+            "EXPLAIN QUERY PLAN " + NEWEST_FIRST_SQL).fetchall())
+        assert [r[1] for r in store.histories_within(4)[0]] == ["e2"]
+    assert "episode_histories_first" in plan and "TEMP B-TREE" not in plan, plan
+
+
+def test_discovery_reads_its_horizon_and_reports_what_it_left_out(tmp_path):
+    from thinkmem_ros.consolidator.discovery_log import carried_histories, log_from_rows
+
+    with ExperienceStore(tmp_path / "c.db") as store:
+        _episodes_of(store, {f"e{k}": 600 for k in range(1, 5)})
+        rows, report = carried_histories(store, 1200)
+        assert [r[1] for r in rows] == ["e4", "e3"]
+        assert report["horizon"] == {"max_events": 1200, "episodes": 2, "events": 1200,
+                                     "left_out_episodes": 2}
+        log, _ = log_from_rows(rows, 2)
+        assert int(log.code.size) == 1200
+        assert "horizon" not in carried_histories(store, 0)[1]

@@ -45,6 +45,8 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
     first = service.run_round("first")
     assert first.published_version == 2, first.to_dict()
     # the shipped bundle has no mark in this store: the first round reads every row
+    horizon = first.read["histories"].pop("horizon")  # the default horizon holds them all
+    assert horizon["episodes"] == 40 and horizon["left_out_episodes"] == 0
     assert first.read == {"since_id": 0, "through_id": first_mark, "new": 200,
                           "reservoir": 0, "histories": {"after_id": 0,
                                                         "through_id": first_mark,
@@ -65,6 +67,7 @@ def test_the_second_round_reads_the_new_rows_and_a_reservoir(tmp_path, increment
         assert "(whole store)" in caplog.text
     assert second.stored_experiences == 300 and second.episodes == 60
     # discovery's histories carried from round to round however the rows are read
+    assert second.read["histories"].pop("horizon")["episodes"] == 60
     assert second.read["histories"] == {"after_id": first_mark, "through_id": second_mark,
                                         "episodes": 20}
     assert "EA>EB>EC" in second.promoted
@@ -103,6 +106,7 @@ def test_a_refused_round_leaves_the_mark_so_its_rows_are_read_again(tmp_path):
     service.config.gate = gate
     third_mark = _store(db, "r3", 10, seed=3)
     third = service.run_round("third")
+    third.read["histories"].pop("horizon")
     assert third.read == {"since_id": first_mark, "through_id": third_mark, "new": 100,
                           "reservoir": 0, "histories": {
                               "after_id": refused.read["histories"]["through_id"],
@@ -172,3 +176,31 @@ def test_a_mark_past_the_stores_rows_reads_the_whole_store(tmp_path, caplog):
         second = service.run_round("second")
     assert "past the store's newest row" in caplog.text
     assert second.read["since_id"] == 0 and second.experiences == 250
+
+
+def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path, caplog):
+    """Three long, recent episodes and forty older short ones: the round's discovery reads
+    the newest whole episodes up to ``discovery_events`` and says what it left out."""
+    from test_store import exp
+
+    db = tmp_path / "c.db"
+    _store(db, "r1", 40, seed=1)
+    with ExperienceStore(db) as store:
+        store.insert_many([exp(k, robot="r9", episode=f"long{k}", stamp=1e6 + k,
+                               events=[f"E{j % 5}" for j in range(300)]) for k in range(3)])
+        store.fold_histories()
+        newest, horizon = store.histories_within(1024)
+    assert [r[1] for r in newest[:3]] == ["long2", "long1", "long0"]
+    assert 3 < horizon.episodes < 43 and horizon.left_out == 43 - horizon.episodes
+    service = _service(tmp_path, discovery_events=1024)
+    with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
+        report = service.run_round("horizon")
+    assert (f"{horizon.episodes} episodes ({horizon.left_out} older beyond the 1,024-event "
+            "horizon)") in caplog.text
+    assert report.episodes == horizon.episodes
+    assert report.read["histories"]["horizon"] == {
+        "max_events": 1024, "episodes": horizon.episodes, "events": horizon.events,
+        "left_out_episodes": horizon.left_out}
+    whole = _service(tmp_path / "whole", discovery_events=0)
+    whole.config.db_path = db
+    assert whole.run_round("whole").episodes == 43

@@ -18,9 +18,14 @@ import pyarrow.compute as pc
 
 from thinkmem_ros.consolidator.direct import episode_key
 from thinkmem_ros.consolidator.discovery import EventLog
+from thinkmem_ros.consolidator.histories import newest_within
 from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
 
 log = logging.getLogger(__name__)
+# discovery's horizon: a round reads the newest episodes' histories up to this many events
+# (whole episodes). At 10^7 events discovery took 2-4 minutes and 1.6 GB on a 2-core
+# machine (``docs/scale.md``), so by default a round stays within that as the store grows.
+DEFAULT_DISCOVERY_EVENTS = 10_000_000
 
 
 def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[int, tuple]]:
@@ -32,22 +37,30 @@ def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[i
     return log_from_rows(carried_histories(store)[0], partitions)
 
 
-def carried_histories(store: ExperienceStore) -> tuple[list[tuple], dict]:
-    """Every episode's (robot, episode, first stamp, history), and what the fold read.
+def carried_histories(store: ExperienceStore, max_events: int = 0
+                      ) -> tuple[list[tuple], dict]:
+    """The newest episodes' (robot, episode, first stamp, history), and what the fold read.
 
-    A histories table that cannot be read or written (locked past the busy timeout,
-    damaged, dropped) is logged as a WARNING and costs one scan of every row's history,
-    never the round: the rows themselves hold the same answer.
+    ``max_events`` > 0 is discovery's horizon (``histories.carried``): whole episodes,
+    newest first, while their events fit. A histories table that cannot be read or
+    written (locked past the busy timeout, damaged, dropped) is logged as a WARNING and
+    costs one scan of every row's history, never the round: the rows themselves hold the
+    same answer.
     """
     try:
         folded = store.fold_histories()
-        return store.histories(), {"after_id": folded.after_id,
-                                   "through_id": folded.through_id,
-                                   "episodes": folded.episodes}
+        rows, horizon = store.histories_within(max_events)
+        report = {"after_id": folded.after_id, "through_id": folded.through_id,
+                  "episodes": folded.episodes}
     except StoreError as exc:
         log.warning("%s: this round scans every row's history", exc)
-        rows = store.latest_histories()
-        return [(r[0], r[1], r[2], r[5]) for r in rows], {"error": str(exc)}
+        scanned = [(r[0], r[1], r[2], r[5]) for r in store.latest_histories()]
+        rows, horizon = newest_within(scanned, max_events)
+        report = {"error": str(exc)}
+    if max_events > 0:
+        report["horizon"] = {"max_events": max_events, "episodes": horizon.episodes,
+                             "events": horizon.events, "left_out_episodes": horizon.left_out}
+    return rows, report
 
 
 def log_from_rows(rows: Sequence[tuple], partitions: int

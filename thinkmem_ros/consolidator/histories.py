@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 TABLES = (
@@ -133,7 +133,64 @@ def fold(conn: sqlite3.Connection, through_id: int,
     return HistoriesFold(after, through_id, len(rows))
 
 
-def carried(conn: sqlite3.Connection) -> list[tuple[str, str, float, str]]:
-    """(robot, episode, first stamp, history joined by newlines) of every episode."""
-    return conn.execute("SELECT robot_id, episode_id, first_stamp, events"
-                        " FROM episode_histories").fetchall()
+# newest episode first (by first stamp; ties by robot and episode, so the horizon is one
+# answer): walks ``HORIZON_INDEX`` backwards, reading only the rows it keeps
+NEWEST_FIRST_SQL = ("SELECT robot_id, episode_id, first_stamp, events FROM episode_histories"
+                    " ORDER BY first_stamp DESC, robot_id DESC, episode_id DESC")
+HORIZON_INDEX = ("CREATE INDEX episode_histories_first ON episode_histories"
+                 " (first_stamp, robot_id, episode_id)")
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What discovery's horizon kept of the carried histories."""
+
+    episodes: int  # episodes read (the newest)
+    events: int  # their events
+    left_out: int  # older episodes beyond the horizon, not read
+
+
+def carried(conn: sqlite3.Connection, max_events: int = 0
+            ) -> tuple[list[tuple[str, str, float, str]], Horizon]:
+    """(robot, episode, first stamp, history joined by newlines), newest episode first.
+
+    ``max_events`` > 0 is discovery's horizon: whole episodes, newest first, while their
+    events fit; the first that does not ends it (an older short episode is not read in its
+    place, so what is read is one recent stretch of the fleet's history). Why: a round
+    held every episode the store ever carried in memory and scanned them all, so its
+    memory and time grew with the store until a fleet's consolidator could not run a
+    round at all; the horizon bounds both by what a round can afford. 0 reads every
+    episode.
+    """
+    rows, events = _newest(conn.execute(NEWEST_FIRST_SQL), max_events)
+    left = 0
+    if max_events > 0:
+        total = conn.execute("SELECT COUNT(*) FROM episode_histories").fetchone()[0]
+        left = int(total) - len(rows)
+    return rows, Horizon(len(rows), events, left)
+
+
+def newest_within(rows: Sequence[tuple], max_events: int
+                  ) -> tuple[list[tuple], Horizon]:
+    """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory."""
+    ordered = sorted(rows, key=lambda r: (r[2], r[0], r[1]), reverse=True)
+    kept, events = _newest(ordered, max_events)
+    return kept, Horizon(len(kept), events, len(ordered) - len(kept))
+
+
+def _newest(rows: Iterable[tuple], max_events: int) -> tuple[list[tuple], int]:
+    """Rows (newest first) while their events fit ``max_events`` (0: all); reads no further."""
+    kept: list[tuple] = []
+    events = 0
+    for row in rows:
+        n = history_events(row[3])
+        if max_events > 0 and events + n > max_events:
+            break
+        kept.append(row)
+        events += n
+    return kept, events
+
+
+def history_events(text: str) -> int:
+    """Events in a history joined by newlines ('' holds none)."""
+    return text.count("\n") + 1 if text else 0

@@ -65,7 +65,11 @@ import numpy as np
 from thinkmem_ros.consolidator.anticipation_export import build_rules, event_times
 from thinkmem_ros.consolidator.canary import CanaryConfig, CanaryController, Decision
 from thinkmem_ros.consolidator.discovery import DiscoveryConfig, discover
-from thinkmem_ros.consolidator.discovery_log import carried_histories, log_from_rows
+from thinkmem_ros.consolidator.discovery_log import (
+    DEFAULT_DISCOVERY_EVENTS,
+    carried_histories,
+    log_from_rows,
+)
 from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
@@ -96,7 +100,7 @@ from thinkmem_ros.consolidator.store import (
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
-from thinkmem_ros.link.experience import Experience, check_robot_ids
+from thinkmem_ros.link.experience import LIMITS, Experience, check_robot_ids
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 from thinkmem_ros.link.security import curve_keys_problem
 from thinkmem_ros.policy.anticipation_rules import RuleSet
@@ -154,6 +158,10 @@ class ConsolidatorConfig:
     # the whole store (within round_experiences), as a first round does
     incremental_rounds: bool = True
     round_reservoir: int = DEFAULT_RESERVOIR
+    # discovery reads the newest episodes' event histories up to this many events, whole
+    # episodes (0 = every episode the store carries): its memory and time stay bounded as
+    # the store grows; older evidence lives on in the knowledge units' confidences
+    discovery_events: int = DEFAULT_DISCOVERY_EVENTS
     # where discovery's passes over the log's parts, material building and retraining run:
     # "embedded" (this process) or "ray" (tasks and Ray Train workers on the Ray cluster at
     # engine_address; None = a local one)
@@ -185,10 +193,16 @@ class ConsolidatorConfig:
         # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
                           ("round_experiences", 0), ("engine_threads", 0),
-                          ("round_reservoir", 0), ("recall_experiences", 0)):
+                          ("round_reservoir", 0), ("recall_experiences", 0),
+                          ("discovery_events", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
+        if 0 < self.discovery_events < LIMITS["max_events"]:
+            # the newest episode alone could hold more: discovery would read nothing
+            raise ValueError(f"ConsolidatorConfig.discovery_events must be 0 (every episode) "
+                             f"or at least {LIMITS['max_events']} (the events one history "
+                             f"holds), got {self.discovery_events}")
         if self.engine not in ENGINES:
             raise ValueError(f"ConsolidatorConfig.engine must be one of {', '.join(ENGINES)}, "
                              f"got {self.engine!r}")
@@ -516,7 +530,7 @@ class ConsolidatorService:
                               since_id=since, reservoir=cfg.round_reservoir, carried=carried)
             experiences = read.experiences
             # discovery's input: the histories carried in the store, the new rows folded in
-            histories, folded = carried_histories(store)
+            histories, folded = carried_histories(store, cfg.discovery_events)
             log_, _ = log_from_rows(histories, cfg.partitions)
             del histories
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
@@ -725,12 +739,16 @@ class ConsolidatorService:
         read = report.read or {}
         how = (f"{read.get('new', 0)} after row {read['since_id']} + "
                f"{read.get('reservoir', 0)} reservoir" if read.get("since_id") else "whole store")
-        log.info("round (trigger %s): %d of %d stored experiences read (%s), %d episodes; %d "
+        horizon = (read.get("histories") or {}).get("horizon") or {}
+        episodes = (f"{report.episodes} episodes ({horizon['left_out_episodes']} older beyond "
+                    f"the {horizon['max_events']:,}-event horizon)"
+                    if horizon.get("left_out_episodes") else f"{report.episodes} episodes")
+        log.info("round (trigger %s): %d of %d stored experiences read (%s), %s; %d "
                  "candidates, %d "
                  "accepted, promoted %s, waiting for more evidence %s; material %s; gate %s "
                  "(policy %s); artefacts %s; %s%s in %.2f s",
                  report.reason, report.experiences, report.stored_experiences, how,
-                 report.episodes, report.candidates,
+                 episodes, report.candidates,
                  report.accepted, report.promoted or "none", _capped(report.waiting),
                  report.material or "none", gate,
                  report.policy or "n/a",
@@ -829,6 +847,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-reservoir", type=int, default=DEFAULT_RESERVOIR,
                         help="a round on a bundle this store trained reads the experiences "
                         "new to it plus at most this many of older episodes")
+    parser.add_argument("--discovery-events", type=int, default=DEFAULT_DISCOVERY_EVENTS,
+                        help="discovery reads the newest episodes up to this many events "
+                        "(whole episodes; 0 = every episode the store holds)")
     parser.add_argument("--whole-store-rounds", action="store_true",
                         help="every round reads the whole store (within "
                         "--round-experiences) instead of what is new to the running bundle")
@@ -885,6 +906,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         flush_rows=args.flush_rows,
         round_experiences=args.round_experiences, engine=args.engine,
         round_reservoir=args.round_reservoir, incremental_rounds=not args.whole_store_rounds,
+        discovery_events=args.discovery_events,
         engine_address=args.address, engine_threads=args.threads,
         train_workers=args.train_workers)
 

@@ -92,6 +92,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE store_identity (id TEXT NOT NULL)",
         "INSERT INTO store_identity VALUES (lower(hex(randomblob(16))))",
     ),
+    (  # 8: discovery's horizon reads the newest episodes first and stops (``histories``);
+        # without an index on their first stamp every round sorted every carried history
+        histories.HORIZON_INDEX,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 APPLICATION_ID = 0x746D6D73  # b"tmms" in the header: "a thinkmem store", whatever it holds
@@ -490,8 +494,16 @@ class ExperienceStore:
 
     def histories(self) -> list[tuple[str, str, float, str]]:
         """(robot, episode, first stamp, history joined by newlines) as last folded."""
+        return self.histories_within(0)[0]
+
+    def histories_within(self, max_events: int
+                         ) -> tuple[list[tuple[str, str, float, str]], histories.Horizon]:
+        """The newest episodes' carried histories while their events fit ``max_events``.
+
+        0 reads every episode (``histories.carried``: discovery's horizon).
+        """
         try:
-            return histories.carried(self._conn)
+            return histories.carried(self._conn, max_events)
         except sqlite3.Error as exc:
             raise self._failure("cannot read episode histories", exc) from exc
 

@@ -1,0 +1,42 @@
+"""The horizon measurement builds real stores and runs a round's discovery both ways, each
+in its own process (``python -m thinkmem_ros.bench.discovery_horizon``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from thinkmem_ros.bench.discovery_horizon import RULE, build_store
+from thinkmem_ros.consolidator.store import ExperienceStore
+
+
+def test_the_store_holds_the_events_asked_for_and_the_rule_among_the_newest(tmp_path):
+    build_store(tmp_path / "c.db", 4000, horizon=2000)
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.fold_histories()
+        rows, horizon = store.histories_within(0)
+    assert horizon.events == 4000 and horizon.episodes == 200
+    with_rule = [r for r in rows if all(name in r[3].split("\n") for name in RULE)]
+    assert len(with_rule) == 16 and min(float(r[2]) for r in with_rule) >= 200 - 50
+
+
+def test_the_report_reads_the_horizon_flat_and_the_whole_store_growing(tmp_path):
+    out = tmp_path / "h.json"
+    done = subprocess.run([sys.executable, "-m", "thinkmem_ros.bench.discovery_horizon",
+                           "--sizes", "3000,6000", "--horizon", "2000", "--json", str(out),
+                           "--plot", str(tmp_path / "h.png")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["results"]["rows"]
+    assert [r["horizon"]["events_read"] for r in rows] == [2000, 2000]
+    assert [r["whole"]["events_read"] for r in rows] == [3000, 6000]
+    assert all(r[way]["peak_rss_gb"] > 0 for r in rows for way in ("horizon", "whole"))
+    assert (tmp_path / "h.png").stat().st_size > 0
+
+
+def test_bad_options_are_one_line():
+    done = subprocess.run([sys.executable, "-m", "thinkmem_ros.bench.discovery_horizon",
+                           "--sizes", "3000,x"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
