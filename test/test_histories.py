@@ -243,6 +243,7 @@ def test_the_horizon_reads_the_newest_whole_episodes_and_stops(tmp_path):
         # do not, and the older e1 (5, which would fit) is not read in its place
         assert [r[1] for r in rows] == ["e6", "e5", "e4", "e3"]
         assert (horizon.episodes, horizon.events, horizon.left_out) == (4, 13, 2)
+        assert horizon.robots == 1
         assert [len(r[3].split("\n")) if r[3] else 0 for r in rows] == [3, 6, 4, 0]
         every, whole = store.histories_within(0)
         assert sorted(r[1] for r in every) == sorted(sizes) and whole.left_out == 0
@@ -254,18 +255,71 @@ def test_the_horizon_reads_the_newest_whole_episodes_and_stops(tmp_path):
         assert again == rows and same == horizon
 
 
-def test_the_horizon_walks_an_index_instead_of_sorting_every_history(tmp_path):
-    """Also on a store of the schema before the index: opening it adds the index."""
-    from thinkmem_ros.consolidator.histories import NEWEST_FIRST_SQL
+def test_the_horizon_reads_an_index_not_every_history(tmp_path):
+    """Also on a store of the schema before the index: opening it adds the counts."""
+    from thinkmem_ros.consolidator import histories
 
     with ExperienceStore(tmp_path / "c.db", target_version=7) as old:
         _episodes_of(old, {"e1": 3, "e2": 4})
-        old.fold_histories()
+        with old._conn:  # folded as schema 7 folded them: no event counts
+            old._conn.executemany(
+                "INSERT INTO episode_histories VALUES (?, ?, ?, ?, ?, ?)",
+                [("r1", "e1", 1.0, 1.0, 0, "E0\nE1\nE2"),
+                 ("r1", "e2", 2.0, 2.0, 1, "E0\nE1\nE2\nE3")])
+            old._conn.execute("INSERT INTO histories_mark VALUES (1, 2)")
     with ExperienceStore(tmp_path / "c.db") as store:
-        plan = " ".join(str(r) for r in store._conn.execute(
-            "EXPLAIN QUERY PLAN " + NEWEST_FIRST_SQL).fetchall())
+        plans = [" ".join(str(r) for r in store._conn.execute(
+            "EXPLAIN QUERY PLAN " + sql, ("r1",) + extra).fetchall())
+            for sql, extra in ((histories._SIZES_SQL, ()), (histories._NEWEST_SQL, (5,)))]
         assert [r[1] for r in store.histories_within(4)[0]] == ["e2"]
-    assert "episode_histories_first" in plan and "TEMP B-TREE" not in plan, plan
+        _episodes_of(store, {"e3": 2}, start=10)  # counted as it is folded in
+        store.fold_histories()
+        assert [r[1] for r in store.histories_within(6)[0]] == ["e3", "e2"]
+    assert "COVERING INDEX episode_histories_newest" in plans[0], plans
+    assert "episode_histories_newest" in plans[1] and "TEMP B-TREE" not in " ".join(plans)
+
+
+def test_a_robot_that_floods_new_episodes_cannot_push_the_others_out(tmp_path):
+    """Newest over the whole fleet would read only the flood (its stamps are its own);
+    shared per robot, each robot with less than an equal share keeps all of its episodes
+    and the flood gets what is left."""
+    with ExperienceStore(tmp_path / "c.db") as store:
+        batch = [exp(i, robot="r1", episode=f"a{i}", stamp=float(i), events=["A"] * 10)
+                 for i in range(5)]
+        batch += [exp(i, robot="r2", episode=f"b{i}", stamp=float(i), events=["B"] * 30)
+                  for i in range(20)]
+        batch += [exp(i, robot="zz", episode=f"f{i}", stamp=1e9 + i, events=["F"] * 50)
+                  for i in range(100)]
+        store.insert_many(batch)
+        store.fold_histories()
+        rows, horizon = store.histories_within(600)
+    by_robot = {robot: [r[1] for r in rows if r[0] == robot] for robot in ("r1", "r2", "zz")}
+    # three shares of 200: r1 needs 50 (all 5); r2 and zz share the other 550 in whole
+    # episodes (zz's 6th of 50 no longer fits once r2 has 270, so r2 takes the last 30)
+    assert by_robot["r1"] == [f"a{i}" for i in range(4, -1, -1)]
+    assert by_robot["r2"] == [f"b{i}" for i in range(19, 9, -1)]  # 10 x 30 = 300
+    assert by_robot["zz"] == [f"f{i}" for i in range(99, 94, -1)]  # 5 x 50 = 250
+    assert (horizon.events, horizon.robots, horizon.left_out) == (600, 3, 125 - 20)
+
+
+def test_fair_counts_shares_max_min_and_reads_no_further_than_it_needs():
+    from thinkmem_ros.consolidator.histories import fair_counts
+
+    read = []
+
+    def sizes(robot, values):
+        for v in values:
+            read.append(robot)
+            yield v
+
+    counts = fair_counts({"a": sizes("a", [5] * 100), "b": sizes("b", [1, 1]),
+                          "c": sizes("c", [40, 1])}, 30)
+    # shares of 10: b takes its 2; c's 40 never fits; a takes 2 of 5, then 5 more in the
+    # passes that share what b and c left (28 of 30 events in all)
+    assert counts == {"a": 5, "b": 2, "c": 0}
+    assert read.count("a") == 6 and read.count("c") == 1
+    assert fair_counts({"a": iter([3, 3])}, 0) == {"a": 0}
+    assert fair_counts({}, 10) == {}
 
 
 def test_discovery_reads_its_horizon_and_reports_what_it_left_out(tmp_path):
@@ -276,7 +330,7 @@ def test_discovery_reads_its_horizon_and_reports_what_it_left_out(tmp_path):
         rows, report = carried_histories(store, 1200)
         assert [r[1] for r in rows] == ["e4", "e3"]
         assert report["horizon"] == {"max_events": 1200, "episodes": 2, "events": 1200,
-                                     "left_out_episodes": 2}
+                                     "robots": 1, "left_out_episodes": 2}
         log, _ = log_from_rows(rows, 2)
         assert int(log.code.size) == 1200
         assert "horizon" not in carried_histories(store, 0)[1]

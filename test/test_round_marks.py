@@ -190,8 +190,9 @@ def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path,
                                events=[f"E{j % 5}" for j in range(300)]) for k in range(3)])
         store.fold_histories()
         newest, horizon = store.histories_within(1024)
-    assert [r[1] for r in newest[:3]] == ["long2", "long1", "long0"]
-    assert 3 < horizon.episodes < 43 and horizon.left_out == 43 - horizon.episodes
+    # r1's 40 short episodes fit its half; r9 takes the newest long ones in what is left
+    assert [r[1] for r in newest if r[0] == "r9"] == ["long2", "long1"]
+    assert (horizon.episodes, horizon.left_out, horizon.robots) == (42, 1, 2)
     service = _service(tmp_path, discovery_events=1024)
     with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
         report = service.run_round("horizon")
@@ -200,7 +201,7 @@ def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path,
     assert report.episodes == horizon.episodes
     assert report.read["histories"]["horizon"] == {
         "max_events": 1024, "episodes": horizon.episodes, "events": horizon.events,
-        "left_out_episodes": horizon.left_out}
+        "robots": 2, "left_out_episodes": horizon.left_out}
     whole = _service(tmp_path / "whole", discovery_events=0)
     whole.config.db_path = db
     assert whole.run_round("whole").episodes == 43

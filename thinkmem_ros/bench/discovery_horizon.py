@@ -2,8 +2,9 @@
 
 Why: every round read every episode history the store carried and ran discovery over all of
 them, so a round's memory and time grew with the fleet's whole history, with no bound. With
-``discovery_events`` (``--discovery-events``) a round reads the newest whole episodes up to
-that many events (``consolidator/histories.py``). This builds stores of growing size through
+``discovery_events`` (``--discovery-events``) a round reads each robot's newest whole
+episodes up to that many events in all, shared fairly between robots
+(``consolidator/histories.py``). This builds stores of growing size through
 the real ingest (SQLite, one record per episode carrying its history, 8 robots, 20 events per
 episode over 2,000 names, one rule A…B…C planted in 16 of the newest episodes), then times
 what a round does for discovery (read the carried histories, build the log, discover) both
@@ -126,7 +127,7 @@ def plot(report: dict, path: str | Path) -> None:
     for ax, key, label in ((ax_t, "seconds", "seconds"), (ax_m, "peak_rss_gb", "peak RSS (GB)")):
         curves = {way: {r["stored_events"]: r[way][key] for r in report["rows"]}
                   for way in ("horizon", "whole")}
-        series_panel(ax, curves, {"horizon": "newest episodes within the horizon",
+        series_panel(ax, curves, {"horizon": "each robot's newest, within the horizon",
                                   "whole": "every episode"}, ylabel=label)
         ax.set_xlabel("events the store carries")
     save(fig, path)

@@ -22,9 +22,10 @@ from thinkmem_ros.consolidator.histories import newest_within
 from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
 
 log = logging.getLogger(__name__)
-# discovery's horizon: a round reads the newest episodes' histories up to this many events
-# (whole episodes). At 10^7 events discovery took 2-4 minutes and 1.6 GB on a 2-core
-# machine (``docs/scale.md``), so by default a round stays within that as the store grows.
+# discovery's horizon: a round reads each robot's newest episode histories up to this many
+# events in all (whole episodes, shared fairly between robots). At 10^7 events discovery
+# took 2-4 minutes and 1.6 GB on a 2-core machine (``docs/scale.md``), so by default a
+# round stays within that as the store grows.
 DEFAULT_DISCOVERY_EVENTS = 10_000_000
 
 
@@ -39,13 +40,13 @@ def event_log(store: ExperienceStore, partitions: int) -> tuple[EventLog, dict[i
 
 def carried_histories(store: ExperienceStore, max_events: int = 0
                       ) -> tuple[list[tuple], dict]:
-    """The newest episodes' (robot, episode, first stamp, history), and what the fold read.
+    """Episodes' (robot, episode, first stamp, history) in discovery's horizon, and the fold.
 
-    ``max_events`` > 0 is discovery's horizon (``histories.carried``): whole episodes,
-    newest first, while their events fit. A histories table that cannot be read or
-    written (locked past the busy timeout, damaged, dropped) is logged as a WARNING and
-    costs one scan of every row's history, never the round: the rows themselves hold the
-    same answer.
+    ``max_events`` > 0 is discovery's horizon (``histories.carried``): each robot's newest
+    whole episodes, the events shared fairly between robots. A histories table that
+    cannot be read or written (locked past the busy timeout, damaged, dropped) is logged
+    as a WARNING and costs one scan of every row's history, never the round: the rows
+    themselves hold the same answer.
     """
     try:
         folded = store.fold_histories()
@@ -59,7 +60,8 @@ def carried_histories(store: ExperienceStore, max_events: int = 0
         report = {"error": str(exc)}
     if max_events > 0:
         report["horizon"] = {"max_events": max_events, "episodes": horizon.episodes,
-                             "events": horizon.events, "left_out_episodes": horizon.left_out}
+                             "events": horizon.events, "robots": horizon.robots,
+                             "left_out_episodes": horizon.left_out}
     return rows, report
 
 

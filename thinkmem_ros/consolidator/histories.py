@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 TABLES = (
@@ -42,13 +42,19 @@ LATEST_SQL = (
     " AS first_stamp, row_number() OVER (PARTITION BY robot_id, episode_id ORDER BY stamp"
     " DESC, seq DESC) AS latest FROM {src} WHERE id > ? AND id <= ?) WHERE latest = 1")
 
+_COUNT = "CASE WHEN {0} = '' THEN 0 ELSE length({0}) - length(replace({0}, char(10), '')) + 1 END"
+"""Events in a history joined by newlines, in SQL (``history_events``)."""
+
 UPSERT_SQL = (
-    "INSERT INTO episode_histories VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO episode_histories (robot_id, episode_id, first_stamp, stamp, seq, events,"
+    f" n_events) VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_COUNT.format('?6')})"
     " ON CONFLICT (robot_id, episode_id) DO UPDATE SET"
     # every right-hand side reads the row as it was, so the comparison is made once
     " first_stamp = MIN(first_stamp, excluded.first_stamp),"
     " events = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
     " THEN excluded.events ELSE events END,"
+    " n_events = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
+    " THEN excluded.n_events ELSE n_events END,"
     " seq = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
     " THEN excluded.seq ELSE seq END,"
     " stamp = MAX(stamp, excluded.stamp)")
@@ -133,62 +139,123 @@ def fold(conn: sqlite3.Connection, through_id: int,
     return HistoriesFold(after, through_id, len(rows))
 
 
-# newest episode first (by first stamp; ties by robot and episode, so the horizon is one
-# answer): walks ``HORIZON_INDEX`` backwards, reading only the rows it keeps
-NEWEST_FIRST_SQL = ("SELECT robot_id, episode_id, first_stamp, events FROM episode_histories"
-                    " ORDER BY first_stamp DESC, robot_id DESC, episode_id DESC")
-HORIZON_INDEX = ("CREATE INDEX episode_histories_first ON episode_histories"
-                 " (first_stamp, robot_id, episode_id)")
+# discovery's horizon (schema 8): each episode's event count, and per robot its episodes
+# newest first, read from the index alone until the robot's share is spent
+HORIZON_MIGRATION = (
+    "ALTER TABLE episode_histories ADD COLUMN n_events INTEGER NOT NULL DEFAULT 0",
+    f"UPDATE episode_histories SET n_events = {_COUNT.format('events')}",
+    "CREATE INDEX episode_histories_newest ON episode_histories"
+    " (robot_id, first_stamp, episode_id, n_events)",
+)
+_ROBOT_AFTER_SQL = "SELECT MIN(robot_id) FROM episode_histories WHERE robot_id > ?"
+_SIZES_SQL = ("SELECT n_events FROM episode_histories WHERE robot_id = ?"
+              " ORDER BY first_stamp DESC, episode_id DESC")
+_NEWEST_SQL = ("SELECT robot_id, episode_id, first_stamp, events FROM episode_histories"
+               " WHERE robot_id = ? ORDER BY first_stamp DESC, episode_id DESC LIMIT ?")
 
 
 @dataclass(frozen=True)
 class Horizon:
     """What discovery's horizon kept of the carried histories."""
 
-    episodes: int  # episodes read (the newest)
+    episodes: int  # episodes read (each robot's newest)
     events: int  # their events
     left_out: int  # older episodes beyond the horizon, not read
+    robots: int = 0  # robots whose episodes were read
 
 
 def carried(conn: sqlite3.Connection, max_events: int = 0
             ) -> tuple[list[tuple[str, str, float, str]], Horizon]:
-    """(robot, episode, first stamp, history joined by newlines), newest episode first.
+    """(robot, episode, first stamp, history joined by newlines) within discovery's horizon.
 
-    ``max_events`` > 0 is discovery's horizon: whole episodes, newest first, while their
-    events fit; the first that does not ends it (an older short episode is not read in its
-    place, so what is read is one recent stretch of the fleet's history). Why: a round
-    held every episode the store ever carried in memory and scanned them all, so its
-    memory and time grew with the store until a fleet's consolidator could not run a
-    round at all; the horizon bounds both by what a round can afford. 0 reads every
-    episode.
+    ``max_events`` > 0 is the horizon: whole episodes, each robot's newest first, and the
+    events shared fairly between robots (``fair_counts``). Why a horizon: a round held
+    every episode the store ever carried in memory and scanned them all, so its memory and
+    time grew with the store until a fleet's consolidator could not run a round at all.
+    Why per robot: newest over the whole fleet would let one robot that floods new episodes
+    (or stamps them in the future: stamps are the robot's) push every other robot's out of
+    discovery. Only the index is read to choose, and only the chosen histories are read.
+    0 reads every episode.
     """
-    rows, events = _newest(conn.execute(NEWEST_FIRST_SQL), max_events)
-    left = 0
-    if max_events > 0:
-        total = conn.execute("SELECT COUNT(*) FROM episode_histories").fetchone()[0]
-        left = int(total) - len(rows)
-    return rows, Horizon(len(rows), events, left)
+    if max_events <= 0:
+        rows = conn.execute("SELECT robot_id, episode_id, first_stamp, events"
+                            " FROM episode_histories").fetchall()
+        return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
+                             len({r[0] for r in rows}))
+    robots = _robots(conn)
+    counts = fair_counts({r: (n for (n,) in conn.execute(_SIZES_SQL, (r,))) for r in robots},
+                         max_events)
+    rows = [row for r in robots if counts[r]
+            for row in conn.execute(_NEWEST_SQL, (r, counts[r]))]
+    total = conn.execute("SELECT COUNT(*) FROM episode_histories").fetchone()[0]
+    return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows),
+                         int(total) - len(rows), sum(1 for r in robots if counts[r]))
 
 
 def newest_within(rows: Sequence[tuple], max_events: int
                   ) -> tuple[list[tuple], Horizon]:
     """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory."""
-    ordered = sorted(rows, key=lambda r: (r[2], r[0], r[1]), reverse=True)
-    kept, events = _newest(ordered, max_events)
-    return kept, Horizon(len(kept), events, len(ordered) - len(kept))
-
-
-def _newest(rows: Iterable[tuple], max_events: int) -> tuple[list[tuple], int]:
-    """Rows (newest first) while their events fit ``max_events`` (0: all); reads no further."""
-    kept: list[tuple] = []
-    events = 0
+    if max_events <= 0:
+        return list(rows), Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
+                                   len({r[0] for r in rows}))
+    by_robot: dict[str, list[tuple]] = {}
     for row in rows:
-        n = history_events(row[3])
-        if max_events > 0 and events + n > max_events:
+        by_robot.setdefault(row[0], []).append(row)
+    for own in by_robot.values():
+        own.sort(key=lambda r: (r[2], r[1]), reverse=True)
+    counts = fair_counts({r: (history_events(x[3]) for x in own)
+                          for r, own in by_robot.items()}, max_events)
+    kept = [row for r in sorted(by_robot) for row in by_robot[r][:counts[r]]]
+    return kept, Horizon(len(kept), sum(history_events(r[3]) for r in kept),
+                         len(rows) - len(kept), sum(1 for r in by_robot if counts[r]))
+
+
+def fair_counts(sizes: dict[str, Iterator[int]], budget: int) -> dict[str, int]:
+    """How many of each robot's newest episodes fit ``budget`` events, shared max-min fairly.
+
+    ``sizes[robot]`` yields the events of its episodes, newest first, and is read only as
+    far as needed. Each pass gives every robot still wanting more an equal share of what is
+    left; a robot takes whole episodes while they fit its share, so a robot with little
+    leaves the rest to the others, and no robot gets more than an equal share while another
+    still wants it. When no next episode fits a share, the smallest that fits what is left
+    is taken; a robot whose next episode fits nothing left is done.
+    """
+    counts = {r: 0 for r in sizes}
+    waiting: dict[str, int | None] = {r: None for r in sizes}  # read, not yet taken
+
+    def peek(robot: str) -> int | None:
+        if waiting[robot] is None:
+            waiting[robot] = next(sizes[robot], None)
+        return waiting[robot]
+
+    def take(robot: str, room: int) -> int:
+        """Whole episodes of ``robot`` while they fit ``room``; the events taken."""
+        used = 0
+        while (n := peek(robot)) is not None and used + n <= room:
+            waiting[robot], counts[robot], used = None, counts[robot] + 1, used + n
+        return used
+
+    active, left = sorted(sizes), budget
+    while left > 0:
+        active = [r for r in active if (n := peek(r)) is not None and n <= left]
+        if not active:
             break
-        kept.append(row)
-        events += n
-    return kept, events
+        share = left // len(active)
+        added = sum(take(robot, share) for robot in active)
+        if not added:  # every next episode is larger than a share: the smallest goes in
+            added = take(min(active, key=lambda r: (waiting[r], r)), left)
+        left -= added
+    return counts
+
+
+def _robots(conn: sqlite3.Connection) -> list[str]:
+    """The robots with carried histories, one index seek each (not a scan of every row)."""
+    robots = []
+    robot = conn.execute("SELECT MIN(robot_id) FROM episode_histories").fetchone()[0]
+    while robot is not None:
+        robots.append(robot)
+        robot = conn.execute(_ROBOT_AFTER_SQL, (robot,)).fetchone()[0]
+    return robots
 
 
 def history_events(text: str) -> int:

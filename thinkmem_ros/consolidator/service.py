@@ -158,9 +158,10 @@ class ConsolidatorConfig:
     # the whole store (within round_experiences), as a first round does
     incremental_rounds: bool = True
     round_reservoir: int = DEFAULT_RESERVOIR
-    # discovery reads the newest episodes' event histories up to this many events, whole
-    # episodes (0 = every episode the store carries): its memory and time stay bounded as
-    # the store grows; older evidence lives on in the knowledge units' confidences
+    # discovery reads each robot's newest episode histories up to this many events in all,
+    # whole episodes shared fairly between robots (0 = every episode the store carries):
+    # its memory and time stay bounded as the store grows; older evidence lives on in the
+    # knowledge units' confidences
     discovery_events: int = DEFAULT_DISCOVERY_EVENTS
     # where discovery's passes over the log's parts, material building and retraining run:
     # "embedded" (this process) or "ray" (tasks and Ray Train workers on the Ray cluster at
@@ -848,8 +849,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a round on a bundle this store trained reads the experiences "
                         "new to it plus at most this many of older episodes")
     parser.add_argument("--discovery-events", type=int, default=DEFAULT_DISCOVERY_EVENTS,
-                        help="discovery reads the newest episodes up to this many events "
-                        "(whole episodes; 0 = every episode the store holds)")
+                        help="discovery reads each robot's newest episodes up to this "
+                        "many events in all, shared fairly between robots (whole episodes; "
+                        "0 = every episode the store holds)")
     parser.add_argument("--whole-store-rounds", action="store_true",
                         help="every round reads the whole store (within "
                         "--round-experiences) instead of what is new to the running bundle")

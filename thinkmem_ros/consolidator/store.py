@@ -92,10 +92,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE store_identity (id TEXT NOT NULL)",
         "INSERT INTO store_identity VALUES (lower(hex(randomblob(16))))",
     ),
-    (  # 8: discovery's horizon reads the newest episodes first and stops (``histories``);
-        # without an index on their first stamp every round sorted every carried history
-        histories.HORIZON_INDEX,
-    ),
+    # 8: discovery's horizon (``histories.carried``) chooses each robot's newest episodes
+    # from an index of their event counts, then reads only the histories it chose; without
+    # it every round read and sorted every carried history
+    histories.HORIZON_MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 APPLICATION_ID = 0x746D6D73  # b"tmms" in the header: "a thinkmem store", whatever it holds
