@@ -42,8 +42,26 @@ def test_signal_map_is_strict_and_names_the_key():
     with pytest.raises(ValueError, match="signals.speed: unknown key 'scael'"):
         _map({"speed": {"topic": "odom", "type": "nav_msgs/Odometry", "field": "a",
                         "scael": 2}})
-    with pytest.raises(ValueError, match="signals.speed.topic is required"):
-        _map({"speed": {"type": "nav_msgs/Odometry", "field": "a"}})
+    with pytest.raises(ValueError, match="signals.speed.topic must be a non-empty string"):
+        _map({"speed": {"topic": "", "type": "nav_msgs/Odometry", "field": "a"}})
+    with pytest.raises(ValueError, match="signals.speed must be a mapping"):
+        _map({"speed": "odom"})
+
+
+def test_a_signal_is_read_as_the_node_reads_it():
+    """Topic, type and field left out take the node's defaults for the signal (a params
+    file the robot runs was refused by train --bag and calibrate: topic is required)."""
+    from thinkmem_ros.robot.node_config import DEFAULT_SIGNAL_MAP
+
+    got = _map({"temperature": {}, "vibration": {"field": "data", "scale": 2.0},
+                "own_signal": {"topic": "/own"}})
+    for name in ("temperature", "vibration"):
+        node = DEFAULT_SIGNAL_MAP[name]
+        assert got.bindings[name].topic == "/" + node.topic
+        assert got.bindings[name].msg_type == node.msg_type
+        assert not got.bindings[name].absent
+    assert got.bindings["own_signal"].msg_type == "std_msgs/msg/Float32"
+    assert got.bindings["vibration"].adapter.scale == 2.0
     with pytest.raises(ValueError, match="signals.speed.absent"):
         _map({"speed": {"topic": "o", "type": "a/B", "field": "a", "absent": "yes"}})
     with pytest.raises(ValueError, match="frame_rate_hz"):

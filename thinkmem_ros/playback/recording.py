@@ -27,7 +27,7 @@ import numpy as np
 
 from thinkmem_ros.core.data import SignalStream, SituationSet
 from thinkmem_ros.core.rule_augment import AugmentConfig, augmented_copies
-from thinkmem_ros.core.signal_adapters import SignalAdapter, parse_adapter
+from thinkmem_ros.core.signal_adapters import SignalAdapter
 from thinkmem_ros.playback.bag_files import BagError, BagStream, bag_typestore, is_ros1_bag
 
 MAX_PARAMS_BYTES = 1024 * 1024
@@ -117,11 +117,11 @@ def _ros_parameters(raw: Any, seen: set[int] | None = None) -> list[dict]:
 def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
     """SignalMap from a parsed parameter file (or a plain ``{signals: ...}`` mapping).
 
-    Strict: a present signal's entry without topic/type, an unknown key or a bad adapter
-    raises ValueError naming ``<source>: signals.<name>.<key>``. An entry ``absent: true``
-    is read as the node reads it (``robot.node_config.source_from_entry``: topic, type and
-    field may be left out), so a file the robot runs is never refused offboard; a map
-    with every signal absent is refused, as the node refuses it.
+    Strict as the node is: an unknown key or a bad adapter raises ValueError naming
+    ``<source>: signals.<name>.<key>``. Entries are read as the node reads them
+    (``robot.node_config.source_from_entry``: a topic, type or field left out takes the
+    node's default), so a file the robot runs is never refused offboard; a map with every
+    signal absent is refused, as the node refuses it.
     """
     sections = _ros_parameters(raw) or ([raw] if isinstance(raw, dict) else [])
     params: dict[str, Any] = {}
@@ -147,44 +147,35 @@ def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
 
 
 def _binding(name: str, entry: Any, source: str) -> SignalBinding:
-    """One ``signals.<name>`` entry as a binding; ValueError naming the key otherwise."""
-    if isinstance(entry, Mapping):
-        absent = entry.get("absent", False)
-        if not isinstance(absent, bool):
-            raise ValueError(f"{source}: signals.{name}.absent must be true or false, "
-                             f"got {absent!r}")
-        if absent:
-            return _absent_binding(name, entry, source)
+    """One ``signals.<name>`` entry as a binding; ValueError naming the key otherwise.
+
+    Read as the node reads it (``robot.node_config.source_from_entry``): a topic, type or
+    field left out takes the node's default for that signal, so a params file the robot
+    runs is never refused offboard. A signal declared ``absent`` is never read (its frames
+    are NaN, masked); only its name and place in the map matter.
+    """
+    from thinkmem_ros.robot.node_config import source_from_entry
+
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{source}: signals.{name} must be a mapping (topic, type, field, "
+                         f"...), got {_short(entry)}")
+    absent = entry.get("absent", False)
+    if not isinstance(absent, bool):
+        raise ValueError(f"{source}: signals.{name}.absent must be true or false, "
+                         f"got {absent!r}")
+    for key in ("topic", "type"):
+        if key in entry and not (isinstance(entry[key], str) and entry[key]):
+            raise ValueError(f"{source}: signals.{name}.{key} must be a non-empty string, "
+                             f"got {_short(entry[key])}")
     try:
-        adapter = parse_adapter(name, entry)
+        spec = source_from_entry(name, entry)
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
     except OverflowError:  # math.isfinite of an integer past the float range
         raise ValueError(f"{source}: signals.{name}.{_huge_key(entry)} is too large "
                          "for a number") from None
-    for key in ("topic", "type"):
-        if not isinstance(entry.get(key), str) or not entry[key]:
-            raise ValueError(f"{source}: signals.{name}.{key} is required (a string)")
-    return SignalBinding(_absolute(entry["topic"]), _canonical(entry["type"]), adapter)
-
-
-def _absent_binding(name: str, entry: Mapping[str, Any], source: str) -> SignalBinding:
-    """A signal the robot lacks, filled in with the node's defaults for it.
-
-    It is never read (its frames are NaN, masked); only its name and place in the map
-    matter, so it needs no topic, type or field, exactly as the node needs none.
-    """
-    from thinkmem_ros.robot.node_config import source_from_entry
-
-    try:
-        spec = source_from_entry(name, entry)
-    except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
-    except OverflowError:
-        raise ValueError(f"{source}: signals.{name}.{_huge_key(entry)} is too large "
-                         "for a number") from None
     return SignalBinding(_absolute(spec.topic), _canonical(spec.msg_type), spec.reader(),
-                         absent=True)
+                         absent=absent)
 
 
 def _huge_key(entry: Mapping[str, Any]) -> str:
