@@ -239,12 +239,12 @@ def test_the_horizon_reads_the_newest_whole_episodes_and_stops(tmp_path):
         _episodes_of(store, sizes)
         store.fold_histories()
         rows, horizon = store.histories_within(13)
-        # newest first: e6 (3), e5 (6), e4 (4) = 13; e3 holds nothing and fits too; e2's 9
-        # do not, and the older e1 (5, which would fit) is not read in its place
-        assert [r[1] for r in rows] == ["e6", "e5", "e4", "e3"]
-        assert (horizon.episodes, horizon.events, horizon.left_out) == (4, 13, 2)
+        # newest first: e6 (3), e5 (6), e4 (4) = 13; e3 holds nothing for discovery and is
+        # not read; e2's 9 do not fit, and the older e1 (5) is not read in its place
+        assert [r[1] for r in rows] == ["e6", "e5", "e4"]
+        assert (horizon.episodes, horizon.events, horizon.left_out) == (3, 13, 3)
         assert horizon.robots == 1
-        assert [len(r[3].split("\n")) if r[3] else 0 for r in rows] == [3, 6, 4, 0]
+        assert [len(r[3].split("\n")) for r in rows] == [3, 6, 4]
         every, whole = store.histories_within(0)
         assert sorted(r[1] for r in every) == sorted(sizes) and whole.left_out == 0
         assert whole.events == sum(sizes.values())
@@ -334,3 +334,15 @@ def test_discovery_reads_its_horizon_and_reports_what_it_left_out(tmp_path):
         log, _ = log_from_rows(rows, 2)
         assert int(log.code.size) == 1200
         assert "horizon" not in carried_histories(store, 0)[1]
+
+
+def test_episodes_without_events_are_not_read_into_the_horizon(tmp_path):
+    """They cost no events of the budget: a robot sending thousands of them had every one
+    read into the round."""
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([exp(i, robot="zz", episode=f"z{i}", stamp=1e9 + i)
+                           for i in range(3000)] + [exp(0, episode="a", events=["A"] * 4)])
+        store.fold_histories()
+        rows, horizon = store.histories_within(2000)
+    assert [(r[0], r[1]) for r in rows] == [("r1", "a")]
+    assert (horizon.episodes, horizon.events, horizon.left_out) == (1, 4, 3000)

@@ -148,10 +148,13 @@ HORIZON_MIGRATION = (
     " (robot_id, first_stamp, episode_id, n_events)",
 )
 _ROBOT_AFTER_SQL = "SELECT MIN(robot_id) FROM episode_histories WHERE robot_id > ?"
-_SIZES_SQL = ("SELECT n_events FROM episode_histories WHERE robot_id = ?"
+# an episode without events holds nothing for discovery: a robot sending millions of
+# them would otherwise be read whole, since they cost no events of the budget
+_SIZES_SQL = ("SELECT n_events FROM episode_histories WHERE robot_id = ? AND n_events > 0"
               " ORDER BY first_stamp DESC, episode_id DESC")
 _NEWEST_SQL = ("SELECT robot_id, episode_id, first_stamp, events FROM episode_histories"
-               " WHERE robot_id = ? ORDER BY first_stamp DESC, episode_id DESC LIMIT ?")
+               " WHERE robot_id = ? AND n_events > 0"
+               " ORDER BY first_stamp DESC, episode_id DESC LIMIT ?")
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,8 @@ def carried(conn: sqlite3.Connection, max_events: int = 0
     """(robot, episode, first stamp, history joined by newlines) within discovery's horizon.
 
     ``max_events`` > 0 is the horizon: whole episodes, each robot's newest first, and the
-    events shared fairly between robots (``fair_counts``). Why a horizon: a round held
+    events shared fairly between robots (``fair_counts``); episodes without events are
+    not read. Why a horizon: a round held
     every episode the store ever carried in memory and scanned them all, so its memory and
     time grew with the store until a fleet's consolidator could not run a round at all.
     Why per robot: newest over the whole fleet would let one robot that floods new episodes
@@ -200,7 +204,8 @@ def newest_within(rows: Sequence[tuple], max_events: int
                                    len({r[0] for r in rows}))
     by_robot: dict[str, list[tuple]] = {}
     for row in rows:
-        by_robot.setdefault(row[0], []).append(row)
+        if row[3]:  # as ``carried``: an episode without events is not read
+            by_robot.setdefault(row[0], []).append(row)
     for own in by_robot.values():
         own.sort(key=lambda r: (r[2], r[1]), reverse=True)
     counts = fair_counts({r: (history_events(x[3]) for x in own)
