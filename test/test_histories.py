@@ -112,10 +112,11 @@ def test_a_rounds_log_orders_episodes_by_first_stamp(tmp_path):
                            exp(4, robot="r2", episode="early", stamp=5, events=[])])
         log, names = event_log(store, partitions=2)
     order = [names[int(i)] for i in log.episode_ids]
-    assert order == [("r1", "early"), ("r2", "early"), ("r1", "late")]
+    # r2's episode holds no events: nothing for discovery, so it is not read
+    assert order == [("r1", "early"), ("r1", "late")]
     assert log.codes == ("A", "B", "C") and log.code.tolist() == [0, 1, 2]
-    assert log.episode.tolist() == [0, 2, 2] and log.partition.tolist() == [0, 0, 1]
-    assert log.source.tolist() == [0, 1, 0]  # each episode's robot, for stability
+    assert log.episode.tolist() == [0, 1, 1] and log.partition.tolist() == [0, 1]
+    assert log.source.tolist() == [0, 0]  # each episode's robot, for stability
 
 
 class _DiesOnSecondChunk:
@@ -242,11 +243,12 @@ def test_the_horizon_reads_the_newest_whole_episodes_and_stops(tmp_path):
         # newest first: e6 (3), e5 (6), e4 (4) = 13; e3 holds nothing for discovery and is
         # not read; e2's 9 do not fit, and the older e1 (5) is not read in its place
         assert [r[1] for r in rows] == ["e6", "e5", "e4"]
-        assert (horizon.episodes, horizon.events, horizon.left_out) == (3, 13, 3)
+        assert (horizon.episodes, horizon.events, horizon.left_out) == (3, 13, 2)
         assert horizon.robots == 1
         assert [len(r[3].split("\n")) for r in rows] == [3, 6, 4]
         every, whole = store.histories_within(0)
-        assert sorted(r[1] for r in every) == sorted(sizes) and whole.left_out == 0
+        assert sorted(r[1] for r in every) == sorted(set(sizes) - {"e3"})
+        assert whole.left_out == 0
         assert whole.events == sum(sizes.values())
         # the in-memory answer (a histories table that cannot be read) is the same one
         from thinkmem_ros.consolidator.histories import newest_within
@@ -345,4 +347,4 @@ def test_episodes_without_events_are_not_read_into_the_horizon(tmp_path):
         store.fold_histories()
         rows, horizon = store.histories_within(2000)
     assert [(r[0], r[1]) for r in rows] == [("r1", "a")]
-    assert (horizon.episodes, horizon.events, horizon.left_out) == (1, 4, 3000)
+    assert (horizon.episodes, horizon.events, horizon.left_out) == (1, 4, 0)

@@ -163,8 +163,14 @@ class Horizon:
 
     episodes: int  # episodes read (each robot's newest)
     events: int  # their events
-    left_out: int  # older episodes beyond the horizon, not read
+    left_out: int  # older episodes (with events) beyond the horizon, not read
     robots: int = 0  # robots whose episodes were read
+
+
+def every_episode(conn: sqlite3.Connection) -> list[tuple[str, str, float, str]]:
+    """(robot, episode, first stamp, history joined by newlines) of every episode."""
+    return conn.execute("SELECT robot_id, episode_id, first_stamp, events"
+                        " FROM episode_histories").fetchall()
 
 
 def carried(conn: sqlite3.Connection, max_events: int = 0
@@ -172,8 +178,9 @@ def carried(conn: sqlite3.Connection, max_events: int = 0
     """(robot, episode, first stamp, history joined by newlines) within discovery's horizon.
 
     ``max_events`` > 0 is the horizon: whole episodes, each robot's newest first, and the
-    events shared fairly between robots (``fair_counts``); episodes without events are
-    not read. Why a horizon: a round held
+    events shared fairly between robots (``fair_counts``). Episodes without events hold
+    nothing for discovery and are never read (with a horizon or without, so a horizon
+    that holds every episode gives discovery the same log as none). Why a horizon: a round held
     every episode the store ever carried in memory and scanned them all, so its memory and
     time grew with the store until a fleet's consolidator could not run a round at all.
     Why per robot: newest over the whole fleet would let one robot that floods new episodes
@@ -183,7 +190,7 @@ def carried(conn: sqlite3.Connection, max_events: int = 0
     """
     if max_events <= 0:
         rows = conn.execute("SELECT robot_id, episode_id, first_stamp, events"
-                            " FROM episode_histories").fetchall()
+                            " FROM episode_histories WHERE n_events > 0").fetchall()
         return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
                              len({r[0] for r in rows}))
     robots = _robots(conn)
@@ -191,7 +198,8 @@ def carried(conn: sqlite3.Connection, max_events: int = 0
                          max_events)
     rows = [row for r in robots if counts[r]
             for row in conn.execute(_NEWEST_SQL, (r, counts[r]))]
-    total = conn.execute("SELECT COUNT(*) FROM episode_histories").fetchone()[0]
+    total = conn.execute("SELECT COUNT(*) FROM episode_histories WHERE n_events > 0"
+                         ).fetchone()[0]
     return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows),
                          int(total) - len(rows), sum(1 for r in robots if counts[r]))
 
@@ -200,8 +208,9 @@ def newest_within(rows: Sequence[tuple], max_events: int
                   ) -> tuple[list[tuple], Horizon]:
     """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory."""
     if max_events <= 0:
-        return list(rows), Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
-                                   len({r[0] for r in rows}))
+        rows = [r for r in rows if r[3]]
+        return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
+                             len({r[0] for r in rows}))
     by_robot: dict[str, list[tuple]] = {}
     for row in rows:
         if row[3]:  # as ``carried``: an episode without events is not read
@@ -211,8 +220,9 @@ def newest_within(rows: Sequence[tuple], max_events: int
     counts = fair_counts({r: (history_events(x[3]) for x in own)
                           for r, own in by_robot.items()}, max_events)
     kept = [row for r in sorted(by_robot) for row in by_robot[r][:counts[r]]]
+    held = sum(len(own) for own in by_robot.values())
     return kept, Horizon(len(kept), sum(history_events(r[3]) for r in kept),
-                         len(rows) - len(kept), sum(1 for r in by_robot if counts[r]))
+                         held - len(kept), sum(1 for r in by_robot if counts[r]))
 
 
 def fair_counts(sizes: dict[str, Iterator[int]], budget: int) -> dict[str, int]:

@@ -493,14 +493,20 @@ class ExperienceStore:
             raise self._failure("cannot update episode histories", exc) from exc
 
     def histories(self) -> list[tuple[str, str, float, str]]:
-        """(robot, episode, first stamp, history joined by newlines) as last folded."""
-        return self.histories_within(0)[0]
+        """(robot, episode, first stamp, history joined by newlines) as last folded.
+
+        Every episode, those without events too (discovery reads ``histories_within``).
+        """
+        try:
+            return histories.every_episode(self._conn)
+        except sqlite3.Error as exc:
+            raise self._failure("cannot read episode histories", exc) from exc
 
     def histories_within(self, max_events: int
                          ) -> tuple[list[tuple[str, str, float, str]], histories.Horizon]:
-        """The newest episodes' carried histories while their events fit ``max_events``.
+        """Discovery's input: each robot's newest histories within ``max_events`` events.
 
-        0 reads every episode (``histories.carried``: discovery's horizon).
+        0 reads every episode that holds events (``histories.carried``: the horizon).
         """
         try:
             return histories.carried(self._conn, max_events)
