@@ -365,3 +365,29 @@ def test_a_ctrl_c_while_the_process_exits_keeps_its_clean_exit(tmp_path, keys, s
                           capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr
+
+
+INTERRUPT_IMPORT = """
+import os, runpy, signal, sys, importlib.abc
+
+class CtrlCAtImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "thinkmem_ros.consolidator.canary":  # one of the service's imports
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, while it loads
+        return None
+
+sys.meta_path.insert(0, CtrlCAtImport())
+sys.argv = ["service", "--help"]
+runpy.run_module("thinkmem_ros.consolidator.service", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_ctrl_c_while_python_m_service_loads_is_a_clean_stop(tmp_path):
+    """``python -m thinkmem_ros.consolidator.service`` imports its modules before its main
+    exists: a Ctrl-C then printed a KeyboardInterrupt traceback (the console script is
+    guarded in ``entry``). The signal is sent from inside the import, as a timed Ctrl-C
+    cannot be placed reliably."""
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_IMPORT], capture_output=True,
+                          text=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "usage" not in done.stdout, done.stderr

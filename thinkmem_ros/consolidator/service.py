@@ -49,6 +49,14 @@ line naming it and exit status 2 (``ConsolidatorService.store_damaged``).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # ``python -m``: a Ctrl-C while the imports below load exits 0
+    import signal as _signal  # (the console script guards it in ``entry``)
+
+    def _stop_while_loading(*_) -> None:
+        raise SystemExit(0)
+
+    _signal.signal(_signal.SIGINT, _stop_while_loading)
+
 import argparse
 import logging
 import math
@@ -1068,4 +1076,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from thinkmem_ros.entry import exit_quietly
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # main's own handling from here
     sys.exit(exit_quietly(main()))
