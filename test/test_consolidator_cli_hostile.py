@@ -235,8 +235,8 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--bind", "tcp://127.0.0.1:*"], "--bind: --once runs one round on the store and exits"),
     (["--server-key", "SECRET", "--allow", "ALLOW"],
      "--server-key, --allow: --once runs one round on the store and exits"),
-    (["--discovery-events", "100"], "--discovery-events must be 0 (every episode) or at "
-     "least 1024"),
+    (["--discovery-events", "10485"], "--discovery-events must be 0 (every episode) or at "
+     "least 10486 (what one history of 1024 events can cost the scan)"),
     (["--discovery-events", "-1"], "--discovery-events must be >= 0"),
 ], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "rehearsal-rows", "threads", "seed",
         "train-workers", "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys",

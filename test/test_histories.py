@@ -332,7 +332,7 @@ def test_discovery_reads_its_horizon_and_reports_what_it_left_out(tmp_path):
         rows, report = carried_histories(store, 1200)
         assert [r[1] for r in rows] == ["e4", "e3"]
         assert report["horizon"] == {"max_events": 1200, "episodes": 2, "events": 1200,
-                                     "robots": 1, "left_out_episodes": 2}
+                                     "scan_cost": 1200, "robots": 1, "left_out_episodes": 2}
         log, _ = log_from_rows(rows, 2)
         assert int(log.code.size) == 1200
         assert "horizon" not in carried_histories(store, 0)[1]
@@ -348,3 +348,36 @@ def test_episodes_without_events_are_not_read_into_the_horizon(tmp_path):
         rows, horizon = store.histories_within(2000)
     assert [(r[0], r[1]) for r in rows] == [("r1", "a")]
     assert (horizon.episodes, horizon.events, horizon.left_out) == (1, 4, 0)
+
+
+def test_dense_episodes_are_charged_what_they_cost_the_scan(tmp_path):
+    """Counted by events, a robot of episodes over 64 distinct names took its equal share
+    of events at ten times the scan's cost per event; counted by cost, its share of the
+    round's time is equal too."""
+    dense = [f"D{j % 64}" for j in range(640)]  # 640 events over 64 names: 6,554
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([exp(i, robot="dd", episode=f"d{i}", stamp=1e9 + i, events=dense)
+                           for i in range(6)] +
+                          [exp(10 + i, robot="r1", episode=f"h{i}", stamp=float(i),
+                               events=[f"E{j % 20}" for j in range(640)]) for i in range(30)])
+        store.fold_histories()
+        rows, horizon = store.histories_within(20_000)
+    got = {robot: sum(1 for r in rows if r[0] == robot) for robot in ("dd", "r1")}
+    # two shares of 10,000: dd's episodes cost 6,554 each (by events it would have had
+    # 15 of them, 640 each), so it gets one and r1 the rest (21 x 640 = 13,440)
+    assert got == {"dd": 1, "r1": 21}
+    assert horizon.cost == 6554 + 21 * 640 and horizon.events == 22 * 640
+
+
+def test_a_historys_cost_is_what_the_scan_charges_it():
+    from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog
+    from thinkmem_ros.consolidator.discovery.density import scan_weights
+    from thinkmem_ros.consolidator.scan_cost import history_cost
+
+    rng = np.random.default_rng(3)
+    texts = ["\n".join(f"N{k}" for k in rng.integers(0, width, size=n))
+             for n, width in ((5, 3), (20, 20), (300, 40), (1024, 64), (700, 30), (90, 64))]
+    log = log_from_histories(texts, np.arange(len(texts)), 1)
+    charged = np.ceil(scan_weights(log, DiscoveryConfig()))
+    assert [history_cost(t) for t in texts] == charged.astype(int).tolist()
+    assert isinstance(log, EventLog)

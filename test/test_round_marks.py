@@ -179,29 +179,36 @@ def test_a_mark_past_the_stores_rows_reads_the_whole_store(tmp_path, caplog):
 
 
 def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path, caplog):
-    """Three long, recent episodes and forty older short ones: the round's discovery reads
-    the newest whole episodes up to ``discovery_events`` and says what it left out."""
+    """Forty long, recent episodes of one robot and forty older short ones of another: the
+    round's discovery reads each robot's newest whole episodes within ``discovery_events``,
+    shared fairly, and says what it left out."""
     from test_store import exp
+
+    from thinkmem_ros.consolidator.scan_cost import MAX_HISTORY_COST
 
     db = tmp_path / "c.db"
     _store(db, "r1", 40, seed=1)
     with ExperienceStore(db) as store:
-        store.insert_many([exp(k, robot="r9", episode=f"long{k}", stamp=1e6 + k,
-                               events=[f"E{j % 5}" for j in range(300)]) for k in range(3)])
+        store.insert_many([exp(k, robot="r9", episode=f"long{k:02d}", stamp=1e6 + k,
+                               events=[f"E{j % 5}" for j in range(300)]) for k in range(40)])
         store.fold_histories()
-        newest, horizon = store.histories_within(1024)
-    # r1's 40 short episodes fit its half; r9 takes the newest long ones in what is left
-    assert [r[1] for r in newest if r[0] == "r9"] == ["long2", "long1"]
-    assert (horizon.episodes, horizon.left_out, horizon.robots) == (42, 1, 2)
-    service = _service(tmp_path, discovery_events=1024)
+        newest, horizon = store.histories_within(MAX_HISTORY_COST)
+    # r1's 40 short episodes fit its half; r9 takes its newest long ones in what is left
+    long = [r[1] for r in newest if r[0] == "r9"]
+    assert long == [f"long{k:02d}" for k in range(39, 39 - len(long), -1)]
+    assert 17 <= len(long) < 40 and horizon.cost <= MAX_HISTORY_COST
+    assert (horizon.episodes, horizon.left_out, horizon.robots) == (40 + len(long),
+                                                                    40 - len(long), 2)
+    service = _service(tmp_path, discovery_events=MAX_HISTORY_COST)
     with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
         report = service.run_round("horizon")
-    assert (f"{horizon.episodes} episodes ({horizon.left_out} older beyond the 1,024-event "
-            "horizon)") in caplog.text
+    assert (f"{horizon.episodes} episodes ({horizon.left_out} older beyond the "
+            f"{MAX_HISTORY_COST:,}-event horizon)") in caplog.text
     assert report.episodes == horizon.episodes
     assert report.read["histories"]["horizon"] == {
-        "max_events": 1024, "episodes": horizon.episodes, "events": horizon.events,
-        "robots": 2, "left_out_episodes": horizon.left_out}
+        "max_events": MAX_HISTORY_COST, "episodes": horizon.episodes,
+        "events": horizon.events, "scan_cost": horizon.cost, "robots": 2,
+        "left_out_episodes": horizon.left_out}
     whole = _service(tmp_path / "whole", discovery_events=0)
     whole.config.db_path = db
-    assert whole.run_round("whole").episodes == 43
+    assert whole.run_round("whole").episodes == 80

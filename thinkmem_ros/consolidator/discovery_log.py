@@ -43,10 +43,10 @@ def carried_histories(store: ExperienceStore, max_events: int = 0
     """Episodes' (robot, episode, first stamp, history) in discovery's horizon, and the fold.
 
     ``max_events`` > 0 is discovery's horizon (``histories.carried``): each robot's newest
-    whole episodes, the events shared fairly between robots. A histories table that
-    cannot be read or written (locked past the busy timeout, damaged, dropped) is logged
-    as a WARNING and costs one scan of every row's history, never the round: the rows
-    themselves hold the same answer.
+    whole episodes, what they cost the scan (``scan_cost``) shared fairly between robots.
+    A histories table that cannot be read or written (locked past the busy timeout,
+    damaged, dropped) is logged as a WARNING and costs one scan of every row's history,
+    never the round: the rows themselves hold the same answer.
     """
     try:
         folded = store.fold_histories()
@@ -60,8 +60,8 @@ def carried_histories(store: ExperienceStore, max_events: int = 0
         report = {"error": str(exc)}
     if max_events > 0:
         report["horizon"] = {"max_events": max_events, "episodes": horizon.episodes,
-                             "events": horizon.events, "robots": horizon.robots,
-                             "left_out_episodes": horizon.left_out}
+                             "events": horizon.events, "scan_cost": horizon.cost,
+                             "robots": horizon.robots, "left_out_episodes": horizon.left_out}
     return rows, report
 
 

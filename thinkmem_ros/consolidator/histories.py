@@ -24,6 +24,8 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from thinkmem_ros.consolidator.scan_cost import history_cost
+
 TABLES = (
     # an ordinary rowid table: WITHOUT ROWID suits small rows, and a history is up to
     # 1,024 names (kilobytes)
@@ -42,12 +44,9 @@ LATEST_SQL = (
     " AS first_stamp, row_number() OVER (PARTITION BY robot_id, episode_id ORDER BY stamp"
     " DESC, seq DESC) AS latest FROM {src} WHERE id > ? AND id <= ?) WHERE latest = 1")
 
-_COUNT = "CASE WHEN {0} = '' THEN 0 ELSE length({0}) - length(replace({0}, char(10), '')) + 1 END"
-"""Events in a history joined by newlines, in SQL (``history_events``)."""
-
 UPSERT_SQL = (
     "INSERT INTO episode_histories (robot_id, episode_id, first_stamp, stamp, seq, events,"
-    f" n_events) VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_COUNT.format('?6')})"
+    " n_events, scan_cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (robot_id, episode_id) DO UPDATE SET"
     # every right-hand side reads the row as it was, so the comparison is made once
     " first_stamp = MIN(first_stamp, excluded.first_stamp),"
@@ -55,6 +54,8 @@ UPSERT_SQL = (
     " THEN excluded.events ELSE events END,"
     " n_events = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
     " THEN excluded.n_events ELSE n_events END,"
+    " scan_cost = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
+    " THEN excluded.scan_cost ELSE scan_cost END,"
     " seq = CASE WHEN (excluded.stamp, excluded.seq) > (stamp, seq)"
     " THEN excluded.seq ELSE seq END,"
     " stamp = MAX(stamp, excluded.stamp)")
@@ -133,27 +134,31 @@ def fold(conn: sqlite3.Connection, through_id: int,
     for lo in range(0, max(len(rows), 1), FOLD_CHUNK):
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany(UPSERT_SQL, rows[lo:lo + FOLD_CHUNK])
+            conn.executemany(UPSERT_SQL, [(*r, history_events(r[5]), history_cost(r[5]))
+                                          for r in rows[lo:lo + FOLD_CHUNK]])
             if lo + FOLD_CHUNK >= len(rows):  # the mark moves with the last chunk
                 conn.execute(MARK_SQL, (through_id,))
     return HistoriesFold(after, through_id, len(rows))
 
 
-# discovery's horizon (schema 8): each episode's event count, and per robot its episodes
-# newest first, read from the index alone until the robot's share is spent
+# discovery's horizon (schema 8): each episode's events and scan cost (``scan_cost``), and
+# per robot its episodes newest first, read from the index alone until its share is spent;
+# the backfill runs the Python counts registered on the store's connection (``functions``)
 HORIZON_MIGRATION = (
     "ALTER TABLE episode_histories ADD COLUMN n_events INTEGER NOT NULL DEFAULT 0",
-    f"UPDATE episode_histories SET n_events = {_COUNT.format('events')}",
+    "ALTER TABLE episode_histories ADD COLUMN scan_cost INTEGER NOT NULL DEFAULT 0",
+    "UPDATE episode_histories SET n_events = thinkmem_history_events(events),"
+    " scan_cost = thinkmem_history_cost(events)",
     "CREATE INDEX episode_histories_newest ON episode_histories"
-    " (robot_id, first_stamp, episode_id, n_events)",
+    " (robot_id, first_stamp, episode_id, scan_cost)",
 )
 _ROBOT_AFTER_SQL = "SELECT MIN(robot_id) FROM episode_histories WHERE robot_id > ?"
 # an episode without events holds nothing for discovery: a robot sending millions of
-# them would otherwise be read whole, since they cost no events of the budget
-_SIZES_SQL = ("SELECT n_events FROM episode_histories WHERE robot_id = ? AND n_events > 0"
+# them would otherwise be read whole, since they cost none of the budget
+_SIZES_SQL = ("SELECT scan_cost FROM episode_histories WHERE robot_id = ? AND scan_cost > 0"
               " ORDER BY first_stamp DESC, episode_id DESC")
 _NEWEST_SQL = ("SELECT robot_id, episode_id, first_stamp, events FROM episode_histories"
-               " WHERE robot_id = ? AND n_events > 0"
+               " WHERE robot_id = ? AND scan_cost > 0"
                " ORDER BY first_stamp DESC, episode_id DESC LIMIT ?")
 
 
@@ -165,6 +170,13 @@ class Horizon:
     events: int  # their events
     left_out: int  # older episodes (with events) beyond the horizon, not read
     robots: int = 0  # robots whose episodes were read
+    cost: int = 0  # their scan cost, in honest events (``scan_cost``)
+
+
+def functions(conn: sqlite3.Connection) -> None:
+    """Register the counts migration 8's backfill runs in SQL on ``conn``."""
+    conn.create_function("thinkmem_history_events", 1, history_events, deterministic=True)
+    conn.create_function("thinkmem_history_cost", 1, history_cost, deterministic=True)
 
 
 def every_episode(conn: sqlite3.Connection) -> list[tuple[str, str, float, str]]:
@@ -173,62 +185,63 @@ def every_episode(conn: sqlite3.Connection) -> list[tuple[str, str, float, str]]
                         " FROM episode_histories").fetchall()
 
 
-def carried(conn: sqlite3.Connection, max_events: int = 0
+def carried(conn: sqlite3.Connection, budget: int = 0
             ) -> tuple[list[tuple[str, str, float, str]], Horizon]:
     """(robot, episode, first stamp, history joined by newlines) within discovery's horizon.
 
-    ``max_events`` > 0 is the horizon: whole episodes, each robot's newest first, and the
-    events shared fairly between robots (``fair_counts``). Episodes without events hold
-    nothing for discovery and are never read (with a horizon or without, so a horizon
-    that holds every episode gives discovery the same log as none). Why a horizon: a round held
-    every episode the store ever carried in memory and scanned them all, so its memory and
-    time grew with the store until a fleet's consolidator could not run a round at all.
-    Why per robot: newest over the whole fleet would let one robot that floods new episodes
-    (or stamps them in the future: stamps are the robot's) push every other robot's out of
-    discovery. Only the index is read to choose, and only the chosen histories are read.
-    0 reads every episode.
+    ``budget`` > 0 is the horizon, in what the episodes cost the scan (honest events,
+    ``scan_cost``: an event among many distinct names costs more): whole episodes, each
+    robot's newest first, the budget shared max-min fairly between robots
+    (``fair_counts``). Why a horizon: a round held every episode the store ever carried in
+    memory and scanned them all, so its memory and time grew with the store until a
+    fleet's consolidator could not run a round at all. Why per robot and by cost: newest
+    over the whole fleet let one robot that floods new episodes (or stamps them in the
+    future: stamps are the robot's) push every other robot's out of discovery, and counted
+    by events, dense episodes could still make a round ten times longer. Episodes without
+    events hold nothing for discovery and are never read, with a horizon or without (so a
+    horizon that holds every episode gives discovery the same log as none). Only the
+    index is read to choose, then only the chosen histories. 0 reads every episode.
     """
-    if max_events <= 0:
+    if budget <= 0:
         rows = conn.execute("SELECT robot_id, episode_id, first_stamp, events"
-                            " FROM episode_histories WHERE n_events > 0").fetchall()
-        return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
-                             len({r[0] for r in rows}))
+                            " FROM episode_histories WHERE scan_cost > 0").fetchall()
+        return rows, _horizon(rows, 0)
     robots = _robots(conn)
     counts = fair_counts({r: (n for (n,) in conn.execute(_SIZES_SQL, (r,))) for r in robots},
-                         max_events)
+                         budget)
     rows = [row for r in robots if counts[r]
             for row in conn.execute(_NEWEST_SQL, (r, counts[r]))]
-    total = conn.execute("SELECT COUNT(*) FROM episode_histories WHERE n_events > 0"
+    total = conn.execute("SELECT COUNT(*) FROM episode_histories WHERE scan_cost > 0"
                          ).fetchone()[0]
-    return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows),
-                         int(total) - len(rows), sum(1 for r in robots if counts[r]))
+    return rows, _horizon(rows, int(total) - len(rows))
 
 
-def newest_within(rows: Sequence[tuple], max_events: int
-                  ) -> tuple[list[tuple], Horizon]:
+def newest_within(rows: Sequence[tuple], budget: int) -> tuple[list[tuple], Horizon]:
     """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory."""
-    if max_events <= 0:
-        rows = [r for r in rows if r[3]]
-        return rows, Horizon(len(rows), sum(history_events(r[3]) for r in rows), 0,
-                             len({r[0] for r in rows}))
     by_robot: dict[str, list[tuple]] = {}
     for row in rows:
         if row[3]:  # as ``carried``: an episode without events is not read
             by_robot.setdefault(row[0], []).append(row)
+    if budget <= 0:
+        every = [row for own in by_robot.values() for row in own]
+        return every, _horizon(every, 0)
     for own in by_robot.values():
         own.sort(key=lambda r: (r[2], r[1]), reverse=True)
-    counts = fair_counts({r: (history_events(x[3]) for x in own)
-                          for r, own in by_robot.items()}, max_events)
+    counts = fair_counts({r: (history_cost(x[3]) for x in own)
+                          for r, own in by_robot.items()}, budget)
     kept = [row for r in sorted(by_robot) for row in by_robot[r][:counts[r]]]
-    held = sum(len(own) for own in by_robot.values())
-    return kept, Horizon(len(kept), sum(history_events(r[3]) for r in kept),
-                         held - len(kept), sum(1 for r in by_robot if counts[r]))
+    return kept, _horizon(kept, sum(len(own) for own in by_robot.values()) - len(kept))
+
+
+def _horizon(rows: Sequence[tuple], left_out: int) -> Horizon:
+    return Horizon(len(rows), sum(history_events(r[3]) for r in rows), left_out,
+                   len({r[0] for r in rows}), sum(history_cost(r[3]) for r in rows))
 
 
 def fair_counts(sizes: dict[str, Iterator[int]], budget: int) -> dict[str, int]:
-    """How many of each robot's newest episodes fit ``budget`` events, shared max-min fairly.
+    """How many of each robot's newest episodes fit ``budget``, shared max-min fairly.
 
-    ``sizes[robot]`` yields the events of its episodes, newest first, and is read only as
+    ``sizes[robot]`` yields what its episodes cost, newest first, and is read only as
     far as needed. Each pass gives every robot still wanting more an equal share of what is
     left; a robot takes whole episodes while they fit its share, so a robot with little
     leaves the rest to the others, and no robot gets more than an equal share while another

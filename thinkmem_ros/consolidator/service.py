@@ -98,6 +98,7 @@ from thinkmem_ros.consolidator.round_read import (
     Reservoir,
     read_round,
 )
+from thinkmem_ros.consolidator.scan_cost import MAX_HISTORY_COST
 from thinkmem_ros.consolidator.store import (
     DEFAULT_FLUSH_ROWS,
     ExperienceStore,
@@ -167,9 +168,10 @@ class ConsolidatorConfig:
     incremental_rounds: bool = True
     round_reservoir: int = DEFAULT_RESERVOIR
     # discovery reads each robot's newest episode histories up to this many events in all,
+    # as the scan counts them (an event among many distinct names counts more; ``scan_cost``),
     # whole episodes shared fairly between robots (0 = every episode the store carries):
-    # its memory and time stay bounded as the store grows; older evidence lives on in the
-    # knowledge units' confidences
+    # its memory and time stay bounded as the store grows, whatever robots send; older
+    # evidence lives on in the knowledge units' confidences
     discovery_events: int = DEFAULT_DISCOVERY_EVENTS
     # where discovery's passes over the log's parts, material building and retraining run:
     # "embedded" (this process) or "ray" (tasks and Ray Train workers on the Ray cluster at
@@ -207,11 +209,13 @@ class ConsolidatorConfig:
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
-        if 0 < self.discovery_events < LIMITS["max_events"]:
-            # the newest episode alone could hold more: discovery would read nothing
+        if 0 < self.discovery_events < MAX_HISTORY_COST:
+            # a robot's newest episode alone could cost more: that robot would be read not
+            # at all
             raise ValueError(f"ConsolidatorConfig.discovery_events must be 0 (every episode) "
-                             f"or at least {LIMITS['max_events']} (the events one history "
-                             f"holds), got {self.discovery_events}")
+                             f"or at least {MAX_HISTORY_COST} (what one history of "
+                             f"{LIMITS['max_events']} events can cost the scan), got "
+                             f"{self.discovery_events}")
         if self.engine not in ENGINES:
             raise ValueError(f"ConsolidatorConfig.engine must be one of {', '.join(ENGINES)}, "
                              f"got {self.engine!r}")
@@ -859,7 +863,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--discovery-events", type=int, default=DEFAULT_DISCOVERY_EVENTS,
                         help="discovery reads each robot's newest episodes up to this "
                         "many events in all, shared fairly between robots (whole episodes; "
-                        "0 = every episode the store holds)")
+                        "an event among many distinct names counts more; 0 = every "
+                        "episode the store holds)")
     parser.add_argument("--whole-store-rounds", action="store_true",
                         help="every round reads the whole store (within "
                         "--round-experiences) instead of what is new to the running bundle")

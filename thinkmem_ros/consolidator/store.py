@@ -93,8 +93,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "INSERT INTO store_identity VALUES (lower(hex(randomblob(16))))",
     ),
     # 8: discovery's horizon (``histories.carried``) chooses each robot's newest episodes
-    # from an index of their event counts, then reads only the histories it chose; without
-    # it every round read and sorted every carried history
+    # from an index of what they cost the scan, then reads only the histories it chose;
+    # without it every round read every carried history
     histories.HORIZON_MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -188,6 +188,7 @@ class ExperienceStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=10.0)
+            histories.functions(self._conn)  # migration 8's backfill counts in Python
             # 16 KiB pages: a ~1.4 KB record costs a third of the page writes and syscalls
             # of the 4 KiB default (measured ~15 -> ~10 us per insert); only a new, empty
             # file takes it, older stores keep their page size and still work.
@@ -502,14 +503,14 @@ class ExperienceStore:
         except sqlite3.Error as exc:
             raise self._failure("cannot read episode histories", exc) from exc
 
-    def histories_within(self, max_events: int
+    def histories_within(self, budget: int
                          ) -> tuple[list[tuple[str, str, float, str]], histories.Horizon]:
-        """Discovery's input: each robot's newest histories within ``max_events`` events.
+        """Discovery's input: each robot's newest histories within ``budget`` (scan cost).
 
         0 reads every episode that holds events (``histories.carried``: the horizon).
         """
         try:
-            return histories.carried(self._conn, max_events)
+            return histories.carried(self._conn, budget)
         except sqlite3.Error as exc:
             raise self._failure("cannot read episode histories", exc) from exc
 

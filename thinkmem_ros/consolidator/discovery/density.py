@@ -29,10 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from thinkmem_ros.consolidator.discovery.model import DiscoveryConfig, EventLog
-
-HONEST_WIDTH = 20
-"""Distinct codes around an event at which an event costs one event's worth of a part:
-honest episodes are at or below it, so their parts are cut exactly as by events."""
+from thinkmem_ros.consolidator.scan_cost import HONEST_WIDTH
 
 
 def distinct_codes(log: EventLog) -> np.ndarray:
@@ -62,7 +59,7 @@ def without_dense(log: EventLog, cfg: DiscoveryConfig
 
 def scan_weights(log: EventLog, cfg: DiscoveryConfig, distinct: np.ndarray | None = None
                  ) -> np.ndarray:
-    """(E,) what each episode costs the scan, in honest events.
+    """(E,) what each episode costs the scan, in honest events (``scan_cost``).
 
     An event costs about w² triple rows for the w distinct codes within ``max_lookback``
     of it; w is bounded by the episode's distinct codes and its length, and an honest
