@@ -180,7 +180,8 @@ def print_info(info) -> None:
     print(f"bag:      {info.path}\nstorage:  {info.storage}\n"
           f"duration: {info.duration_s:.3f} s\nmessages: {info.message_count}")
     for topic, (msgtype, count) in sorted(info.topics.items()):
-        print(f"  {topic:<32} {msgtype:<32} {count}")
+        for kind, n in sorted(info.mixed.get(topic, {msgtype: count}).items()):
+            print(f"  {topic:<32} {kind:<32} {n}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -86,6 +86,9 @@ class BagInfo:
     start_ns: int
     end_ns: int
     topics: dict[str, tuple[str, int]] = field(default_factory=dict)  # topic -> (type, count)
+    # topics recorded with more than one message type: topic -> {type: count}; ``topics``
+    # then holds the type with the most messages and the count over all of them
+    mixed: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -96,6 +99,36 @@ class BagInfo:
     def message_count(self) -> int:
         """Messages over all topics."""
         return sum(count for _, count in self.topics.values())
+
+    def check_one_type(self, topics: Iterable[str]) -> None:
+        """BagError naming any of ``topics`` recorded with several message types.
+
+        A ROS 2 topic carries one type, and a signal reads one: such a topic can be
+        neither played nor read as a signal (other topics of the bag still can).
+        """
+        for topic in sorted(set(topics) & set(self.mixed)):
+            kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(self.mixed[topic].items()))
+            raise BagError(f"{self.path}: topic {topic} is recorded with "
+                           f"{len(self.mixed[topic])} message types ({kinds}); a topic "
+                           "carries one type, so leave it out (bag play --topics) or map "
+                           "the signal to another topic")
+
+
+def per_topic(connections: Iterable[Any]) -> tuple[dict[str, tuple[str, int]],
+                                                   dict[str, dict[str, int]]]:
+    """``BagInfo.topics`` and ``.mixed`` from a reader's connections.
+
+    A topic can have several connections: publishers with other QoS (a latched and an
+    unlatched /odom in a ROS 1 bag, two QoS profiles in rosbag2), counted together; or,
+    rarely, other message types, kept apart in ``mixed``.
+    """
+    counts: dict[str, dict[str, int]] = {}
+    for conn in connections:
+        kinds = counts.setdefault(conn.topic, {})
+        kinds[conn.msgtype] = kinds.get(conn.msgtype, 0) + conn.msgcount
+    topics = {topic: (max(kinds, key=lambda k: (kinds[k], k)), sum(kinds.values()))
+              for topic, kinds in counts.items()}
+    return topics, {topic: kinds for topic, kinds in counts.items() if len(kinds) > 1}
 
 
 def default_bindings() -> tuple[dict[str, TopicBinding], str]:
@@ -348,16 +381,14 @@ def ros1_bag_info(path: Path | str) -> BagInfo:
     path = Path(path)
     try:
         with Reader1(path) as reader:
-            topics: dict[str, tuple[str, int]] = {}
-            for conn in reader.connections:
-                kind, count = topics.get(conn.topic, (conn.msgtype, 0))
-                topics[conn.topic] = (kind, count + conn.msgcount)
+            topics, mixed = per_topic(reader.connections)
             count = reader.message_count
             start = reader.start_time if count else 0
             end = reader.end_time - 1 if count else start
     except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
         raise BagError(f"cannot open ROS 1 bag {path}: {exc}") from exc
-    return BagInfo(path=path, storage="rosbag1", start_ns=start, end_ns=end, topics=topics)
+    return BagInfo(path=path, storage="rosbag1", start_ns=start, end_ns=end, topics=topics,
+                   mixed=mixed)
 
 
 def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
@@ -437,11 +468,11 @@ def bag_info(path: Path | str) -> BagInfo:
         return ros1_bag_info(path)
     reader = _reader(path)
     try:
-        topics = {conn.topic: (conn.msgtype, conn.msgcount) for conn in reader.connections}
+        topics, mixed = per_topic(reader.connections)
         # rosbags reports an exclusive end (last stamp + 1 ns); ros2 bag info shows the last
         end_ns = reader.end_time - 1 if reader.message_count else reader.start_time
         return BagInfo(path=path, storage=_storage_of(path), start_ns=reader.start_time,
-                       end_ns=end_ns, topics=topics)
+                       end_ns=end_ns, topics=topics, mixed=mixed)
     finally:
         reader.close()
 
@@ -473,7 +504,9 @@ def checked_bag_info(path: Path | str) -> BagInfo:
         return info
     _check_time_range(info)
     _check_storage_files(info)
-    for message in itertools.islice(BagStream(info.path), INFO_SAMPLED):
+    one_type = [t for t in info.topics if t not in info.mixed]  # the rest are listed apart
+    for message in itertools.islice(BagStream(info.path, one_type) if one_type else (),
+                                    INFO_SAMPLED):
         if not info.start_ns <= message.timestamp_ns <= info.end_ns:
             raise BagError(f"{info.path}: a message on {message.topic} at "
                            f"{message.timestamp_ns} ns lies outside the time range its "
@@ -489,7 +522,9 @@ def _check_storage_files(info: BagInfo) -> None:
 
     meta = yaml.safe_load((info.path / "metadata.yaml").read_text())
     files = (meta.get("rosbag2_bagfile_information") or {}).get("relative_file_paths") or []
-    missing = [str(f) for f in files if not (info.path / str(f)).is_file()]
+    # by file name in the bag's folder, as the readers find them: Eloquent and early Foxy
+    # listed them with the folder in front ("demo/demo_0.db3")
+    missing = [str(f) for f in files if not (info.path / Path(str(f)).name).is_file()]
     if missing or (info.message_count and not files):
         what = f"storage file {missing[0]!r} is missing" if missing else "no storage file"
         raise BagError(f"bag {info.path} is damaged: its metadata.yaml lists "
@@ -529,6 +564,7 @@ class BagStream:
         if unknown:
             raise BagError(f"topics {unknown} not in bag {self.path}; it has "
                            f"{sorted(self.info.topics)}")
+        self.info.check_one_type(wanted)
         self.types = {t: self.info.topics[t][0] for t in sorted(wanted)}
         self.count = sum(self.info.topics[t][1] for t in wanted)
         self.start_ns = self.info.start_ns + round(start_offset_s * 1e9)
@@ -603,24 +639,37 @@ class BagStream:
                            f"twice, or duplicated rows)")
 
 
-def bag_typestore(path: Path | str):
-    """Kilted typestore plus the message types the rosbag2 bag at ``path`` defines itself.
+DISTRO_STORES = {"foxy": "ROS2_FOXY", "galactic": "ROS2_GALACTIC", "humble": "ROS2_HUMBLE",
+                 "iron": "ROS2_IRON", "jazzy": "ROS2_JAZZY", "kilted": "ROS2_KILTED"}
+"""rosbags' built-in store for a bag's ``ros_distro`` (metadata.yaml, rosbag2 since Iron)."""
 
-    A robot's own messages (``acme_msgs/msg/Wheel``) are in no built-in store; rosbag2
-    records each connection's definition (``msgdef``), so they decode like the ROS 1
-    path's. A standard type keeps the store's definition (registering it again with the
-    bag's text would conflict); a definition that does not parse is left out, and its
-    messages are then counted as undecodable by the reader that needed them.
+
+def bag_typestore(path: Path | str):
+    """The message types to decode a rosbag2 bag with: first those the bag recorded.
+
+    rosbag2 records each connection's definition (``msgdef``): a robot's own messages
+    (``acme_msgs/msg/Wheel``) are in no built-in store, and a standard type can differ
+    between distros (Humble's ``sensor_msgs/msg/Range`` has no ``variance``, Jazzy's has):
+    decoded with the newest store's definition, every message of a Humble robot's Range
+    topic failed. So the recorded definitions come first; what the bag does not define
+    (rosbag2's sqlite3 storage before Iron records none) comes from the built-in store of
+    the distro the bag names, or Kilted's when it names none. A definition that does not
+    parse is left out with a WARNING, and its messages are then counted as undecodable by
+    the reader that needed them.
     """
-    store = _typestore()
+    from rosbags.typesys import Stores, get_typestore
+
     reader = _reader(Path(path))
     try:
         connections = list(reader.connections)
+        distro = str(getattr(reader, "ros_distro", None) or "").lower()
     finally:
         reader.close()
+    store = get_typestore(Stores.EMPTY)
     for conn in connections:
-        if conn.msgtype not in store.types:
-            _register_definition(store, conn.msgtype, conn.msgdef)
+        _register_definition(store, conn.msgtype, conn.msgdef)
+    base = get_typestore(getattr(Stores, DISTRO_STORES.get(distro, "ROS2_KILTED")))
+    store.register({k: v for k, v in base.fielddefs.items() if k not in store.fielddefs})
     return store
 
 
@@ -629,6 +678,8 @@ def _register_definition(store, msgtype: str, msgdef: Any) -> None:
     from rosbags.interfaces import MessageDefinitionFormat
     from rosbags.typesys import get_types_from_idl, get_types_from_msg
 
+    if not getattr(msgdef, "data", ""):  # nothing recorded (sqlite3 storage before Iron)
+        return
     try:
         if msgdef.format == MessageDefinitionFormat.MSG:
             types = get_types_from_msg(msgdef.data, msgtype)

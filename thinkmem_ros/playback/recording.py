@@ -28,7 +28,15 @@ import numpy as np
 from thinkmem_ros.core.data import SignalStream, SituationSet
 from thinkmem_ros.core.rule_augment import AugmentConfig, augmented_copies
 from thinkmem_ros.core.signal_adapters import SignalAdapter
-from thinkmem_ros.playback.bag_files import BagError, BagStream, bag_typestore, is_ros1_bag
+from thinkmem_ros.playback.bag_files import (
+    BagError,
+    BagInfo,
+    BagStream,
+    bag_info,
+    bag_typestore,
+    is_ros1_bag,
+    per_topic,
+)
 
 MAX_PARAMS_BYTES = 1024 * 1024
 MAX_RECORDING_FRAMES = 50_000_000
@@ -257,8 +265,14 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
             reader.open()
         except Exception as exc:  # rosbags raises several types for corrupt bags
             raise BagError(f"cannot open ROS 1 bag {path}: {exc}") from exc
-        types = {c.topic: _canonical(c.msgtype) for c in reader.connections}
+        recorded, mixed = per_topic(reader.connections)
+        types = {t: _canonical(m) for t, (m, _) in recorded.items()}
         start, end = reader.start_time, reader.end_time
+        try:
+            BagInfo(path, "rosbag1", start, end, recorded, mixed).check_one_type(topics)
+        except BagError:
+            reader.close()
+            raise
 
         def ros1() -> Iterator[tuple[str, str, int, Any]]:
             from rosbags.typesys import Stores, get_types_from_msg, get_typestore
@@ -279,8 +293,8 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
                 reader.close()
 
         return ros1(), types, start, end
-    stream = BagStream(path)
-    types = {t: _canonical(m) for t, (m, _) in stream.info.topics.items()}
+    info = bag_info(path)
+    types = {t: _canonical(m) for t, (m, _) in info.topics.items()}
     chosen = BagStream(path, sorted(topics & set(types))) if topics & set(types) else None
 
     def ros2() -> Iterator[tuple[str, str, int, Any]]:
@@ -294,7 +308,7 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
                 msg = None
             yield raw.topic, raw.msgtype, raw.timestamp_ns, msg
 
-    return ros2(), types, stream.info.start_ns, stream.info.end_ns + 1
+    return ros2(), types, info.start_ns, info.end_ns + 1
 
 
 def _ros1_messages(path: Path, reader, conns) -> Iterator[tuple[Any, int, bytes]]:

@@ -1,0 +1,162 @@
+"""Recordings as real robots make them, which the bag paths once refused or misread.
+
+Real rosbag2 and ROS 1 files written with ``rosbags``: a topic with two publishers of
+other QoS (two connections), a topic recorded with two message types, an Eloquent-era
+metadata.yaml whose file paths include the bag folder, and a Humble robot's standard type
+whose definition differs from the newest distro's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from test_bag_hostile import RATE, START_NS, float64, one_line_error, params, rules, speed, train
+
+from thinkmem_ros.playback.bag_files import BagError, BagStream, checked_bag_info
+
+N = int(40 * RATE)  # messages of a 40 s bag (training holds out a 15 s stretch)
+
+
+def _qos_pair():
+    from rosbags.interfaces import (
+        Qos,
+        QosDurability,
+        QosHistory,
+        QosLiveliness,
+        QosReliability,
+        QosTime,
+    )
+
+    zero = QosTime(0, 0)
+    volatile = Qos(QosHistory.KEEP_LAST, 10, QosReliability.RELIABLE, QosDurability.VOLATILE,
+                   zero, zero, QosLiveliness.AUTOMATIC, zero, False)
+    return volatile, volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)
+
+
+def two_connection_bag(path: Path, *, other_type: bool = False, storage: str = "mcap"):
+    """``/x`` from two publishers (alternate frames), the second with another QoS or type."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    first, second = _qos_pair()
+    with Writer(path, version=9, storage_plugin=plugin) as writer:
+        a = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store,
+                                  offered_qos_profiles=[first])
+        b = writer.add_connection("/x", "std_msgs/msg/Float32" if other_type
+                                  else "std_msgs/msg/Float64", typestore=store,
+                                  offered_qos_profiles=[second])
+        for k in range(N):
+            t = START_NS + round(k * 1e9 / RATE)
+            if k % 2 and other_type:
+                msg = store.types["std_msgs/msg/Float32"](data=speed(k))
+                writer.write(b, t, bytes(store.serialize_cdr(msg, "std_msgs/msg/Float32")))
+            else:
+                writer.write(b if k % 2 else a, t, float64(store, speed(k)))
+    return path
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_a_topic_of_two_publishers_is_counted_whole(tmp_path, storage, capsys):
+    """Its count was the last connection's: 'damaged: read 80 messages, more than the 40
+    its metadata.yaml lists', and bag info showed half the messages."""
+    bag = two_connection_bag(tmp_path / "b", storage=storage)
+    info = checked_bag_info(bag)
+    assert info.topics == {"/x": ("std_msgs/msg/Float64", N)} and not info.mixed
+    assert sum(1 for _ in BagStream(bag)) == N
+    assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
+
+
+def test_a_ros1_topic_with_a_latched_and_an_unlatched_publisher_converts(tmp_path):
+    """The converted bag's count was one connection's, so conversion called the ROS 1 bag
+    damaged and deleted its output."""
+    from rosbags.rosbag1 import Writer as Writer1
+    from rosbags.typesys import Stores, get_typestore
+
+    from thinkmem_ros.playback.bag_files import convert_ros1
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    src = tmp_path / "two.bag"
+    with Writer1(src) as writer:
+        plain = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store,
+                                      callerid="/a")
+        latched = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store,
+                                        callerid="/b", latching=1)
+        for k in range(40):
+            msg = store.types["std_msgs/msg/Float64"](data=speed(k))
+            writer.write(latched if k % 2 else plain, START_NS + k * 10**8,
+                         bytes(store.serialize_ros1(msg, "std_msgs/msg/Float64")))
+    info = convert_ros1(src, tmp_path / "out")
+    assert info.topics["/x"] == ("std_msgs/msg/Float64", 40)
+
+
+def test_a_topic_recorded_with_two_types_is_named_not_called_damaged(tmp_path, capsys):
+    bag = two_connection_bag(tmp_path / "b", other_type=True)
+    info = checked_bag_info(bag)  # bag info lists both, with their counts
+    assert info.mixed == {"/x": {"std_msgs/msg/Float32": 200, "std_msgs/msg/Float64": 200}}
+    types = r"\(std_msgs/msg/Float32: 200, std_msgs/msg/Float64: 200\)"
+    with pytest.raises(BagError, match=r"topic /x is recorded with 2 message types " + types):
+        BagStream(bag)
+    assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") != 0
+    assert "recorded with 2 message types" in one_line_error(capsys)
+    from thinkmem_ros import cli
+
+    assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) != 0
+    assert "recorded with 2 message types" in one_line_error(capsys)
+
+
+def test_eloquent_file_paths_that_name_the_bag_folder_are_found(tmp_path):
+    """rosbag2 of Eloquent / early Foxy listed 'demo/demo_0.db3'; bag info called such a
+    bag damaged ('storage file ... is missing') while every reader opened it."""
+    from test_bag_hostile import float_bag
+
+    bag = float_bag(tmp_path / "demo", storage="sqlite3", seconds=40.0)
+    meta_path = bag / "metadata.yaml"
+    meta = yaml.safe_load(meta_path.read_text())
+    info = meta["rosbag2_bagfile_information"]
+    info["relative_file_paths"] = [f"demo/{Path(f).name}" for f in info["relative_file_paths"]]
+    meta_path.write_text(yaml.safe_dump(meta))
+    assert checked_bag_info(bag).message_count == N
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_a_humble_robots_standard_type_decodes_with_the_definition_it_recorded(tmp_path,
+                                                                              storage):
+    """Humble's sensor_msgs/msg/Range has no ``variance``: decoded with the newest
+    distro's definition, every message failed ('could not be decoded ... a wrong message
+    type or a damaged bag'). The bag records its own definition; it comes first."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    humble = get_typestore(Stores.ROS2_HUMBLE)
+    assert "variance" not in [f[0] for f in humble.fielddefs["sensor_msgs/msg/Range"][1]]
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    bag = tmp_path / "range"
+    with Writer(bag, version=9, storage_plugin=plugin) as writer:
+        conn = writer.add_connection("/range", "sensor_msgs/msg/Range", typestore=humble)
+        for k in range(N):
+            t = START_NS + round(k * 1e9 / RATE)
+            header = humble.types["std_msgs/msg/Header"](
+                stamp=humble.types["builtin_interfaces/msg/Time"](sec=t // 10**9,
+                                                                  nanosec=t % 10**9),
+                frame_id="range")
+            msg = humble.types["sensor_msgs/msg/Range"](
+                header=header, radiation_type=0, field_of_view=0.5, min_range=0.0,
+                max_range=4.0, range=float(speed(k)))
+            writer.write(conn, t, bytes(humble.serialize_cdr(msg, "sensor_msgs/msg/Range")))
+    params_file = params(tmp_path, field="range", topic="/range",
+                         msgtype="sensor_msgs/msg/Range")
+    assert train(bag, params_file, rules(tmp_path), tmp_path / "out") == 0
+
+
+def test_a_recording_too_short_to_hold_a_stretch_out_is_one_line(tmp_path, capsys):
+    """It stopped in the training loop with 'ValueError: a validation split needs at least
+    2 distinct groups (episodes/components)'."""
+    from test_bag_hostile import float_bag
+
+    bag = float_bag(tmp_path / "short", seconds=8.0)
+    assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") != 0
+    assert "spans less than two 15 s stretches" in one_line_error(capsys)
