@@ -122,6 +122,7 @@ def _situations(args: argparse.Namespace, inputs: _Inputs):
     data = SituationSet.concat(parts)
     if inputs.rules is not None:
         _refuse_labels_without_positives(data, args.labels)
+        _refuse_one_stretch(data)
     if inputs.hindsight:
         print("\n".join(inputs.hindsight.report_lines()), file=sys.stderr)
         try:
@@ -129,6 +130,22 @@ def _situations(args: argparse.Namespace, inputs: _Inputs):
         except ValueError as exc:
             raise SystemExit(one_line(exc)) from None
     return data, tails
+
+
+def _refuse_one_stretch(data) -> None:
+    """Exit unless the training windows span two stretches a validation split can part.
+
+    Why: training holds out whole ``GROUP_SECONDS`` stretches of the drive for early
+    stopping; a short recording is one stretch, and training then stopped with the
+    training loop's own ValueError about "distinct groups".
+    """
+    from thinkmem_ros.playback.recording import GROUP_SECONDS
+
+    if len(set(data.groups.tolist())) < 2:
+        raise SystemExit(f"the recordings' training part spans less than two "
+                         f"{GROUP_SECONDS:g} s stretches ({len(data)} windows): training "
+                         f"holds one out to stop early, so record at least "
+                         f"{2 * GROUP_SECONDS:g} s (more with --train-fraction < 1)")
 
 
 def _read_bag(bag, index: int, inputs: _Inputs):
