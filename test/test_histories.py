@@ -272,12 +272,14 @@ def test_the_horizon_reads_an_index_not_every_history(tmp_path):
     with ExperienceStore(tmp_path / "c.db") as store:
         plans = [" ".join(str(r) for r in store._conn.execute(
             "EXPLAIN QUERY PLAN " + sql, ("r1",) + extra).fetchall())
-            for sql, extra in ((histories._SIZES_SQL, ()), (histories._NEWEST_SQL, (5,)))]
+            for sql, extra in ((histories._SIZES_SQL, (5,)), (histories._NEWEST_SQL, (5,)),
+                               (histories._SIZES_AFTER_SQL, (1.0, "e1", 5)))]
         assert [r[1] for r in store.histories_within(4)[0]] == ["e2"]
         _episodes_of(store, {"e3": 2}, start=10)  # counted as it is folded in
         store.fold_histories()
         assert [r[1] for r in store.histories_within(6)[0]] == ["e3", "e2"]
     assert "COVERING INDEX episode_histories_newest" in plans[0], plans
+    assert "COVERING INDEX episode_histories_newest" in plans[2], plans
     assert "episode_histories_newest" in plans[1] and "TEMP B-TREE" not in " ".join(plans)
 
 
@@ -381,3 +383,100 @@ def test_a_historys_cost_is_what_the_scan_charges_it():
     charged = np.ceil(scan_weights(log, DiscoveryConfig()))
     assert [history_cost(t) for t in texts] == charged.astype(int).tolist()
     assert isinstance(log, EventLog)
+
+
+def test_fair_counts_serves_every_robot_before_any_twice_and_wastes_nothing():
+    """Equal shares per pass starved a robot whose next episode was larger than a share:
+    five robots, 4,096 events, episodes of 1,000 and 900 gave one robot four of its own
+    and the rest none; one robot of 1-event episodes took a whole budget."""
+    from thinkmem_ros.consolidator.histories import fair_counts
+
+    sizes = {"a": [1000] * 9, "b": [900] * 9, "c": [900] * 9, "d": [900] * 9, "e": [900] * 9}
+    assert fair_counts({r: iter(v) for r, v in sizes.items()}, 4096) == {
+        "a": 0, "b": 1, "c": 1, "d": 1, "e": 1}  # four served, smaller episodes first
+    flood = {"flood": iter([1] * 100_000), **{f"r{k}": iter([100] * 50) for k in range(9)}}
+    got = fair_counts(flood, 10_000)
+    assert got["flood"] == 1000 and all(got[f"r{k}"] == 10 for k in range(9))
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        robots = {f"r{k}": rng.integers(1, 60, size=rng.integers(0, 6)).tolist()
+                  for k in range(rng.integers(1, 5))}
+        budget = int(rng.integers(1, 200))
+        counts = fair_counts({r: iter(v) for r, v in robots.items()}, budget)
+        given = {r: sum(v[:counts[r]]) for r, v in robots.items()}
+        left = budget - sum(given.values())
+        assert left >= 0
+        for r, v in robots.items():
+            assert counts[r] == len(v) or v[counts[r]] > left  # nothing that fits is left
+        # a robot given nothing: when its turn came, its first episode did not fit, and
+        # it came before any robot's second
+        firsts = sorted((v[0], r) for r, v in robots.items() if v)
+        for first, r in firsts:
+            if counts[r] == 0:
+                taken_before = sum(robots[o][0] for f, o in firsts if (f, o) < (first, r)
+                                   and counts[o])
+                assert first > budget - taken_before, (robots, budget, counts)
+
+
+def test_thousands_of_robots_are_read_without_a_cursor_each(tmp_path):
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([exp(i, robot=f"r{i:05d}", episode="e", stamp=float(i),
+                               events=["A", "B"]) for i in range(5000)])
+        store.fold_histories()
+        rows, horizon = store.histories_within(20_000)
+    assert horizon.robots == 5000 and horizon.episodes == 5000 and horizon.left_out == 0
+
+
+def test_a_robots_sizes_are_read_page_by_page_in_order(tmp_path):
+    from thinkmem_ros.consolidator.histories import _sizes
+
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([exp(i, episode=f"e{i:04d}", stamp=float(i // 3),
+                               events=["A"] * (1 + i % 7)) for i in range(1000)])
+        store.fold_histories()
+        got = list(_sizes(store._conn, "r1"))
+    order = sorted(range(1000), key=lambda i: (i // 3, f"e{i:04d}"), reverse=True)
+    assert got == [1 + i % 7 for i in order]
+
+
+@pytest.mark.parametrize("variant", ["first-stamp index", "event counts", "scan costs"])
+def test_every_schema_8_this_project_wrote_upgrades_to_the_horizon(tmp_path, variant):
+    """Schema 8 changed shape twice on its first day (an index on the first stamp, then
+    event counts, then scan costs): migration 9 rebuilds the table from its base columns,
+    so a store left at any of them gets the same table. Counts come out right, names of
+    any characters included."""
+    import time as _time
+
+    steps = {"first-stamp index": [
+        "CREATE INDEX episode_histories_first ON episode_histories"
+        " (first_stamp, robot_id, episode_id)"],
+        "event counts": [
+            "ALTER TABLE episode_histories ADD COLUMN n_events INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX episode_histories_newest ON episode_histories"
+            " (robot_id, first_stamp, episode_id, n_events)"],
+        "scan costs": [
+            "ALTER TABLE episode_histories ADD COLUMN n_events INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE episode_histories ADD COLUMN scan_cost INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX episode_histories_newest ON episode_histories"
+            " (robot_id, first_stamp, episode_id, scan_cost)"]}[variant]
+    histories_then = {"e1": "A\nB\nC", "e2": "", "e3": "ü\n日本\u2028x\nA", "e4": "A"}
+    with ExperienceStore(tmp_path / "c.db", target_version=7) as old:
+        with old._conn:
+            old._conn.executemany(
+                "INSERT INTO episode_histories VALUES (?, ?, ?, ?, ?, ?)",
+                [("r1", ep, float(k), float(k), k, text)
+                 for k, (ep, text) in enumerate(histories_then.items())])
+            old._conn.execute("INSERT INTO histories_mark VALUES (1, 0)")
+            for statement in steps:
+                old._conn.execute(statement)
+            old._conn.execute("INSERT INTO schema_version VALUES (8, ?)", (_time.time(),))
+    with ExperienceStore(tmp_path / "c.db") as store:
+        assert store.schema_version == 9
+        got = dict(store._conn.execute(
+            "SELECT episode_id, n_events || ',' || scan_cost FROM episode_histories"))
+        rows, horizon = store.histories_within(5)
+        indexes = {r[0] for r in store._conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'episode%'")}
+    assert got == {"e1": "3,3", "e2": "0,0", "e3": "3,3", "e4": "1,1"}
+    assert [r[1] for r in rows] == ["e4", "e3"] and horizon.events == 4
+    assert indexes == {"episode_histories_newest"}

@@ -202,7 +202,7 @@ def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path,
     service = _service(tmp_path, discovery_events=MAX_HISTORY_COST)
     with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
         report = service.run_round("horizon")
-    assert (f"{horizon.episodes} episodes ({horizon.left_out} older beyond the "
+    assert (f"{horizon.episodes} episodes ({horizon.left_out} left out beyond the "
             f"{MAX_HISTORY_COST:,}-event horizon)") in caplog.text
     assert report.episodes == horizon.episodes
     assert report.read["histories"]["horizon"] == {
@@ -212,3 +212,12 @@ def test_a_round_discovers_over_the_newest_episodes_within_its_horizon(tmp_path,
     whole = _service(tmp_path / "whole", discovery_events=0)
     whole.config.db_path = db
     assert whole.run_round("whole").episodes == 80
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e7, True])
+def test_a_horizon_that_is_no_whole_number_is_refused(tmp_path, value):
+    """NaN passed every comparison and discovery then read nothing."""
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    with pytest.raises(ValueError, match="discovery_events must be a whole number"):
+        ConsolidatorConfig(db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub",
+                           signing_key=key, discovery_events=value)

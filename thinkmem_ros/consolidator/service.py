@@ -209,6 +209,10 @@ class ConsolidatorConfig:
             if getattr(self, name) < low:
                 raise ValueError(f"ConsolidatorConfig.{name} must be >= {low}, got "
                                  f"{getattr(self, name)}")
+        if isinstance(self.discovery_events, bool) or not isinstance(self.discovery_events,
+                                                                     int):
+            raise ValueError(f"ConsolidatorConfig.discovery_events must be a whole number, "
+                             f"got {self.discovery_events!r}")
         if 0 < self.discovery_events < MAX_HISTORY_COST:
             # a robot's newest episode alone could cost more: that robot would be read not
             # at all
@@ -753,8 +757,8 @@ class ConsolidatorService:
         how = (f"{read.get('new', 0)} after row {read['since_id']} + "
                f"{read.get('reservoir', 0)} reservoir" if read.get("since_id") else "whole store")
         horizon = (read.get("histories") or {}).get("horizon") or {}
-        episodes = (f"{report.episodes} episodes ({horizon['left_out_episodes']} older beyond "
-                    f"the {horizon['max_events']:,}-event horizon)"
+        episodes = (f"{report.episodes} episodes ({horizon['left_out_episodes']} left out "
+                    f"beyond the {horizon['max_events']:,}-event horizon)"
                     if horizon.get("left_out_episodes") else f"{report.episodes} episodes")
         log.info("round (trigger %s): %d of %d stored experiences read (%s), %s; %d "
                  "candidates, %d "

@@ -92,7 +92,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE TABLE store_identity (id TEXT NOT NULL)",
         "INSERT INTO store_identity VALUES (lower(hex(randomblob(16))))",
     ),
-    # 8: discovery's horizon (``histories.carried``) chooses each robot's newest episodes
+    (  # 8: discovery's horizon read the newest episodes first (superseded by 9)
+        histories.FIRST_STAMP_INDEX,
+    ),
+    # 9: discovery's horizon (``histories.carried``) chooses each robot's newest episodes
     # from an index of what they cost the scan, then reads only the histories it chose;
     # without it every round read every carried history
     histories.HORIZON_MIGRATION,
