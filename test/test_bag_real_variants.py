@@ -160,3 +160,22 @@ def test_a_recording_too_short_to_hold_a_stretch_out_is_one_line(tmp_path, capsy
     bag = float_bag(tmp_path / "short", seconds=8.0)
     assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") != 0
     assert "spans less than two 15 s stretches" in one_line_error(capsys)
+
+
+def test_values_no_float32_holds_are_unusable_as_on_the_node(tmp_path, capsys):
+    """1e308 passed the float64 checks, became +inf in the float32 frames and was masked
+    everywhere: training exited 0 on a signal it never saw (the node refuses such
+    samples as it refuses NaN)."""
+    from test_bag_hostile import write_bag
+
+    from thinkmem_ros import cli
+    from thinkmem_ros.playback.bag_files import _typestore
+
+    store = _typestore()
+    rows = [(START_NS + round(k * 1e9 / RATE), "/x", "std_msgs/msg/Float64",
+             float64(store, 1e308)) for k in range(N)]
+    bag = write_bag(tmp_path / "huge", rows)
+    assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") != 0
+    assert "none gave a finite number within float32's range" in one_line_error(capsys)
+    assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) == 0
+    assert "1e+308" not in capsys.readouterr().out

@@ -37,6 +37,7 @@ from thinkmem_ros.playback.bag_files import (
     is_ros1_bag,
     per_topic,
 )
+from thinkmem_ros.policy.situation import FLOAT32_MAX
 
 MAX_PARAMS_BYTES = 1024 * 1024
 MAX_RECORDING_FRAMES = 50_000_000
@@ -435,10 +436,11 @@ def check_readable(path: Path | str, samples: Samples, signal_map: SignalMap,
         warnings.append(f"{line}; they are skipped")
     for name, binding in signal_map.bindings.items():
         values = samples.values.get(name, np.zeros(0))
-        if not binding.absent and not np.isfinite(values).any():
+        if not binding.absent and not usable(values).any():
             raise BagError(f"{path}: signals.{name}: no usable sample on {binding.topic} "
-                           f"({values.size} message(s), none gave a finite number; check "
-                           f"the field and index, or declare it absent: true)")
+                           f"({values.size} message(s), none gave a finite number within "
+                           f"float32's range; check the field and index, or declare it "
+                           f"absent: true)")
     return warnings
 
 
@@ -463,7 +465,7 @@ def resample(samples: Samples, names: tuple[str, ...], rate_hz: float,
         t, v = samples.times.get(name), samples.values.get(name)
         if t is None or t.size == 0:
             continue
-        ok = np.isfinite(v)
+        ok = usable(v)
         t, v = t[ok], v[ok]
         if t.size == 0:
             continue
@@ -636,12 +638,22 @@ def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
             "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label}
 
 
+def usable(values: np.ndarray) -> np.ndarray:
+    """Which samples the node would take: finite and within float32 (its window's type).
+
+    The node refuses the rest as it refuses NaN (``policy.situation``); offboard, a value
+    of 1e308 became +inf in the float32 frames, masked everywhere, while the checks on the
+    float64 values passed it.
+    """
+    return np.isfinite(values) & (np.abs(values) <= FLOAT32_MAX)
+
+
 def summarise(samples: Samples, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
-    """Per signal: count, rate (Hz), NaN count and p1/p50/p99 of the adapted values."""
+    """Per signal: count, rate (Hz), unusable count (``nan``) and p1/p50/p99 of the rest."""
     out: dict[str, dict[str, float]] = {}
     for name in names:
         v = samples.values.get(name, np.zeros(0))
-        ok = v[np.isfinite(v)]
+        ok = v[usable(v)]
         row = {"samples": int(v.size), "nan": int(v.size - ok.size),
                "rate_hz": samples.rate_hz(name)}
         if ok.size:
