@@ -179,3 +179,33 @@ def test_values_no_float32_holds_are_unusable_as_on_the_node(tmp_path, capsys):
     assert "none gave a finite number within float32's range" in one_line_error(capsys)
     assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) == 0
     assert "1e+308" not in capsys.readouterr().out
+
+
+def test_a_gap_in_the_recording_is_named_and_neither_trained_nor_scored(tmp_path, capsys):
+    """Five minutes without a message in a six-minute drive: calibrate showed a 10 Hz
+    sensor at 1.1 Hz and said nothing of the gap; train fitted thousands of windows with
+    every input masked and every label negative, and counted them in its held-out F1."""
+    from test_bag_hostile import write_bag
+
+    from thinkmem_ros import cli
+    from thinkmem_ros.playback.bag_files import _typestore
+
+    store = _typestore()
+    ks = list(range(N)) + list(range(N + 3000, 2 * N + 3000))  # 40 s, 300 s silent, 40 s
+    rows = [(START_NS + round(k * 1e9 / RATE), "/x", "std_msgs/msg/Float64",
+             float64(store, speed(k))) for k in ks]
+    bag = write_bag(tmp_path / "gap", rows)
+    assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) == 0
+    out = capsys.readouterr().out
+    assert "motion: no sample for 300.1 s from 39.9 s" in out
+    rate = float(next(line for line in out.splitlines() if line.startswith("motion"))
+                 .split()[2])
+    assert rate == pytest.approx(RATE, rel=0.01)
+    assert cli.main(["train", "--bag", str(bag), "--params", str(params(tmp_path)),
+                     "--labels", str(rules(tmp_path)), "--train-fraction", "0.7",
+                     "--window", "8", "--augment", "0", "--epochs", "1", "--min-steps", "0",
+                     "--patience", "1", "--preset", "fast", "--no-progress", "--out",
+                     str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "frames without any fresh signal (gaps in the recording) end no training" in err
+    assert "frames without any fresh signal not scored" in err

@@ -93,6 +93,12 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
         if row["nan"]:
             warnings.append(f"{name}: {row['nan']} of {row['samples']} messages gave no "
                             "number (field missing or not finite)")
+        gaps = samples.gaps(name)
+        if gaps:
+            start, length = max(gaps, key=lambda g: g[1])
+            warnings.append(f"{name}: no sample for {length:.1f} s from {start:.1f} s"
+                            f"{f' ({len(gaps)} gaps)' if len(gaps) > 1 else ''}: frames "
+                            "there have no input (its rate is over the rest)")
     for name in manifest.signals:
         if name not in signal_map.bindings:
             warnings.append(f"{name}: the bundle needs it but the params file has no "

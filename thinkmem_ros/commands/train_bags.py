@@ -119,6 +119,10 @@ def _situations(args: argparse.Namespace, inputs: _Inputs):
             stream, tail = split_stream(stream, args.train_fraction)
             tails.append(tail)
         parts.append(_windows(args, inputs, bag, i, stream))
+        silent = parts[-1].meta.get("silent_frames", 0)
+        if silent:
+            print(f"WARN {bag}: {silent} frames without any fresh signal (gaps in the "
+                  "recording) end no training window", file=sys.stderr)
     data = SituationSet.concat(parts)
     if inputs.rules is not None:
         _refuse_labels_without_positives(data, args.labels)
@@ -226,8 +230,14 @@ def _score_held_out(args: argparse.Namespace, inputs: _Inputs, bundle, bag, tail
     from thinkmem_ros.playback.recording import score_recording
 
     held = f"held-out last {1 - args.train_fraction:.0%} of {bag}"
-    scores = (score_labelled if inputs.hindsight else score_recording)(
-        bundle, tail, stale_after_s=inputs.signal_map.stale_after_s)
+    if inputs.hindsight:
+        scores = score_labelled(bundle, tail, stale_after_s=inputs.signal_map.stale_after_s)
+    else:
+        scores = score_recording(bundle, tail, stale_after_s=inputs.signal_map.stale_after_s,
+                                 skip_silent=True)
+        if scores["silent_frames"]:
+            held += (f" ({scores['silent_frames']} frames without any fresh signal not "
+                     "scored)")
     if inputs.hindsight and not scores["frames"]:
         print(f"{held}: no frame with feedback to score", file=sys.stderr)
         return

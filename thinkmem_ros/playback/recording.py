@@ -100,9 +100,37 @@ class Samples:
         return {topic: (n, self.read.get(topic, n)) for topic, n in self.skipped.items() if n}
 
     def rate_hz(self, name: str) -> float:
-        """Mean sample rate of ``name`` over the span of its own samples (0 when < 2)."""
+        """Mean sample rate of ``name`` while it publishes (0 with fewer than 2 samples).
+
+        Over its own samples' span less its gaps (``gaps``): a 20 Hz odometry with five
+        minutes of silence in a six-minute recording read as 3.3 Hz.
+        """
         t = self.times[name]
-        return float((t.size - 1) / (t[-1] - t[0])) if t.size > 1 and t[-1] > t[0] else 0.0
+        if t.size < 2 or not t[-1] > t[0]:
+            return 0.0
+        steps = np.diff(t)
+        active = float(steps[steps <= _gap_after(steps)].sum())
+        return float((steps <= _gap_after(steps)).sum() / active) if active > 0 else 0.0
+
+    def gaps(self, name: str) -> list[tuple[float, float]]:
+        """(start s, length s) of each silence in ``name``.
+
+        A silence is no sample for longer than ``GAP_S`` and ten of its median intervals.
+        """
+        t = self.times[name]
+        if t.size < 2:
+            return []
+        steps = np.diff(t)
+        at = np.flatnonzero(steps > _gap_after(steps))
+        return [(float(t[i]), float(steps[i])) for i in at]
+
+
+GAP_S = 5.0
+"""A silence longer than this (and ten median intervals) is a gap, not a slow sensor."""
+
+
+def _gap_after(steps: np.ndarray) -> float:
+    return max(GAP_S, 10.0 * float(np.median(steps)))
 
 
 def _ros_parameters(raw: Any, seen: set[int] | None = None) -> list[dict]:
@@ -544,6 +572,9 @@ def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
 
     ``ends`` (frames >= window - 1) replaces that choice of end frames: labels from
     hindsight exist only on some frames, and only those may end a training window.
+    Otherwise a frame without any fresh signal (a gap in the recording: every input
+    masked, every rule label negative) ends no window: it would teach the policy nothing
+    about the robot (``meta["silent_frames"]`` counts them).
 
     A recording has no discrete events, so every row's event slot is padding. Groups are
     ``group_seconds`` chunks of the recording (offset by ``group_base`` so several bags
@@ -557,8 +588,12 @@ def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
     if values.shape[0] < window:
         raise ValueError(f"recording has {values.shape[0]} frames, fewer than "
                          f"window={window} ({window / stream.rate_hz:g} s)")
+    silent = 0
     if ends is None:
         ends = np.arange(window - 1, values.shape[0], stride)
+        heard = np.isfinite(values[ends]).any(axis=1)  # frames with some fresh signal
+        silent = int((~heard).sum())
+        ends = ends[heard]
     elif len(ends) and (np.min(ends) < window - 1 or np.max(ends) >= values.shape[0]):
         raise ValueError(f"end frames must be in [{window - 1}, {values.shape[0]})")
     ends = np.asarray(ends, dtype=np.int64)
@@ -571,7 +606,8 @@ def recording_windows(stream: SignalStream, window: int, *, stride: int = 1,
                         groups=groups.astype(np.int64), label_names=stream.label_names,
                         signal_names=stream.signal_names, event_vocabulary=(),
                         meta={"family": "recording", "scenario": stream.scenario,
-                              "rate_hz": stream.rate_hz, "end_frames": ends})
+                              "rate_hz": stream.rate_hz, "end_frames": ends,
+                              "silent_frames": silent})
 
 
 AUGMENT_GROUP_STRIDE = 100_000
@@ -599,7 +635,8 @@ def training_windows(stream: SignalStream, window: int, *, rules=None,
 
 
 def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
-                    predicted_out: list | None = None, labelled_only: bool = False) -> dict:
+                    predicted_out: list | None = None, labelled_only: bool = False,
+                    skip_silent: bool = False) -> dict:
     """Play ``stream`` into ``bundle`` the node's way and score its labels against the rules.
 
     The stream is pushed through the node's ``SituationBuffer`` at the bundle's rate and
@@ -610,6 +647,9 @@ def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
     on some frames only (NaN elsewhere); every frame is still played (a streaming policy
     must see them all, in order) but only labelled ones are scored, as an unlabelled frame
     is unknown, not negative (``frames`` 0 and NaN scores when none is labelled).
+    ``skip_silent``: frames whose newest row has no fresh signal (a gap in the recording)
+    are played but not scored (``silent_frames`` counts them): every label is trivially
+    negative there, and a long gap inflated held-out F1 (0.653 -> 0.835).
     """
     from thinkmem_ros.core.metrics import micro_scores
     from thinkmem_ros.policy.replay import ReplayConfig, predict_frames, replay_for
@@ -623,11 +663,18 @@ def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
     frames = replay_for(stream, runtime.manifest, ReplayConfig(stale_after_s=stale_after_s))
     predicted = predict_frames(runtime, frames) >= runtime.thresholds
     truth = frames.truth
+    keep = np.ones(len(frames), bool)
     if labelled_only:
-        keep = np.isfinite(truth).all(axis=1) if len(frames) else np.zeros(0, bool)
+        keep &= np.isfinite(truth).all(axis=1) if len(frames) else np.zeros(0, bool)
+    silent = 0
+    if skip_silent and len(frames):
+        heard = frames.mask[:, -1, :].any(axis=1)
+        silent = int((keep & ~heard).sum())
+        keep &= heard
+    if not keep.all():
         if not keep.any():
             return {"frames": 0, "precision": math.nan, "recall": math.nan, "f1": math.nan,
-                    "macro_f1": math.nan, "per_label_f1": {}}
+                    "macro_f1": math.nan, "per_label_f1": {}, "silent_frames": silent}
         predicted, truth = predicted[keep], truth[keep]
     truth = truth > 0.5
     per_label = {name: micro_scores(truth[:, j], predicted[:, j])["f1"]
@@ -635,7 +682,8 @@ def score_recording(bundle, stream: SignalStream, *, stale_after_s: float = 0.5,
     if predicted_out is not None:
         predicted_out.extend([predicted, truth])
     return {"frames": len(truth), **micro_scores(truth, predicted),
-            "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label}
+            "macro_f1": float(np.mean(list(per_label.values()))), "per_label_f1": per_label,
+            "silent_frames": silent}
 
 
 def usable(values: np.ndarray) -> np.ndarray:
