@@ -145,8 +145,12 @@ def test_bad_inputs_raise_naming_the_problem(written, tmp_path):
     with pytest.raises(BagError, match="bag not found"):
         read_bag(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(BagError, match="no metadata.yaml"):
+    with pytest.raises(BagError, match="no metadata.yaml file\\): [^;]*$"):
         bag_info(tmp_path / "empty")
+    (tmp_path / "killed").mkdir()  # the recorder was killed: storage file, no metadata
+    (tmp_path / "killed" / "killed_0.mcap").write_bytes(b"")
+    with pytest.raises(BagError, match="holds killed_0.mcap: .*ros2 bag reindex"):
+        bag_info(tmp_path / "killed")
     with pytest.raises(BagError, match="/no/such"):
         read_bag(out, topics=["/no/such"])
     with pytest.raises(ValueError, match="start_offset_s"):

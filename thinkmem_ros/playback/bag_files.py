@@ -343,7 +343,11 @@ def _reader(path: Path):
         raise BagError(f"not a bag: {path} is a file that is no ROS 1 bag (no "
                        f"'#ROSBAG V2.0' header) and a rosbag2 bag is a folder")
     if not (path / "metadata.yaml").is_file():
-        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}")
+        stored = sorted(p.name for p in path.glob("*") if p.suffix in (".db3", ".mcap"))
+        hint = (f"; it holds {stored[0]}{' and more' if len(stored) > 1 else ''}: a "
+                f"recording stopped before it closed, which `ros2 bag reindex {path}` "
+                "repairs") if stored else ""
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}{hint}")
     try:
         reader = Reader(path)
         reader.open()
