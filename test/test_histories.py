@@ -408,14 +408,13 @@ def test_fair_counts_serves_every_robot_before_any_twice_and_wastes_nothing():
         assert left >= 0
         for r, v in robots.items():
             assert counts[r] == len(v) or v[counts[r]] > left  # nothing that fits is left
-        # a robot given nothing: when its turn came, its first episode did not fit, and
-        # it came before any robot's second
-        firsts = sorted((v[0], r) for r, v in robots.items() if v)
-        for first, r in firsts:
-            if counts[r] == 0:
-                taken_before = sum(robots[o][0] for f, o in firsts if (f, o) < (first, r)
-                                   and counts[o])
-                assert first > budget - taken_before, (robots, budget, counts)
+        # a robot given nothing: when its turn came (before any robot's second, after
+        # the smaller firsts and some equal ones), its first episode did not fit
+        for r, v in robots.items():
+            if v and counts[r] == 0:
+                taken_before = sum(robots[o][0] for o in robots
+                                   if o != r and counts[o] and robots[o][0] <= v[0])
+                assert v[0] > budget - taken_before, (robots, budget, counts)
 
 
 def test_thousands_of_robots_are_read_without_a_cursor_each(tmp_path):
@@ -480,3 +479,16 @@ def test_every_schema_8_this_project_wrote_upgrades_to_the_horizon(tmp_path, var
     assert got == {"e1": "3,3", "e2": "0,0", "e3": "3,3", "e4": "1,1"}
     assert [r[1] for r in rows] == ["e4", "e3"] and horizon.events == 4
     assert indexes == {"episode_histories_newest"}
+
+
+def test_among_equals_a_different_robot_misses_out_each_round():
+    """Ties went to the robot named first: with the budget short of equal robots, the
+    robots whose ids sort last were never read, round after round."""
+    from thinkmem_ros.consolidator.histories import fair_counts
+
+    missed = set()
+    for turn in range(20):
+        counts = fair_counts({f"r{k}": iter([10]) for k in range(4)}, 30, turn)
+        assert sorted(counts.values()) == [0, 1, 1, 1]
+        missed |= {r for r, n in counts.items() if n == 0}
+    assert len(missed) >= 3

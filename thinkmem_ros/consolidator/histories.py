@@ -19,6 +19,7 @@ mark" is exactly what arrived since.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import sqlite3
@@ -227,7 +228,7 @@ def carried(conn: sqlite3.Connection, budget: int = 0
                             " FROM episode_histories WHERE scan_cost > 0").fetchall()
         return rows, _horizon(rows, 0)
     robots = _robots(conn)
-    counts = fair_counts({r: _sizes(conn, r) for r in robots}, budget)
+    counts = fair_counts({r: _sizes(conn, r) for r in robots}, budget, mark(conn))
     rows = [row for r in robots if counts[r]
             for row in conn.execute(_NEWEST_SQL, (r, counts[r]))]
     total = conn.execute("SELECT COUNT(*) FROM episode_histories WHERE scan_cost > 0"
@@ -257,7 +258,8 @@ def _horizon(rows: Sequence[tuple], left_out: int) -> Horizon:
                    len({r[0] for r in rows}), sum(history_cost(r[3]) for r in rows))
 
 
-def fair_counts(sizes: dict[str, Iterator[int]], budget: int) -> dict[str, int]:
+def fair_counts(sizes: dict[str, Iterator[int]], budget: int, turn: int = 0
+                ) -> dict[str, int]:
     """How many of each robot's newest episodes fit ``budget``, shared max-min fairly.
 
     ``sizes[robot]`` yields what its episodes cost, newest first, and is read only as far
@@ -267,23 +269,30 @@ def fair_counts(sizes: dict[str, Iterator[int]], budget: int) -> dict[str, int]:
     no longer fits is done. So no robot gets a second episode before every other has had
     the chance of a first, a robot sending many small episodes gets no more in all than
     one sending few large ones, and no budget is left while some robot's next episode
-    would fit.
+    would fit. Full ties go by a hash of the robot and ``turn`` (the round's histories
+    mark), so when the budget runs out among equals, a different robot misses out each
+    round rather than the one whose id sorts last, every round.
     """
     counts = {r: 0 for r in sizes}
-    heap = [(0, n, robot) for robot in sorted(sizes)
-            if (n := next(sizes[robot], None)) is not None]  # (given, next episode, robot)
+    # (given, next episode, tie-break, robot)
+    heap = [(0, n, _tie(robot, turn), robot) for robot in sorted(sizes)
+            if (n := next(sizes[robot], None)) is not None]
     heapq.heapify(heap)
     left = budget
     while heap and left > 0:
-        given, n, robot = heapq.heappop(heap)
+        given, n, tie, robot = heapq.heappop(heap)
         if n > left:  # it no longer fits: this robot is done
             continue
         counts[robot] += 1
         left -= n
         after = next(sizes[robot], None)
         if after is not None:
-            heapq.heappush(heap, (given + n, after, robot))
+            heapq.heappush(heap, (given + n, after, tie, robot))
     return counts
+
+
+def _tie(robot: str, turn: int) -> bytes:
+    return hashlib.blake2b(f"{turn}\x1f{robot}".encode(), digest_size=8).digest()
 
 
 def _sizes(conn: sqlite3.Connection, robot: str) -> Iterator[int]:
