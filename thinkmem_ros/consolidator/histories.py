@@ -15,6 +15,10 @@ whatever order rows arrive in (a robot that reconnects and sends older records a
 ones) and folding the same rows twice changes nothing: a round that dies between the fold
 and the mark only repeats work. Rows are ordered by id and ids only grow, so "after the
 mark" is exactly what arrived since.
+
+A round's discovery reads them within a horizon (``carried``): each robot's newest
+episodes, charged what they cost the scan (``scan_cost``) and shared fairly between robots,
+up to ``--discovery-events``; so a round's memory and time stay bounded as the store grows.
 """
 
 from __future__ import annotations
@@ -195,7 +199,7 @@ class Horizon:
 
 
 def functions(conn: sqlite3.Connection) -> None:
-    """Register the counts migration 8's backfill runs in SQL on ``conn``."""
+    """Register the counts migration 9's rebuild runs in SQL on ``conn``."""
     conn.create_function("thinkmem_history_events", 1, history_events, deterministic=True)
     conn.create_function("thinkmem_history_cost", 1, history_cost, deterministic=True)
 
@@ -221,7 +225,8 @@ def carried(conn: sqlite3.Connection, budget: int = 0
     by events, dense episodes could still make a round ten times longer. Episodes without
     events hold nothing for discovery and are never read, with a horizon or without (so a
     horizon that holds every episode gives discovery the same log as none). Only the
-    index is read to choose, then only the chosen histories. 0 reads every episode.
+    index is read to choose, then only the chosen histories. 0 reads every episode that
+    holds events.
     """
     if budget <= 0:
         rows = conn.execute("SELECT robot_id, episode_id, first_stamp, events"
