@@ -191,7 +191,7 @@ class ExperienceStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, timeout=10.0)
-            histories.functions(self._conn)  # migration 8's backfill counts in Python
+            histories.functions(self._conn)  # migration 9's rebuild counts in Python
             # 16 KiB pages: a ~1.4 KB record costs a third of the page writes and syscalls
             # of the 4 KiB default (measured ~15 -> ~10 us per insert); only a new, empty
             # file takes it, older stores keep their page size and still work.

@@ -109,8 +109,8 @@ class Samples:
         if t.size < 2 or not t[-1] > t[0]:
             return 0.0
         steps = np.diff(t)
-        active = float(steps[steps <= _gap_after(steps)].sum())
-        return float((steps <= _gap_after(steps)).sum() / active) if active > 0 else 0.0
+        active = steps[steps <= _gap_after(steps)]
+        return float(active.size / active.sum()) if active.sum() > 0 else 0.0
 
     def gaps(self, name: str) -> list[tuple[float, float]]:
         """(start s, length s) of each silence in ``name``.
