@@ -209,3 +209,23 @@ def test_a_gap_in_the_recording_is_named_and_neither_trained_nor_scored(tmp_path
     err = capsys.readouterr().err
     assert "frames without any fresh signal (gaps in the recording) end no training" in err
     assert "frames without any fresh signal not scored" in err
+
+
+def test_calibrate_checks_the_signals_the_bundle_lacks_too(tmp_path, capsys):
+    """A field typo on a signal the comparison bundle does not have printed a NaN row and
+    only 'not a signal of the bundle': the sample checks were skipped for it."""
+    from test_bag_hostile import WHEEL, _store, write_bag
+
+    from thinkmem_ros import cli
+
+    store = _store(custom=True)  # a robot's own type: its fields are known from the bag only
+    rows = [(START_NS + k * 100_000_000, "/wheel", WHEEL, bytes(store.serialize_cdr(
+        store.types[WHEEL](speed=speed(k), note="x"), WHEEL))) for k in range(50)]
+    bag = write_bag(tmp_path / "b", rows, store=store)
+    typo = tmp_path / "typo.yaml"  # a signal the shipped default bundle does not have
+    typo.write_text(yaml.safe_dump({"/**": {"ros__parameters": {"frame_rate_hz": RATE,
+                                                                "signals": {"wheel_speed": {
+        "topic": "/wheel", "type": WHEEL, "field": "sped"}}}}}))
+    assert cli.main(["calibrate", str(bag), "--params", str(typo)]) == 0
+    out = capsys.readouterr().out
+    assert "WARN wheel_speed: no usable sample on /wheel" in out

@@ -67,29 +67,9 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             row["undecodable"] = bad
             warnings.append(f"{name}: {bad} of {total} messages on {binding.topic} could not "
                             f"be decoded (wrong type or damaged bag); they are not counted")
-        if name not in manifest.signals:
-            warnings.append(f"{name}: not a signal of the bundle {list(manifest.signals)}; "
-                            "it is read but never used")
-            continue
-        want_unit = manifest.signal_units.get(name, "")
-        row["bundle_unit"] = want_unit
-        if want_unit and binding.unit and want_unit != binding.unit:
-            warnings.append(f"{name}: unit mismatch: the adapter declares {binding.unit!r}, "
-                            f"the bundle was trained on {want_unit!r}")
-        elif want_unit and not binding.unit:
-            warnings.append(f"{name}: no unit declared; the bundle expects {want_unit!r} "
-                            f"(add unit: {want_unit!r} once the adapter converts to it)")
-        low, high = _training_range(manifest, name)
-        row["bundle_range"] = [low, high]
         if row["samples"] == 0 or "p50" not in row:
             warnings.append(f"{name}: no usable sample on {binding.topic}")
             continue
-        if not low <= row["p50"] <= high:
-            warnings.append(f"{name}: median {row['p50']:.4g} is outside the bundle's "
-                            f"training range [{low:.4g}, {high:.4g}]; check scale/offset/unit")
-        if row["rate_hz"] < manifest.frame_rate_hz * (1 - RATE_TOLERANCE):
-            warnings.append(f"{name}: {row['rate_hz']:.3g} Hz is slower than the bundle's "
-                            f"{manifest.frame_rate_hz:g} Hz frames")
         if row["nan"]:
             warnings.append(f"{name}: {row['nan']} of {row['samples']} messages gave no "
                             "number (field missing or not finite)")
@@ -99,6 +79,7 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             warnings.append(f"{name}: no sample for {length:.1f} s from {start:.1f} s"
                             f"{f' ({len(gaps)} gaps)' if len(gaps) > 1 else ''}: frames "
                             "there have no input (its rate is over the rest)")
+        warnings += _against_bundle(name, binding, row, manifest)
     for name in manifest.signals:
         if name not in signal_map.bindings:
             warnings.append(f"{name}: the bundle needs it but the params file has no "
@@ -174,6 +155,31 @@ def _training_range(manifest, name: str) -> tuple[float, float]:
     j = manifest.signals.index(name)
     mean, std = manifest.normalisation["mean"][j], manifest.normalisation["std"][j]
     return float(mean - 3 * std), float(mean + 3 * std)
+
+
+def _against_bundle(name: str, binding, row: dict, manifest) -> list[str]:
+    """Warnings for one read signal against the bundle: unit, range and rate."""
+    if name not in manifest.signals:
+        return [f"{name}: not a signal of the bundle {list(manifest.signals)}; it is read "
+                "but never used"]
+    out = []
+    want_unit = manifest.signal_units.get(name, "")
+    row["bundle_unit"] = want_unit
+    if want_unit and binding.unit and want_unit != binding.unit:
+        out.append(f"{name}: unit mismatch: the adapter declares {binding.unit!r}, the "
+                   f"bundle was trained on {want_unit!r}")
+    elif want_unit and not binding.unit:
+        out.append(f"{name}: no unit declared; the bundle expects {want_unit!r} (add unit: "
+                   f"{want_unit!r} once the adapter converts to it)")
+    low, high = _training_range(manifest, name)
+    row["bundle_range"] = [low, high]
+    if not low <= row["p50"] <= high:
+        out.append(f"{name}: median {row['p50']:.4g} is outside the bundle's training range "
+                   f"[{low:.4g}, {high:.4g}]; check scale/offset/unit")
+    if row["rate_hz"] < manifest.frame_rate_hz * (1 - RATE_TOLERANCE):
+        out.append(f"{name}: {row['rate_hz']:.3g} Hz is slower than the bundle's "
+                   f"{manifest.frame_rate_hz:g} Hz frames")
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
