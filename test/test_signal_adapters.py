@@ -136,6 +136,8 @@ def test_bad_data_is_nan_never_an_exception():
     ({"field": "data", "unit": 5}, "signals.s.unit must be a unit name"),
     ({"scale": 2.0}, "signals.s.field is required"),
     ({"field": "a..b"}, "signals.s.field: field path 'a..b': bad segment ''"),
+    ({"field": "position[2]"}, "bad segment 'position[2]' (an element is a segment of its "
+     "own: position.2)"),
     ({"field": 3}, "signals.s.field: field path 3 must be a non-empty dotted path"),
 ])
 def test_parse_adapter_is_strict_and_names_the_key(raw, says):

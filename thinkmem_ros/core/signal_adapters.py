@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -67,7 +68,10 @@ def split_path(path: str) -> tuple[str | int, ...]:
         elif part.isidentifier():
             out.append(part)
         else:
-            raise ValueError(f"field path {path!r}: bad segment {part!r}")
+            bracket = re.fullmatch(r"([A-Za-z_]\w*)\[(\d+)\]", part)
+            hint = (f" (an element is a segment of its own: "
+                    f"{bracket.group(1)}.{bracket.group(2)})") if bracket else ""
+            raise ValueError(f"field path {path!r}: bad segment {part!r}{hint}")
     if isinstance(out[0], int):
         raise ValueError(f"field path {path!r} must start with a field name")
     return tuple(out)
