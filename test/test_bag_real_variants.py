@@ -229,3 +229,18 @@ def test_calibrate_checks_the_signals_the_bundle_lacks_too(tmp_path, capsys):
     assert cli.main(["calibrate", str(bag), "--params", str(typo)]) == 0
     out = capsys.readouterr().out
     assert "WARN wheel_speed: no usable sample on /wheel" in out
+
+
+def test_a_topic_recorded_twice_is_named_by_calibrate(tmp_path, capsys):
+    """Every message twice at the same stamp read as 20 Hz for a 10 Hz sensor, silently."""
+    from test_bag_hostile import write_bag
+
+    from thinkmem_ros import cli
+    from thinkmem_ros.playback.bag_files import _typestore
+
+    store = _typestore()
+    rows = [(START_NS + round(k * 1e9 / RATE), "/x", "std_msgs/msg/Float64",
+             float64(store, speed(k))) for k in range(N) for _ in range(2)]
+    bag = write_bag(tmp_path / "twice", rows)
+    assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) == 0
+    assert f"motion: {N} of {2 * N} samples arrive at the same time" in capsys.readouterr().out

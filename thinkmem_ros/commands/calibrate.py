@@ -73,6 +73,11 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
         if row["nan"]:
             warnings.append(f"{name}: {row['nan']} of {row['samples']} messages gave no "
                             "number (field missing or not finite)")
+        repeated, count = samples.repeated(name), samples.times[name].size
+        if repeated > 0.1 * count:
+            warnings.append(f"{name}: {repeated} of {count} samples arrive at the same time "
+                            "as the one before (recorded twice, or two publishers on one "
+                            "topic?): its rate counts them all")
         gaps = samples.gaps(name)
         if gaps:
             start, length = max(gaps, key=lambda g: g[1])

@@ -112,6 +112,11 @@ class Samples:
         active = steps[steps <= _gap_after(steps)]
         return float(active.size / active.sum()) if active.sum() > 0 else 0.0
 
+    def repeated(self, name: str) -> int:
+        """Samples of ``name`` stamped the same as the one before (a topic recorded twice)."""
+        t = self.times[name]
+        return int((np.diff(t) == 0).sum()) if t.size > 1 else 0
+
     def gaps(self, name: str) -> list[tuple[float, float]]:
         """(start s, length s) of each silence in ``name``.
 
