@@ -1,4 +1,5 @@
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -86,3 +87,27 @@ def test_new_files_use_large_pages_and_old_page_sizes_still_open(tmp_path):
         assert store._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
         assert store.insert_many([exp(1), exp(2)]) == (2, 0)
         assert [e.seq for _, e in store.iter_experiences()] == [1, 2]
+
+
+def test_an_open_waits_out_another_processs_long_upgrade(tmp_path):
+    """A store being upgraded by another process (a table rebuild can hold the write lock
+    past the 10 s every other write waits) made a receiver started meanwhile fail its open
+    with 'database is locked'. Another process holds the lock 11 s here (a real lock)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.db"
+    ExperienceStore(path, target_version=SCHEMA_VERSION - 1).close()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys, time\n"
+        f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(11)\n"
+        "c.execute('COMMIT')\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with ExperienceStore(path) as store:
+            assert store.schema_version == SCHEMA_VERSION
+        assert time.monotonic() - started > 10
+    finally:
+        holder.wait(timeout=30)

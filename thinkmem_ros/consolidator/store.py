@@ -115,6 +115,11 @@ log = logging.getLogger(__name__)
 # Tail rows that trigger a move into the lake: ~28 MB of payloads, a few files per robot
 # and day per flush; small enough that the flush (about a second) barely delays an ack.
 DEFAULT_FLUSH_ROWS = 20_000
+# How long an open waits for the write lock when the store needs upgrading: another
+# process may be upgrading it, and a table rebuild (schema 9: 10-17 s for 200,000 episode
+# histories of 512 names) outlasts the 10 s every other write waits; a receiver started
+# meanwhile failed its open.
+MIGRATION_WAIT_S = 600.0
 
 
 class StoreError(SinkError):
@@ -738,6 +743,14 @@ class ExperienceStore:
         if _application_id(self._conn) != APPLICATION_ID:  # new, or written before the id
             with self._conn:
                 self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        if current < target:  # another process's upgrade may hold the write lock long
+            self._conn.execute(f"PRAGMA busy_timeout = {int(MIGRATION_WAIT_S * 1000)}")
+        try:
+            self._apply(current, target)
+        finally:
+            self._conn.execute("PRAGMA busy_timeout = 10000")
+
+    def _apply(self, current: int, target: int) -> None:
         for version in range(current + 1, target + 1):
             with self._conn:  # each migration and its version row commit together
                 # IMMEDIATE takes the write lock before the version is read again: several
