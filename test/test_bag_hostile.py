@@ -249,11 +249,10 @@ def test_metadata_that_lies_about_the_time_range_is_refused(tmp_path, edit):
         read_recording(bag, load_signal_map(params(tmp_path)), RATE)
 
 
-def test_storage_files_listed_out_of_order_still_give_the_timeline(tmp_path):
+def split_out_of_order(tmp_path: Path) -> tuple[Path, Path]:
+    """``float_bag``'s 8 s as one bag, and split in two files listed later file first."""
     store = _store()
     whole = float_bag(tmp_path / "whole", storage="sqlite3")
-    signal_map = load_signal_map(params(tmp_path))
-    expected = read_recording(whole, signal_map, RATE).values
     split = tmp_path / "split"
     split.mkdir()
     for i, ks in enumerate((range(0, 40), range(40, 80))):
@@ -265,6 +264,13 @@ def test_storage_files_listed_out_of_order_still_give_the_timeline(tmp_path):
     info = meta["rosbag2_bagfile_information"]
     info["relative_file_paths"], info["files"] = ["part1.db3", "part0.db3"], []
     (split / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    return whole, split
+
+
+def test_storage_files_listed_out_of_order_still_give_the_timeline(tmp_path):
+    whole, split = split_out_of_order(tmp_path)
+    signal_map = load_signal_map(params(tmp_path))
+    expected = read_recording(whole, signal_map, RATE).values
     np.testing.assert_array_equal(read_recording(split, signal_map, RATE).values, expected)
 
 

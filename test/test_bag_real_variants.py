@@ -249,23 +249,11 @@ def test_a_topic_recorded_twice_is_named_by_calibrate(tmp_path, capsys):
 def test_play_refuses_split_files_listed_out_of_time_order(tmp_path):
     """It played the later file first, then the earlier one in one burst (train and
     calibrate sort their samples and were right)."""
-    from test_bag_hostile import _store, float_bag, write_bag
+    from test_bag_hostile import split_out_of_order
 
     from thinkmem_ros.playback.player import BagPlayer, PlayConfig
 
-    store = _store()
-    whole = float_bag(tmp_path / "whole", storage="sqlite3")
-    split = tmp_path / "split"
-    split.mkdir()
-    for i, ks in enumerate((range(0, 40), range(40, 80))):
-        part = write_bag(tmp_path / f"part{i}", [
-            (START_NS + k * 100_000_000, "/x", "std_msgs/msg/Float64",
-             float64(store, speed(k))) for k in ks], storage="sqlite3", store=store)
-        (part / f"part{i}.db3").rename(split / f"part{i}.db3")
-    meta = yaml.safe_load((whole / "metadata.yaml").read_text())
-    info = meta["rosbag2_bagfile_information"]
-    info["relative_file_paths"], info["files"] = ["part1.db3", "part0.db3"], []
-    (split / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    _, split = split_out_of_order(tmp_path)
 
     class Node:
         def create_publisher(self, cls, topic, qos):
