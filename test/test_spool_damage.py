@@ -74,16 +74,25 @@ def readable_seqs(path, seqs):
     return found
 
 
-def foreign_wal(folder):
-    """The bytes of a WAL with committed frames from another database (never checkpointed)."""
-    other = folder / "other.db"
-    conn = sqlite3.connect(other)
+def wal_database(path, rows):
+    """Another program's WAL database at ``path``, ``rows`` committed and never checkpointed.
+
+    Returns the open connection: closing it checkpoints the WAL into the file.
+    """
+    conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA wal_autocheckpoint=0")
     conn.execute("CREATE TABLE t(x)")
-    conn.executemany("INSERT INTO t VALUES (?)", [(b"z" * 500,)] * 50)
     conn.commit()
-    wal = Path(f"{other}-wal").read_bytes()
+    conn.executemany("INSERT INTO t VALUES (?)", [(row,) for row in rows])
+    conn.commit()
+    return conn
+
+
+def foreign_wal(folder):
+    """The bytes of a WAL with committed frames from another database (never checkpointed)."""
+    conn = wal_database(folder / "other.db", [b"z" * 500] * 50)
+    wal = Path(f"{folder / 'other.db'}-wal").read_bytes()
     conn.close()
     return wal
 
@@ -337,13 +346,7 @@ def test_another_programs_database_is_refused_and_left_byte_identical(tmp_path, 
 
 def test_another_programs_wal_database_is_refused_with_its_wal_untouched(tmp_path):
     path = tmp_path / "spool.db"
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("CREATE TABLE t(x)")
-    conn.commit()
-    conn.execute("INSERT INTO t VALUES (1)")
-    conn.commit()
+    conn = wal_database(path, [1])
     main, wal = path.read_bytes(), Path(f"{path}-wal").read_bytes()
     with pytest.raises(SpoolError, match=r"not a thinkmem spool \(tables: t\)"):
         Spool(path, 1 << 30)
