@@ -2,6 +2,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -31,9 +32,10 @@ def _unit(**kw):
     return KnowledgeUnit(**{**base, **kw})
 
 
-def _result(relations):
+def _result(relations, read=None):
     return DiscoveryResult(accepted=relations, scored=relations, candidates={},
-                           null_max={}, config=DiscoveryConfig(), n_events=0, n_episodes=0)
+                           null_max={}, config=DiscoveryConfig(), n_events=0, n_episodes=0,
+                           episode_ids=None if read is None else np.asarray(read, np.int64))
 
 
 def _rel(pattern=("E001", "E002", "E003"), support=8, antecedent=10, episodes=(1, 2)):
@@ -87,6 +89,69 @@ def test_a_promoted_pair_gives_way_to_the_triple_that_contains_it():
     assert not units["E001>E002>E003"].active and units["E002>E003"].active
 
 
+def _refusal(read, scored=(), candidate=False):
+    """A round that read ``read`` and accepted nothing; the rule a candidate or not."""
+    codes = ("E001", "E002", "E003")
+    keys = {3: np.asarray([0 * 9 + 1 * 3 + 2], np.int64)} if candidate else {}
+    return DiscoveryResult(accepted=[], scored=list(scored), candidates=keys, null_max={},
+                           config=DiscoveryConfig(), n_events=0, n_episodes=len(read),
+                           codes=codes, episode_ids=np.asarray(read, np.int64))
+
+
+def _refused(significant, reason):
+    return replace(_rel(), accepted=False, reasons=(reason,), significant=significant)
+
+
+def test_a_round_that_reread_the_evidence_and_found_it_insignificant_demotes_at_once():
+    # rounds re-read the histories within their horizon: a later, larger sample whose
+    # FDR-controlled test no longer finds the pattern outweighs the smaller one that did
+    units = consolidate({}, _result([_rel(support=10, episodes=(1, 2))]), 1, CFG)
+    unit = units["E001>E002>E003"]
+    assert unit.status == "promoted" and unit.confidence == pytest.approx(1.0)
+    fdr = _refused(False, "weighted p 4e-05 above the FDR cutoff 8e-07")
+    consolidate(units, _refusal([1, 2, 3, 4], [fdr]), 2, CFG)
+    assert unit.status == "demoted" and unit.confidence == pytest.approx(0.5)
+    consolidate(units, _refusal([1, 2, 3, 4, 5], [fdr]), 3, CFG)
+    assert unit.status == "demoted"  # a refutation never promotes
+    consolidate(units, _result([_rel(episodes=(5,))], read=[1, 2, 3, 4, 5]), 4, CFG)
+    assert unit.status == "promoted"  # accepted again: back
+
+
+def test_a_tested_candidate_the_round_did_not_score_is_refuted():
+    units = consolidate({}, _result([_rel(support=10, episodes=(1, 2))]), 1, CFG)
+    consolidate(units, _refusal([1, 2, 3], candidate=True), 2, CFG)  # p above alpha
+    assert units["E001>E002>E003"].status == "demoted"
+
+
+@pytest.mark.parametrize("case", ["check", "untested", "left_horizon"])
+def test_persistence_holds_where_the_round_did_not_refute_the_evidence(case):
+    # still significant but refused by a per-pattern check (a rule whose episodes now lie
+    # in one period of the history); not tested at all; or its evidence no longer read:
+    # the unit decays by rho as eq. 11 has it
+    units = consolidate({}, _result([_rel(support=10, episodes=(1, 2))]), 1, CFG)
+    unit = units["E001>E002>E003"]
+    later = {"check": _refusal([1, 2, 3], [_refused(True, "partition share 0.80 > 0.75")]),
+             "untested": _refusal([1, 2, 3]),
+             "left_horizon": _refusal([2, 3], [_refused(False, "weighted p above")])}[case]
+    consolidate(units, later, 2, CFG)
+    assert unit.status == "promoted" and unit.confidence == pytest.approx(0.5)
+    consolidate(units, _refusal([3, 4]), 3, CFG)
+    assert unit.status == "demoted" and unit.confidence == pytest.approx(0.25)
+
+
+def test_discovery_says_which_episodes_it_read():
+    hist = generate_event_history(EventWorldConfig(repetitions=8), np.random.default_rng(0))
+    log = EventLog.from_episodes(hist.episodes, hist.codes)
+    part = log.select(np.flatnonzero(log.partition <= 1))
+    res = discover(part, DiscoveryConfig(), np.random.default_rng(1))
+    assert np.array_equal(res.episode_ids, part.episode_ids)
+    assert len(res.episode_ids) < len(log.episode_ids)
+    for rel in res.accepted:
+        assert set(rel.episodes) <= set(res.episode_ids.tolist())
+    assert res.scored and all(r.significant is not None for r in res.scored)
+    assert all(r.significant for r in res.accepted)
+
+
 def test_weak_relation_stays_candidate():
     units = consolidate({}, _result([_rel(support=4, antecedent=10)]), 0, CFG)
     assert units["E001>E002>E003"].status == "candidate"
@@ -99,6 +164,8 @@ def test_bad_values_rejected():
         _unit(status="bogus")
     with pytest.raises(ValueError, match="support"):
         _unit().update(1.5, 0, CFG)
+    with pytest.raises(ValueError, match="refuted"):
+        _unit().update(0.5, 0, CFG, refuted=True)
 
 
 def test_store_round_trip_shares_file_and_lists(tmp_path):

@@ -9,7 +9,21 @@ otherwise. A new relation enters as a ``candidate`` with c = Support. Status rul
 - candidate or demoted -> ``promoted`` when c >= promote_at (its material is trained);
 - promoted -> ``demoted`` when c < demote_below (kept, no longer trained);
 - any status -> ``retired`` when c < retire_below (archived, never deleted: a retired unit
-  that is accepted again re-enters as a candidate with its history kept).
+  that is accepted again re-enters as a candidate with its history kept);
+- promoted -> ``demoted`` at once, whatever c, when the round re-read every episode the
+  unit was accepted on and its family-wide test no longer finds the pattern significant
+  (``refuted``).
+
+Why the last rule: a round reads each robot's history within the discovery horizon, so it
+re-tests the same episodes with more beside them. Keeping a unit promoted because an
+earlier, smaller sample passed the FDR-controlled test made the promoted set the union of
+the last rounds' significant sets, and that union holds more false triples than each
+round's test allows (over 30 seeds of the exp6 worlds, ~half of the false relations were
+such units). A unit that is still significant but fails a per-pattern check keeps
+persistence: those checks refuse a rule whose episodes all lie in one period of the
+history (a regularity that held and then stopped being exercised) or one a stronger
+pattern now explains, which is what knowledge across rounds is for. A unit whose
+evidence left the horizon, or whose codes the round did not test, decays by rho.
 
 The SQLite tables are this module's own (``knowledge_*``) so they can share a database file
 with the experience store without touching its schema.
@@ -105,16 +119,23 @@ class KnowledgeUnit:
         """Promoted units are the ones internalised into the policy."""
         return self.status == "promoted"
 
-    def update(self, support: float, round_index: int, cfg: KnowledgeConfig) -> None:
-        """Apply c <- rho*c + (1-rho)*support and the status rules for one round."""
+    def update(self, support: float, round_index: int, cfg: KnowledgeConfig,
+               refuted: bool = False) -> None:
+        """Apply c <- rho*c + (1-rho)*support and the status rules for one round.
+
+        ``refuted``: the round re-read all of the unit's evidence and did not accept it.
+        """
         if not 0 <= support <= 1:
             raise ValueError(f"support must be in [0, 1], got {support}")
+        if refuted and support > 0:
+            raise ValueError("a refuted unit has no support in the round")
         if self.status == "retired" and support > 0:
             self.status = "candidate"  # reactivated; keeps its confidence history
         self.confidence = cfg.rho * self.confidence + (1 - cfg.rho) * support
-        self._after(support, round_index, cfg)
+        self._after(support, round_index, cfg, refuted)
 
-    def _after(self, support: float, round_index: int, cfg: KnowledgeConfig) -> None:
+    def _after(self, support: float, round_index: int, cfg: KnowledgeConfig,
+               refuted: bool = False) -> None:
         self.rounds += 1
         self.supported_rounds += int(support > 0)
         self.last_support = support
@@ -122,6 +143,9 @@ class KnowledgeUnit:
         c = self.confidence
         if c < cfg.retire_below:
             self.status = "retired"
+        elif refuted:
+            if self.status == "promoted":
+                self.status = "demoted"
         elif self.status in ("candidate", "demoted") and c >= cfg.promote_at:
             self.status = "promoted"
         elif self.status == "promoted" and c < cfg.demote_below:
@@ -147,10 +171,13 @@ def consolidate(units: dict[str, KnowledgeUnit], result: DiscoveryResult, round_
                 cfg: KnowledgeConfig) -> dict[str, KnowledgeUnit]:
     """Fold one discovery round into ``units`` (updated in place and returned)."""
     accepted = {">".join(r.pattern): r for r in result.accepted}
+    read = None if result.episode_ids is None else set(result.episode_ids.tolist())
+    scored = {">".join(r.pattern): r for r in result.scored}
     for key, unit in units.items():
         rel = accepted.pop(key, None)
         if rel is None:
-            unit.update(0.0, round_index, cfg)
+            unit.update(0.0, round_index, cfg,
+                        refuted=_reread(unit, read) and _insignificant(unit, scored, result))
         else:
             unit.update(rel.confidence, round_index, cfg)
             unit.experiences = tuple(sorted(set(unit.experiences) | set(rel.episodes)))
@@ -159,6 +186,24 @@ def consolidate(units: dict[str, KnowledgeUnit], result: DiscoveryResult, round_
         units[key] = unit_from_relation(rel, round_index, cfg, result.config)
     _fold_into_triples(units, round_index)
     return units
+
+
+def _reread(unit: KnowledgeUnit, read: set[int] | None) -> bool:
+    """Whether the round read every episode the unit was ever accepted on."""
+    return read is not None and bool(unit.experiences) and read.issuperset(unit.experiences)
+
+
+def _insignificant(unit: KnowledgeUnit, scored: dict, result: DiscoveryResult) -> bool:
+    """Whether the round tested the unit's pattern and its family-wide test refused it.
+
+    A scored relation says so itself; a candidate the round did not score had p above
+    alpha. A pattern that was no candidate (its codes left out, or the family's budget)
+    was not tested, so it says nothing.
+    """
+    rel = scored.get(unit.key)
+    if rel is not None:
+        return rel.significant is False
+    return result.is_candidate(unit.pattern)
 
 
 def _fold_into_triples(units: dict[str, KnowledgeUnit], round_index: int) -> None:

@@ -185,4 +185,5 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
     return DiscoveryResult(accepted=accepted, scored=scored, candidates=candidates,
                            null_max={}, config=cfg, n_events=int(log.code.size),
                            n_episodes=int(len(log.episode_ids)),
-                           seconds=_time.perf_counter() - start, codes=log.codes, notes=notes)
+                           seconds=_time.perf_counter() - start, codes=log.codes, notes=notes,
+                           episode_ids=log.episode_ids)

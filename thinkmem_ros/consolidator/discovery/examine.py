@@ -368,5 +368,6 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
             max_gap=g, expected=float(tested.expected[i, s]),
             p_order=check.p_order if check is not None else math.nan,
             p_adds=check.p_adds if check is not None else (),
-            p_contrast=check.p_contrast if check is not None else ()))
+            p_contrast=check.p_contrast if check is not None else (),
+            significant=bool(wp[i] <= cutoff)))
     return out

@@ -181,6 +181,7 @@ class Relation:
     p_order: float = math.nan  # order test (labels permuted among the pattern's slots)
     p_adds: tuple[float, ...] = ()  # per element: does it add to the rest (base-rate test)
     p_contrast: tuple[float, ...] = ()  # per element: against the pattern without it
+    significant: bool | None = None  # passed the family-wide FDR test (None: not known)
 
     @property
     def relation(self) -> str:
@@ -226,6 +227,8 @@ class DiscoveryResult:
     seconds: float = 0.0
     codes: tuple[str, ...] = ()
     notes: dict = field(default_factory=dict)
+    # the episodes the discovery read: a unit it re-read in full and did not accept is refuted
+    episode_ids: np.ndarray | None = None
 
     def candidate_set(self, length: int) -> set[tuple[str, ...]]:
         """Decoded over-complete candidate patterns of ``length`` codes (can be large)."""
