@@ -492,3 +492,24 @@ def test_among_equals_a_different_robot_misses_out_each_round():
         assert sorted(counts.values()) == [0, 1, 1, 1]
         missed |= {r for r, n in counts.items() if n == 0}
     assert len(missed) >= 3
+
+
+def test_a_damaged_histories_table_shares_the_horizon_as_the_table_would(tmp_path):
+    """The in-memory fallback broke full ties with turn 0: the same robots missed out
+    of every round the histories table could not be read."""
+    from thinkmem_ros.consolidator.discovery_log import carried_histories
+
+    chosen = []
+    with ExperienceStore(tmp_path / "c.db") as store:
+        for turn in range(8):  # a round: one equal episode per robot, 3 of 5 fit
+            store.insert_many([exp(100 * turn + k, robot=f"r{k}", episode=f"t{turn}",
+                                   stamp=float(turn), events=["A", "B"]) for k in range(5)])
+            healthy, _ = carried_histories(store, max_events=6)
+            chosen.append(sorted(r[0] for r in healthy))
+        with sqlite3.connect(tmp_path / "c.db") as other:  # a real fault, not a mock
+            other.execute("DROP TABLE episode_histories")
+        scanned, report = carried_histories(store, max_events=6)
+    assert "error" in report
+    assert sorted(r[0] for r in scanned) == chosen[-1]
+    assert len({tuple(c) for c in chosen}) > 1  # equal robots take turns
+

@@ -55,8 +55,9 @@ def carried_histories(store: ExperienceStore, max_events: int = 0
                   "episodes": folded.episodes}
     except StoreError as exc:
         log.warning("%s: this round scans every row's history", exc)
-        scanned = [(r[0], r[1], r[2], r[5]) for r in store.latest_histories()]
-        rows, horizon = newest_within(scanned, max_events)
+        through = store.last_id()
+        scanned = [(r[0], r[1], r[2], r[5]) for r in store.latest_histories(0, through)]
+        rows, horizon = newest_within(scanned, max_events, through)
         report = {"error": str(exc)}
     if max_events > 0:
         report["horizon"] = {"max_events": max_events, "episodes": horizon.episodes,

@@ -241,8 +241,13 @@ def carried(conn: sqlite3.Connection, budget: int = 0
     return rows, _horizon(rows, int(total) - len(rows))
 
 
-def newest_within(rows: Sequence[tuple], budget: int) -> tuple[list[tuple], Horizon]:
-    """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory."""
+def newest_within(rows: Sequence[tuple], budget: int, turn: int = 0
+                  ) -> tuple[list[tuple], Horizon]:
+    """``carried``'s horizon over (robot, episode, first stamp, history) rows in memory.
+
+    ``turn`` breaks full ties as ``carried``'s round mark does (the newest row id the
+    rows were read through), so equal robots take turns here too.
+    """
     by_robot: dict[str, list[tuple]] = {}
     for row in rows:
         if row[3]:  # as ``carried``: an episode without events is not read
@@ -253,7 +258,7 @@ def newest_within(rows: Sequence[tuple], budget: int) -> tuple[list[tuple], Hori
     for own in by_robot.values():
         own.sort(key=lambda r: (r[2], r[1]), reverse=True)
     counts = fair_counts({r: (history_cost(x[3]) for x in own)
-                          for r, own in by_robot.items()}, budget)
+                          for r, own in by_robot.items()}, budget, turn)
     kept = [row for r in sorted(by_robot) for row in by_robot[r][:counts[r]]]
     return kept, _horizon(kept, sum(len(own) for own in by_robot.values()) - len(kept))
 
