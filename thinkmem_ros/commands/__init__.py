@@ -6,9 +6,14 @@ Shared here: what every verb needs to answer bad input with one line on stderr.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+REPORT_READ_LIMIT = 64 << 20
+"""An existing output larger than this is never taken for an earlier report of ours."""
 
 
 def one_line(exc: BaseException | str) -> str:
@@ -30,16 +35,24 @@ def _fifo_has_reader(path: Path) -> bool:
     return True
 
 
-def check_output(path: str | Path, option: str, *, folder: bool = False) -> Path:
+def check_output(path: str | Path, option: str, *, folder: bool = False,
+                 replaces: tuple[str, Callable[[Path], bool]] | None = None) -> Path:
     """``path`` when an output can be written there; else exit with one line naming ``option``.
 
     Called before the work that fills the output, so a typo'd or unwritable path costs
     nothing. The nearest existing folder is probed with a temporary file: permission bits
-    say nothing to root, and /proc refuses only the actual write.
+    say nothing to root, and /proc refuses only the actual write. ``replaces`` is (what,
+    test): an existing non-empty file (or a link's target) is overwritten only when
+    ``test`` says it is such an output of ours, so a typo'd ``--json`` can never turn a
+    recording, a store or a model into a report.
     """
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
         raise SystemExit(f"{option} {path}: " + ("not a folder" if folder else "is a folder"))
+    if (not folder and replaces is not None and path.is_file() and path.stat().st_size
+            and not replaces[1](path)):
+        raise SystemExit(f"{option} {path}: exists and is not {replaces[0]}; refusing to "
+                         "overwrite it (remove it or choose another path)")
     if not folder and path.is_fifo() and not _fifo_has_reader(path):
         raise SystemExit(f"{option} {path}: is a FIFO nobody reads (writing would block)")
     parent = next(p for p in path.absolute().parents if p.exists())
@@ -60,10 +73,44 @@ def check_plot(path: str | Path, option: str) -> Path:
     """
     from matplotlib.backend_bases import FigureCanvasBase
 
-    path = check_output(path, option)
-    suffix = path.suffix.removeprefix(".").lower()
+    suffix = Path(path).suffix.removeprefix(".").lower()
+    # without a suffix matplotlib writes path + ".png", never ``path`` itself
+    path = check_output(path, option, replaces=("an image", _image_file) if suffix else None)
     formats = FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in formats:
         raise SystemExit(f"{option} {path}: cannot save a plot as {path.suffix!r}; use one of "
                          f"{', '.join('.' + f for f in sorted(formats))}")
     return path
+
+
+def json_report(*keys: str) -> tuple[str, Callable[[Path], bool]]:
+    """``check_output``'s ``replaces`` for a JSON report holding ``keys`` at its top."""
+    def test(path: Path) -> bool:
+        if path.stat().st_size > REPORT_READ_LIMIT:
+            return False
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(doc, dict) and all(k in doc for k in keys)
+    return f"a JSON report of this command (with {', '.join(keys)})", test
+
+
+_IMAGE_MAGIC = {"png": (b"\x89PNG\r\n\x1a\n",), "pdf": (b"%PDF",), "jpg": (b"\xff\xd8\xff",),
+                "jpeg": (b"\xff\xd8\xff",), "tif": (b"II*\x00", b"MM\x00*"),
+                "tiff": (b"II*\x00", b"MM\x00*"), "webp": (b"RIFF",),
+                "eps": (b"%!PS",), "ps": (b"%!PS",)}
+
+
+def _image_file(path: Path) -> bool:
+    """Whether an existing plot output is an image (so replacing it loses no data)."""
+    suffix = path.suffix.removeprefix(".").lower()
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    if suffix in ("svg", "svgz"):
+        return b"<svg" in head or head.startswith(b"\x1f\x8b")
+    return head.startswith(_IMAGE_MAGIC.get(suffix, (head[:1],)))
+

@@ -7,7 +7,7 @@ import inspect
 import json
 
 from thinkmem_ros.bench import BENCHMARKS, load
-from thinkmem_ros.commands import check_output, check_plot
+from thinkmem_ros.commands import check_output, check_plot, json_report
 
 HELP = "run a benchmark and write its JSON (and PNG)"
 
@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     if seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {seeds}")
     if args.json_path:  # written after a run of minutes: refuse an unwritable one now
-        check_output(args.json_path, "--json")
+        check_output(args.json_path, "--json", replaces=json_report("experiment"))
     if args.plot_path:  # and a format matplotlib cannot save
         check_plot(args.plot_path, "--plot")
     module = load(args.name)

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from thinkmem_ros.commands import check_output, one_line
+from thinkmem_ros.commands import check_output, json_report, one_line
 
 HELP = "report a recording's adapted signals (range, rate, unit) against a bundle"
 
@@ -196,7 +196,8 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.bundle import BundleError
 
     if args.json:
-        check_output(args.json, "thinkmem calibrate: --json")
+        check_output(args.json, "thinkmem calibrate: --json",
+                     replaces=json_report("bag", "signals"))
     try:
         report = calibrate(args.bag, args.params, args.bundle)
     except (ValueError, BagError, BundleError, FileNotFoundError) as exc:
