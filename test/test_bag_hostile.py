@@ -301,7 +301,9 @@ def test_a_yaml_alias_chain_reads_in_linear_time(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text("\n".join(chain) + "\n" + params(tmp_path).read_text())
     started = time.perf_counter()
-    assert load_signal_map(path).names == ("motion",)
+    # 2^24 values once expanded: refused, as every reader would walk them as a tree
+    with pytest.raises(ValueError, match="aliases"):
+        load_signal_map(path)
     assert calibrate._find_key(yaml.safe_load(path.read_text()), "bundle_path") is None
     assert time.perf_counter() - started < 2.0
 
@@ -383,6 +385,13 @@ def test_converting_a_damaged_ros1_chunk_is_an_error(tmp_path):
     with pytest.raises(BagError, match=r"b.bag is damaged: converting it read \d+ of the 400"):
         convert_ros1(bag, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    # over an existing bag with --overwrite: the old one stays until a new one is whole
+    old = float_bag(tmp_path / "out")
+    before = sorted((p.name, p.read_bytes()) for p in old.iterdir())
+    with pytest.raises(BagError, match="is damaged"):
+        convert_ros1(bag, tmp_path / "out", overwrite=True)
+    assert sorted((p.name, p.read_bytes()) for p in old.iterdir()) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
 
 
 def test_duplicated_storage_rows_are_an_error_not_double_rates(tmp_path):

@@ -65,6 +65,34 @@ def load_numbers_yaml(text: str, unique_keys: bool = False) -> Any:
     """
     loader = UniqueKeyLoader if unique_keys else NumberLoader
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:  # PyYAML's composer recurses once per nesting level
         raise yaml.YAMLError("nested too deeply to read") from None
+    _refuse_expansion(doc)
+    return doc
+
+
+MAX_EXPANDED_VALUES = 100_000
+"""Values a configuration may hold once its aliases are expanded (a tree walk's cost)."""
+
+
+def _refuse_expansion(doc: Any) -> None:
+    """YAMLError when ``doc``, read as the tree every reader walks, holds too many values.
+
+    Aliases share one object, so nine lines of ``&a [*b, *b, ...]`` load in microseconds
+    and small, but are 9^9 values to anything that walks or prints them: validation, an
+    error message's repr. That hung a command at 80 MB/s until killed. The walk stops at
+    the limit, so it costs at most that many steps.
+    """
+    stack, seen = [doc], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > MAX_EXPANDED_VALUES:
+            raise yaml.YAMLError(f"holds more than {MAX_EXPANDED_VALUES} values once its "
+                                 "aliases (*name) are expanded")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)

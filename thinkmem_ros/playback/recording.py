@@ -18,6 +18,7 @@ Times are bag receive times, the clock the node uses for staleness.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,9 +242,18 @@ def _number_at_least(value: Any, low: float) -> bool:
         return False
 
 
+_SHORT = reprlib.Repr()  # Python 3.11's takes no keyword arguments
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 2, 4, 4
+_SHORT.maxstring = _SHORT.maxlong = _SHORT.maxother = 40
+
+
 def _short(value: Any) -> str:
-    """``repr`` cut to 40 characters: a 400-digit number must not fill the line."""
-    text = repr(value)
+    """A bounded ``repr`` cut to 40 characters.
+
+    A 400-digit number must not fill the line, and a list shared through YAML aliases
+    (9^9 values in nine lines) must not be printed whole.
+    """
+    text = _SHORT.repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
