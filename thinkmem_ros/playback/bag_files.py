@@ -207,21 +207,24 @@ def _stamp(store, msg: Any, t_ns: int) -> None:
             sec=t_ns // 10**9, nanosec=t_ns % 10**9)
 
 
-def _clear_output(out: Path, overwrite: bool) -> None:
-    """Remove an existing output bag when asked to; refuse anything that is not a bag.
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    """Refuse an output that exists, unless asked to replace it and it is a bag of ours.
 
     ``--overwrite`` is for re-running a command into the same output folder; a typo in
-    the path must not delete a folder of other files (or a plain file) along with it.
+    the path must not delete a folder of other files (or a plain file) along with it, nor
+    the folder the command runs in (``--out .``).
     """
+    if out.name in ("", ".", "..") or Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise BagError(f"output {out} must name a bag folder of its own, not the folder "
+                       "the command runs in or one above it")
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
         raise BagError(f"output {out} already exists (pass --overwrite to replace it)")
     if out.is_symlink() or not out.is_dir() or not _bag_files_only(out):
         raise BagError(f"refusing to overwrite {out}: it is not a rosbag2 folder "
-                       f"(files other than a bag's); remove it yourself or pick another "
-                       f"output")
-    shutil.rmtree(out)
+                       f"(files other than a bag's, or no .mcap/.db3 file); remove it "
+                       f"yourself or pick another output")
 
 
 BAG_FILE_SUFFIXES = (".yaml", ".mcap", ".db3", ".db3-wal", ".db3-shm", ".db3-journal")
@@ -230,18 +233,38 @@ metadata.yaml, and a re-run must still be able to replace it)."""
 
 
 def _bag_files_only(folder: Path) -> bool:
-    return all(p.is_file() and p.name.endswith(BAG_FILE_SUFFIXES) for p in folder.iterdir())
+    """A bag's files and at least one storage file (a folder of .yaml configs is not)."""
+    files = list(folder.iterdir())
+    return (all(p.is_file() and p.name.endswith(BAG_FILE_SUFFIXES) for p in files)
+            and any(p.name.endswith((".mcap", ".db3")) for p in files))
 
 
-def _open_writer(out: Path, storage: str, overwrite: bool):
-    from rosbags.rosbag2 import StoragePlugin, Writer
+@contextlib.contextmanager
+def _output_bag(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Where to write the bag for ``out``; it replaces ``out`` only once fully written.
 
-    if storage not in STORAGES:
-        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
-    _clear_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-    return Writer(out, version=9, storage_plugin=plugin)
+    The bag is written in a hidden folder beside ``out`` and renamed into place at the
+    end. Deleting the old bag first lost it whenever the new one failed: a damaged input
+    to convert, a Ctrl-C a second into ``bag write``, a refusal found after the delete.
+    """
+    _check_replaceable(out, overwrite)
+    _check_writable(out)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    target = stage / out.name  # the bag's files are named after its folder
+    try:
+        yield target
+        _check_replaceable(out, overwrite)  # still a bag of ours (or nothing) at the end
+        old = stage / f"{out.name}.old"
+        if out.exists():
+            os.rename(out, old)
+        try:
+            os.rename(target, out)
+        except OSError:
+            if old.exists():
+                os.rename(old, out)
+            raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_stream(stream: SignalStream, out: Path | str, *,
@@ -264,9 +287,23 @@ def write_stream(stream: SignalStream, out: Path | str, *,
     missing = [name for name in stream.signal_names if name not in bindings]
     if missing:
         raise ValueError(f"no topic binding for signals {missing}")
+    if storage not in STORAGES:
+        raise ValueError(f"storage must be one of {STORAGES}, got {storage!r}")
+    with _output_bag(out, overwrite) as target:
+        _write_frames(stream, target, bindings, events_topic, truth_topic, start_ns, storage)
+    LOG.info("wrote %s (%d frames of %r)", out, stream.values.shape[0], stream.scenario)
+    return bag_info(out)
+
+
+def _write_frames(stream: SignalStream, out: Path, bindings: Mapping[str, TopicBinding],
+                  events_topic: str, truth_topic: str, start_ns: int, storage: str) -> None:
+    """``write_stream``'s messages into the new bag folder ``out``."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+
     store = _typestore()
     period_ns = 1e9 / stream.rate_hz
-    writer = _open_writer(out, storage, overwrite)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    writer = Writer(out, version=9, storage_plugin=plugin)
     writer.set_custom_data("thinkmem.scenario", stream.scenario)
     writer.set_custom_data("thinkmem.rate_hz", repr(float(stream.rate_hz)))
     writer.set_custom_data("thinkmem.label_names", ",".join(stream.label_names))
@@ -301,13 +338,8 @@ def write_stream(stream: SignalStream, out: Path | str, *,
             truth = json.dumps({"frame": t, "stamp_ns": t_ns, "active": active})
             writer.write(truth_conn, t_ns,
                          bytes(store.serialize_cdr(string_type(data=truth), STRING_TYPE)))
-    except BaseException:
+    finally:
         writer.close()
-        shutil.rmtree(out, ignore_errors=True)
-        raise
-    writer.close()
-    LOG.info("wrote %s (%d frames of %r)", out, stream.values.shape[0], stream.scenario)
-    return bag_info(out)
 
 
 def is_ros1_bag(path: Path | str) -> bool:
@@ -412,27 +444,25 @@ def convert_ros1(src: Path | str, dst: Path | str, *, storage: str = "mcap",
         raise BagError(f"bag not found: {src}")
     if not is_ros1_bag(src):
         raise BagError(f"not a ROS 1 bag file (no '#ROSBAG V2.0' header): {src}")
-    _clear_output(dst, overwrite)
     if dst.suffix == ".bag":
         raise BagError(f"output {dst} must be a folder name, not a .bag file")
-    _check_writable(dst)
-    chatter = io.StringIO()  # rosbags prints notes ('copying from source') on stdout
-    try:
-        with contextlib.redirect_stdout(chatter):
-            convert([src], dst, storage, 9, None, "file", None, _typestore(), [], [], [], [])
-        for line in chatter.getvalue().splitlines():
-            LOG.info("convert %s: %s", src, line)
-    except Exception as exc:  # noqa: BLE001 - rosbags raises many types; each is one line
-        shutil.rmtree(dst, ignore_errors=True)
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise BagError(f"cannot convert {src}: {reason}") from exc
-    info = bag_info(dst)
-    listed = ros1_indexed_count(src)
-    if info.message_count < listed:
-        shutil.rmtree(dst, ignore_errors=True)
-        raise BagError(f"ROS 1 bag {src} is damaged: converting it read {info.message_count} "
-                       f"of the {listed} messages its chunk index lists")
-    return info
+    with _output_bag(dst, overwrite) as target:
+        chatter = io.StringIO()  # rosbags prints notes ('copying from source') on stdout
+        try:
+            with contextlib.redirect_stdout(chatter):
+                convert([src], target, storage, 9, None, "file", None, _typestore(), [], [],
+                        [], [])
+            for line in chatter.getvalue().splitlines():
+                LOG.info("convert %s: %s", src, line)
+        except Exception as exc:  # noqa: BLE001 - rosbags raises many types; each is one line
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise BagError(f"cannot convert {src}: {reason}") from exc
+        written = bag_info(target).message_count
+        listed = ros1_indexed_count(src)
+        if written < listed:
+            raise BagError(f"ROS 1 bag {src} is damaged: converting it read {written} "
+                           f"of the {listed} messages its chunk index lists")
+    return bag_info(dst)
 
 
 def _check_writable(dst: Path) -> None:
