@@ -139,8 +139,8 @@ def test_offline_demo_writes_summary_and_png(source_bundle, tmp_path):
     assert summary["frames"] == 80 and summary["mode"] == "offline"
     assert summary["activation"]["activations_scored"] == 80 - (window - 1)
     assert summary["latency"]["inference_us"]["count"] == 80 - (window - 1)
-    assert list(summary["steps"]) == ["load bundle", "generate stream", "run policy", "score",
-                                      "plot", "report"]
+    assert list(summary["steps"]) == ["check out", "load bundle", "generate stream",
+                                      "run policy", "score", "plot", "report"]
     # the demo's scoring agrees with a batch prediction over the same frames
     stream = generate_stream("mixed", 8.0, runtime.manifest.frame_rate_hz,
                              np.random.default_rng(3))

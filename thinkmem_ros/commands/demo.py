@@ -34,20 +34,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no live display")
     parser.add_argument("--no-consolidation", action="store_true",
                         help="skip the consolidation round (one bag, the bundle as shipped)")
-    parser.add_argument("--missions", type=int, default=16,
+    parser.add_argument("--missions", type=int, default=None,
                         help="episodes of the before stream with the rule's evidence, for "
                         "discovery (default 16)")
-    parser.add_argument("--plain-missions", type=int, default=8,
+    parser.add_argument("--plain-missions", type=int, default=None,
                         help="more episodes of the before stream without any (default 8)")
-    parser.add_argument("--after-duration", type=positive_float, default=96.0,
+    parser.add_argument("--after-duration", type=positive_float, default=None,
                         help="seconds of the after stream (default 96)")
-    parser.add_argument("--after-missions", type=int, default=8,
+    parser.add_argument("--after-missions", type=int, default=None,
                         help="episodes of the after stream (default 8)")
-    parser.add_argument("--epochs", type=int, default=15,  # = DemoConfig.retrain_epochs
+    parser.add_argument("--epochs", type=int, default=None,  # = DemoConfig.retrain_epochs
                         help="retraining epochs of the round (default 15)")
-    parser.add_argument("--lr", type=float, default=4e-3,  # = DemoConfig.retrain_lr
+    parser.add_argument("--lr", type=float, default=None,  # = DemoConfig.retrain_lr
                         help="retraining peak learning rate of what the round adds "
                         "(default 4e-3; the running bundle's weights move at base_lr)")
+
+
+_ROUND_FLAGS = {"missions": "--missions", "plain_missions": "--plain-missions",
+                "after_duration_s": "--after-duration", "after_missions": "--after-missions",
+                "retrain_epochs": "--epochs", "retrain_lr": "--lr"}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,16 +64,22 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.playback.bag_files import BagError
     from thinkmem_ros.policy.bundle import BundleError
 
+    round_options = {key: value for key, value in (
+        ("missions", args.missions), ("plain_missions", args.plain_missions),
+        ("after_duration_s", args.after_duration), ("after_missions", args.after_missions),
+        ("retrain_epochs", args.epochs), ("retrain_lr", args.lr)) if value is not None}
+    if round_options and (args.offline or args.no_consolidation):
+        print(f"thinkmem demo: error: {', '.join(_ROUND_FLAGS[k] for k in round_options)} "
+              "shape the consolidation round, which "
+              f"{'--offline' if args.offline else '--no-consolidation'} does not run",
+              file=sys.stderr)
+        return 2
     try:
         config = DemoConfig(out_dir=Path(args.out), scenario=args.scenario,
                             duration_s=args.duration, rate_hz=args.rate, seed=args.seed,
                             bundle=Path(args.bundle) if args.bundle else None,
                             offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet,
-                            consolidation=not args.no_consolidation, missions=args.missions,
-                            plain_missions=args.plain_missions,
-                            after_duration_s=args.after_duration,
-                            after_missions=args.after_missions, retrain_epochs=args.epochs,
-                            retrain_lr=args.lr)
+                            consolidation=not args.no_consolidation, **round_options)
         summary = run_demo(config)
     except (ValueError, BundleError, BagError, RuntimeError, OSError) as exc:
         print(f"thinkmem demo: error: {one_line(exc)}", file=sys.stderr)

@@ -66,4 +66,7 @@ INFER = Step("run policy", infer_step, "ONNX Runtime over every window, one at a
 
 def offline_steps() -> list[Step]:
     """Return the offline job: bundle -> stream -> policy -> score -> plot -> report."""
-    return [LOAD_BUNDLE, GENERATE, INFER, SCORE, PLOT, REPORT]
+    from thinkmem_ros.demo.own_folders import check_out_step
+
+    # its summary.json, timeline.png ... go into --out as the ROS demo's do: same rule
+    return [check_out_step(()), LOAD_BUNDLE, GENERATE, INFER, SCORE, PLOT, REPORT]

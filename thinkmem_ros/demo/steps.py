@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thinkmem_ros.world.rule_overlay import MIN_MISSION_S
+
 SCENARIO_DEFAULT = "mixed"
 
 
@@ -71,6 +73,14 @@ class DemoConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
+        for missions, seconds, what in (
+                (self.missions + self.plain_missions, self.duration_s, "missions"),
+                (self.after_missions, self.after_duration_s, "after_missions")):
+            # only the round cuts missions; checked before any list of them is built
+            if self.consolidation and not self.offline and missions * MIN_MISSION_S > seconds:
+                raise ValueError(f"{what}: {missions} missions in {seconds:g} s are shorter "
+                                 f"than {MIN_MISSION_S:g} s each; use fewer or a longer "
+                                 "duration")
         if not (math.isfinite(self.retrain_lr) and self.retrain_lr > 0):
             raise ValueError(f"retrain_lr must be a number > 0, got {self.retrain_lr!r}")
         if self.frame_trigger not in ("timer", "samples"):

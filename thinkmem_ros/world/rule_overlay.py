@@ -113,6 +113,10 @@ def _place(kind: str, rule: PlantedRule, start: float, length: float,
     raise ValueError(f"unknown mission kind {kind!r}; expected one of {KINDS}")
 
 
+MIN_MISSION_S = 2.0
+"""Shortest mission a rule's A...B...C (and its counter-evidence) is planted in."""
+
+
 def plant_rules(stream: SignalStream, plan: list[tuple[str, PlantedRule]],
                 rng: np.random.Generator) -> tuple[SignalStream, list[Mission]]:
     """Cut ``stream`` into ``len(plan)`` equal missions; mission i gets ``plan[i]``'s evidence.
@@ -124,8 +128,9 @@ def plant_rules(stream: SignalStream, plan: list[tuple[str, PlantedRule]],
     if not plan:
         raise ValueError("need at least one mission")
     length = stream.duration_s / len(plan)
-    if length < 2.0:
-        raise ValueError(f"missions of {length:.2f} s are too short (need >= 2 s each)")
+    if length < MIN_MISSION_S:
+        raise ValueError(f"missions of {length:.2f} s are too short (need >= "
+                         f"{MIN_MISSION_S:g} s each)")
     events = list(stream.events)
     missions = []
     for i, (kind, rule) in enumerate(plan):
