@@ -249,6 +249,20 @@ def test_metadata_that_lies_about_the_time_range_is_refused(tmp_path, edit):
         read_recording(bag, load_signal_map(params(tmp_path)), RATE)
 
 
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda i: i.update(files="abc"), "files is a str, not a list"),
+    (lambda i: i.update(relative_file_paths={"a": 1}), "relative_file_paths is a dict"),
+    (lambda i: i["duration"].update(nanoseconds=10**400), "(401 digits) ns, not whole"),
+], ids=["files_str", "paths_dict", "duration_past_int64"])
+def test_metadata_of_the_wrong_shape_is_named_not_a_traceback(tmp_path, edit, says):
+    from thinkmem_ros.playback.bag_files import checked_bag_info
+
+    bag = float_bag(tmp_path / "b")
+    _edit_metadata(bag, edit)
+    with pytest.raises(BagError, match=re.escape(says)):
+        checked_bag_info(bag)
+
+
 def split_out_of_order(tmp_path: Path) -> tuple[Path, Path]:
     """``float_bag``'s 8 s as one bag, and split in two files listed later file first."""
     store = _store()

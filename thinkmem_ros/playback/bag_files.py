@@ -380,12 +380,34 @@ def _reader(path: Path):
                 f"recording stopped before it closed, which `ros2 bag reindex {path}` "
                 "repairs") if stored else ""
         raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}{hint}")
+    _check_metadata_lists(path)
     try:
         reader = Reader(path)
         reader.open()
     except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
         raise BagError(f"cannot open bag {path}: {exc}") from exc
     return reader
+
+
+def _check_metadata_lists(path: Path) -> None:
+    """BagError when metadata.yaml's lists are not lists (``files: abc``).
+
+    rosbags takes them as they stand and failed later, in its own close, with an
+    AttributeError that named nothing of the bag.
+    """
+    import yaml
+
+    try:
+        meta = yaml.safe_load((path / "metadata.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return  # rosbags' own open says what is wrong with such a file
+    info = meta.get("rosbag2_bagfile_information") if isinstance(meta, dict) else None
+    if not isinstance(info, dict):
+        return
+    for key in ("relative_file_paths", "files", "topics_with_message_count"):
+        if key in info and not isinstance(info[key], (list, type(None))):
+            raise BagError(f"bag {path} is damaged: its metadata.yaml's {key} is a "
+                           f"{type(info[key]).__name__}, not a list")
 
 
 def check_bag_path(path: Path | str) -> Path:
@@ -568,11 +590,17 @@ def _check_storage_files(info: BagInfo) -> None:
 def _check_time_range(info: BagInfo) -> None:
     """metadata.yaml's start and end must be whole ns, the end not before the start."""
     ends = (info.start_ns, info.end_ns)
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ends) \
-            or info.end_ns < info.start_ns:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and -2**63 <= t < 2**63
+               for t in ends) or info.end_ns < info.start_ns:
         raise BagError(f"bag {info.path} is damaged: its metadata.yaml declares the time "
-                       f"range {info.start_ns!r} ns + {info.duration_s!r} s, not whole "
-                       "nanoseconds from a start to an end at or after it")
+                       f"range from {_short_number(info.start_ns)} to "
+                       f"{_short_number(info.end_ns)} ns, not whole nanoseconds (64-bit, "
+                       "as rosbag2 stores them) from a start to an end at or after it")
+
+
+def _short_number(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...({len(text)} digits)"
 
 
 class BagStream:
