@@ -188,3 +188,23 @@ def test_overwrite_refuses_a_folder_of_configs_and_the_folder_it_runs_in(tmp_pat
                "--overwrite", cwd=bag)
     _one_line_refusal(res, "must name a bag folder of its own")
     assert (bag / "metadata.yaml").exists()
+
+
+def test_train_refuses_the_current_folder_as_out_before_training(tmp_path):
+    for out in (".", ""):
+        res = _cli("train", "--duration", "30", "--streams", "1", "--epochs", "1",
+                   "--out", out, cwd=tmp_path)
+        _one_line_refusal(res, "name the bundle's folder")
+    assert list(tmp_path.iterdir()) == []  # no staging folder left behind
+
+
+def test_the_results_summary_refuses_what_is_no_report(tmp_path):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bin.json").write_bytes(bytes(range(256)))
+    for path in (tmp_path / "missing.json", tmp_path, tmp_path / "list.json",
+                 tmp_path / "bin.json"):
+        res = subprocess.run([sys.executable, "-m", "thinkmem_ros.bench.summary", str(path)],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+        _one_line_refusal(res, "not a benchmark report")
+

@@ -67,7 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     for path in paths:
-        print(render(json.loads(path.read_text(encoding="utf-8")), str(path)))
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(report, dict):
+                raise ValueError("not a JSON object")
+            text = render(report, str(path))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"summary: {path}: not a benchmark report: {' '.join(str(reason).split())}",
+                  file=sys.stderr)
+            return 2
+        print(text)
     return 0
 
 

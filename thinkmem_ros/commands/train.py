@@ -261,6 +261,9 @@ def check_bundle_out(out: str) -> None:
     path" to the checks below; write_bundle refused it only after training, leaving its
     staging folder behind.
     """
+    if Path(out).name in ("", ".", ".."):  # write_bundle names its staging folder after it
+        raise SystemExit(f"--out {out!r}: name the bundle's folder (e.g. models/mine), not "
+                         "the current folder or one above it")
     if Path(out).is_symlink() and not Path(out).exists():
         raise SystemExit(f"--out {out}: a symlink that leads nowhere (a loop or a missing "
                          "target)")
