@@ -208,3 +208,22 @@ def test_the_results_summary_refuses_what_is_no_report(tmp_path):
                              env={**os.environ, "PYTHONPATH": str(REPO)})
         _one_line_refusal(res, "not a benchmark report")
 
+
+
+@pytest.mark.parametrize("option", ["--streams", "--window", "--stride", "--max-events",
+                                    "--group-seconds", "--epochs", "--seed"])
+def test_train_refuses_numbers_past_any_run_before_building_data(tmp_path, option):
+    res = _cli("train", option, str(10**23), "--out", str(tmp_path / "b"))
+    _one_line_refusal(res, option)
+    assert not (tmp_path / "b").exists()
+
+
+def test_consolidator_counts_and_an_empty_rehearsal_file_are_refused_in_one_line(tmp_path):
+    from thinkmem_ros.consolidator.rehearsal import RehearsalError, load_npz
+    from thinkmem_ros.consolidator.trigger import TriggerConfig
+
+    with pytest.raises(ValueError, match="buffer_limit must be in"):
+        TriggerConfig(buffer_limit=10**23, buffer_capacity=10**23)
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(RehearsalError, match="not a rehearsal npz"):
+        load_npz(tmp_path / "empty.npz")

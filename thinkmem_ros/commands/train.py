@@ -198,6 +198,15 @@ def check_options(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < low:  # min_steps is None without --bag
             raise SystemExit(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    for name in ("epochs", "patience", "batch_size", "streams", "min_steps", "window",
+                 "max_events", "stride", "augment", "duration", "group_seconds",
+                 "test_duration", "rate", "lr"):
+        value = getattr(args, name, None)  # past these, numpy and torch fail mid-run
+        if isinstance(value, (int, float)) and abs(value) > OPTION_MAX:
+            raise SystemExit(f"--{name.replace('_', '-')} {value:g} is beyond any run this "
+                             f"command can make (at most {OPTION_MAX:g})")
+    if getattr(args, "seed", 0) >= 2**63:  # numpy's seeds are 64-bit
+        raise SystemExit(f"--seed must be below 2^63, got {args.seed}")
     for name, low, high in (("threads", 1, max_threads()),
                             ("model_version", 0, MAX_MODEL_VERSION)):
         if not low <= getattr(args, name) <= high:
@@ -218,6 +227,10 @@ def check_options(args: argparse.Namespace) -> None:
     if not args.bag:
         check_group_seconds(args.group_seconds, args.rate)
     check_bundle_out(args.out)
+
+
+OPTION_MAX = 1e9
+"""Largest number any ``train`` option takes: 10^9 streams, epochs or seconds (31 years)."""
 
 
 def check_group_seconds(seconds: float, rate: float) -> None:

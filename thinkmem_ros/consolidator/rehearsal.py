@@ -187,7 +187,7 @@ def load_npz(path: Path | str) -> SituationSet:
                 signal_names=tuple(str(x) for x in f["signal_names"]),
                 event_vocabulary=tuple(str(x) for x in f["event_vocabulary"]),
                 meta={"source": "rehearsal", "path": str(path)})
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, EOFError) as exc:  # EOFError: an empty file
         raise RehearsalError(f"{path}: not a rehearsal npz ({exc})") from exc
 
 

@@ -32,12 +32,17 @@ class TriggerConfig:
                 raise ValueError(f"TriggerConfig.{name} must be > 0, got {getattr(self, name)}")
         for name in ("buffer_limit", "buffer_capacity", "novelty_count", "failure_count",
                      "min_new"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TriggerConfig.{name} must be >= 1, got {getattr(self, name)}")
+            if not 1 <= getattr(self, name) <= COUNT_MAX:  # past it: an OverflowError later
+                raise ValueError(f"TriggerConfig.{name} must be in [1, {COUNT_MAX:g}], got "
+                                 f"{getattr(self, name)}")
         if self.buffer_limit > self.buffer_capacity:
             raise ValueError(
                 f"TriggerConfig.buffer_limit ({self.buffer_limit}) cannot exceed "
                 f"buffer_capacity ({self.buffer_capacity})")
+
+
+COUNT_MAX = 1e9
+"""Largest count a trigger takes (10^9 experiences is more than a day of a fleet's rows)."""
 
 
 @dataclass
