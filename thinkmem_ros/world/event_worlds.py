@@ -15,7 +15,11 @@ named conditions in :data:`CONDITIONS` are overrides of that config, never copie
 - ``chain``: A...B...C and C...D...E (one rule's consequence starts the next), plus an
   independent rule;
 - ``decoy``: two extra triples repeated 8 times inside one temporal partition (a burst);
-- ``sparse_300`` / ``zipf_300``: the same with 300 codes.
+- ``sparse_300`` / ``zipf_300``: the same with 300 codes;
+- ``phased``: 30 % of the codes keep to a phase of the episode (normal around a
+  position of their own, spread 8 % of its length), as start-up, docking or shift-change
+  events do on a robot: a condition the within-episode null, which takes every slot of an
+  episode as exchangeable, does not hold (``docs/discovery.md``, Known limits).
 
 Every run has 120 episodes of ``duration`` seconds with ~20 Poisson background events each.
 Each rule is planted complete in ``repetitions`` episodes of its own, with A->B and B->C gaps
@@ -71,6 +75,8 @@ class WorldConfig:
     decoy_repetitions: int = 8  # all inside one partition
     n_partitions: int = 4
     null_stream: bool = False  # background (and heartbeat) only, same number of episodes
+    phased_share: float = 0.0  # share of codes whose background events keep to one phase
+    phase_spread: float = 0.08  # their spread around it, as a share of the episode
 
     def __post_init__(self) -> None:
         for key in ("n_codes", "n_episodes", "n_partitions"):
@@ -106,6 +112,9 @@ class WorldConfig:
         lo, hi = self.heartbeat_lead
         if not 0 <= lo <= hi:
             raise ValueError(f"heartbeat_lead must be 0 <= lo <= hi, got {self.heartbeat_lead}")
+        if not (0 <= self.phased_share <= 1 and 0 < self.phase_spread):
+            raise ValueError(f"need phased_share in [0, 1] and phase_spread > 0, got "
+                             f"{self.phased_share}, {self.phase_spread}")
         if self.rule_code_max_rate <= 0:
             raise ValueError(f"rule_code_max_rate must be > 0, got {self.rule_code_max_rate}")
         needed = len(self.specs_count())
@@ -141,6 +150,7 @@ CONDITIONS: dict[str, dict] = {
     "decoy": {"n_decoys": 2},
     "sparse_300": {"n_codes": 300},
     "zipf_300": {"n_codes": 300, "code_law": "zipf"},
+    "phased": {"phased_share": 0.3},
 }
 """Named conditions: overrides of :class:`WorldConfig` (one generator, no copies)."""
 
@@ -249,6 +259,32 @@ def _planted(kind: str, triple: tuple[int, ...], cfg: WorldConfig,
     return _chain(cfg, (a, c), rng, gaps=np.array([_gaps(cfg, 2, rng).sum()]))
 
 
+def _phases(cfg: WorldConfig, rng: np.random.Generator) -> np.ndarray | None:
+    """Each code's phase in the episode (NaN: none); None when no code keeps one.
+
+    Nothing is drawn for worlds without phased codes, so their seeds give the worlds they
+    always gave.
+    """
+    if cfg.phased_share <= 0:
+        return None
+    phase = np.full(cfg.n_codes, np.nan)
+    chosen = rng.permutation(cfg.n_codes)[:round(cfg.phased_share * cfg.n_codes)]
+    phase[chosen] = rng.uniform(0.05, 0.95, chosen.size)
+    return phase
+
+
+def _keep_phase(events: list[tuple[float, int]], phase: np.ndarray, cfg: WorldConfig,
+                rng: np.random.Generator) -> list[tuple[float, int]]:
+    """Background events of phased codes moved near their code's phase of the episode."""
+    out = []
+    for t, code in events:
+        if not math.isnan(phase[code]):
+            t = float(np.clip(rng.normal(phase[code], cfg.phase_spread), 0.0, 1.0)
+                      * cfg.duration)
+        out.append((t, code))
+    return out
+
+
 def generate_world(cfg: WorldConfig, rng: np.random.Generator) -> World:
     """Draw codes, rules and episodes from ``rng``; the same seed gives the same world."""
     codes = code_names(cfg.n_codes)
@@ -274,12 +310,15 @@ def generate_world(cfg: WorldConfig, rng: np.random.Generator) -> World:
             blocks[part].insert(int(rng.integers(len(blocks[part]) + 1)), ("decoy", d))
 
     probs = rates / rates.sum() if rates.sum() > 0 else None
+    phase = _phases(cfg, rng)
     episodes: list[Episode] = []
     for part, block in enumerate(blocks):
         for kind, idx in block:
             n_bg = int(rng.poisson(cfg.background))
             events = list(zip(rng.uniform(0.0, cfg.duration, n_bg).tolist(),
                               rng.choice(cfg.n_codes, size=n_bg, p=probs).tolist()))
+            if phase is not None:
+                events = _keep_phase(events, phase, cfg, rng)
             planted: list[tuple[float, int]] = []
             if kind not in ("neutral",):
                 source = decoys[idx] if kind == "decoy" else rules[idx]
