@@ -227,3 +227,14 @@ def test_consolidator_counts_and_an_empty_rehearsal_file_are_refused_in_one_line
     (tmp_path / "empty.npz").write_bytes(b"")
     with pytest.raises(RehearsalError, match="not a rehearsal npz"):
         load_npz(tmp_path / "empty.npz")
+
+
+def test_options_that_would_be_ignored_or_make_hidden_files_are_refused(tmp_path):
+    res = _cli("consolidator", "--db", str(tmp_path / "c.db"), "--train-workers", "4")
+    _one_line_refusal(res, "--train-workers applies only with --engine ray")
+    for option in ("--name", "--robot"):
+        res = _cli("keys", "--out", str(tmp_path / "k"), option, ".hidden")
+        _one_line_refusal(res, "not starting with '.'")
+    assert not (tmp_path / "k").exists() or not any((tmp_path / "k").iterdir())
+    res = _cli("bench", "latency", "--seeds", str(10**23))
+    _one_line_refusal(res, "--seeds must be in [1, 1000]")

@@ -56,7 +56,7 @@ from thinkmem_ros.link.security import (
 HELP = "generate CURVE and signing key pairs and the robots' allow-list"
 ALLOWED_DIR = "allowed"
 CHAIN_FILE = "key_chain.json"
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+_NAME_RE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # no leading '.': hidden files
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,14 +157,16 @@ def _pairs(args: argparse.Namespace) -> int:
     sign_name = args.sign_name or (names[0] if names else "thinkmem")
     for name in [*names, sign_name]:
         if not _NAME_RE.fullmatch(name):
-            raise SystemExit(f"--name {name!r}: use letters, digits, '_', '.', '-' only")
+            raise SystemExit(f"--name {name!r}: use letters, digits, '_', '.', '-' only, "
+                             "not starting with '.'")
     try:
         check_robot_ids(robots, "--robot")
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     for robot in robots:
         if not _NAME_RE.fullmatch(robot):
-            raise SystemExit(f"--robot {robot!r}: use letters, digits, '_', '.', '-' only")
+            raise SystemExit(f"--robot {robot!r}: use letters, digits, '_', '.', '-' only, "
+                             "not starting with '.'")
     pairs = [*names, *robots]
     planned = [out / f"{n}{suffix}" for n in pairs for suffix in (".key", ".key_secret")]
     planned += [out / ALLOWED_DIR / f"{r}.key" for r in robots]
@@ -224,7 +226,7 @@ def _rotation(args: argparse.Namespace) -> int:
         name = args.sign_name or _next_name(Path(args.rotate))
         if not _NAME_RE.fullmatch(name):
             raise SystemExit(f"thinkmem keys: --sign-name {name!r}: use letters, digits, "
-                             "'_', '.', '-' only")
+                             "'_', '.', '-' only, not starting with '.'")
         single = out / f"{name}.endorsement.json"
         planned = [out / f"{name}.sign.pub", out / f"{name}.sign.key", single]
         if _refused(planned, args.force):

@@ -882,9 +882,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads of the consolidator process for discovery's passes "
                         "and tests (0 = the cores it may use, at most 4); each holds one "
                         "part's temporaries")
-    parser.add_argument("--train-workers", type=int, default=2,
+    parser.add_argument("--train-workers", type=int, default=None,
                         help="with --engine ray: Ray Train workers that retrain the policy "
-                        "(torch DDP)")
+                        "(torch DDP; default 2)")
     parser.add_argument("--once", action="store_true",
                         help="run one round on what the store holds and exit")
 
@@ -904,6 +904,9 @@ def canary_robots(text: str) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
     """Build the validated config from parsed options."""
     buffer_limit = args.buffer_limit
+    if args.train_workers is not None and args.engine != "ray":
+        raise ValueError("--train-workers applies only with --engine ray (the embedded engine "
+                         "retrains in this process)")
     return ConsolidatorConfig(
         db_path=args.db, publish_dir=args.publish_dir, signing_key=args.signing_key,
         endorsements=args.endorsements,
@@ -927,7 +930,7 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         round_reservoir=args.round_reservoir, incremental_rounds=not args.whole_store_rounds,
         discovery_events=args.discovery_events,
         engine_address=args.address, engine_threads=args.threads,
-        train_workers=args.train_workers)
+        train_workers=2 if args.train_workers is None else args.train_workers)
 
 
 def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
