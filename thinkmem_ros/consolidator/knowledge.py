@@ -123,7 +123,8 @@ class KnowledgeUnit:
                refuted: bool = False) -> None:
         """Apply c <- rho*c + (1-rho)*support and the status rules for one round.
 
-        ``refuted``: the round re-read all of the unit's evidence and did not accept it.
+        ``refuted``: the round re-read all of the unit's evidence and its family-wide test
+        refused the pattern (see the module docstring).
         """
         if not 0 <= support <= 1:
             raise ValueError(f"support must be in [0, 1], got {support}")
