@@ -115,6 +115,7 @@ def test_the_offline_demo_keeps_a_users_files_in_out(tmp_path):
 def test_demo_options_of_the_round_are_refused_where_no_round_runs(tmp_path):
     res = _cli("demo", "--offline", "--missions", "5", "--epochs", "3", "--out",
                str(tmp_path / "o"))
+    assert res.returncode == 2
     _one_line_refusal(res, "--missions, --epochs shape the consolidation round")
     res = _cli("demo", "--no-consolidation", "--lr", "0.1", "--out", str(tmp_path / "o"))
     _one_line_refusal(res, "--lr shape the consolidation round")
@@ -206,6 +207,7 @@ def test_the_results_summary_refuses_what_is_no_report(tmp_path):
         res = subprocess.run([sys.executable, "-m", "thinkmem_ros.bench.summary", str(path)],
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert res.returncode == 2 and res.stdout == ""
         _one_line_refusal(res, "not a benchmark report")
 
 

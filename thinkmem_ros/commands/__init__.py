@@ -112,5 +112,7 @@ def _image_file(path: Path) -> bool:
         return False
     if suffix in ("svg", "svgz"):
         return b"<svg" in head or head.startswith(b"\x1f\x8b")
-    return head.startswith(_IMAGE_MAGIC.get(suffix, (head[:1],)))
+    if suffix not in _IMAGE_MAGIC:  # a rarer format (pgf, raw, ...): no signature to check
+        return True
+    return head.startswith(_IMAGE_MAGIC[suffix])
 
