@@ -319,6 +319,8 @@ class ExperienceReceiver:
                     release_freed_memory()
                 continue
             for _ in range(64):
+                if self._stop.is_set():  # a stop waits for one message, not a backlog of
+                    break  # 64 (unacknowledged ones are re-sent by their robots)
                 try:
                     parts = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
