@@ -95,3 +95,14 @@ def test_what_the_node_refuses_at_start_is_refused(tmp_path, capsys, entry, key)
     assert command.main(args) == 2
     err = capsys.readouterr().err
     assert f"signals.vibration.{key}" in err and "refuses to start" in err, err
+
+
+def test_a_bundle_whose_model_fails_its_checksum_is_refused(tmp_path, capsys):
+    """A report against a model no node would load is no advice: refused, by name."""
+    bundle = _bundle(tmp_path / "b")
+    (bundle / "policy.onnx").write_bytes(b"tampered")
+    args = argparse.Namespace(bag=str(BAG), params=str(PARAMS), bundle=str(bundle), json=None)
+    assert command.main(args) == 2
+    captured = capsys.readouterr()
+    assert "does not match the manifest's expected sha256" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and "0 warning(s)" not in captured.out

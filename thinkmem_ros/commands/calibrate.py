@@ -42,7 +42,7 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
 
     from thinkmem_ros.core.paths import resolve_bundle_path
     from thinkmem_ros.playback.recording import load_signal_map, read_samples, summarise
-    from thinkmem_ros.policy.bundle import read_manifest
+    from thinkmem_ros.policy.bundle import load_bundle
 
     signal_map = load_signal_map(params)
     _check_as_the_node_does(signal_map)
@@ -50,7 +50,9 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
         bundle = _bundle_path_of(yaml.safe_load(Path(params).read_text(encoding="utf-8")),
                                  params)
     folder = resolve_bundle_path(bundle)
-    manifest = read_manifest(folder)
+    # verified, not only read: a report against a damaged or tampered bundle would be
+    # advice about a model no node will load
+    manifest = load_bundle(folder).manifest
     samples = read_samples(bag, signal_map)
     stats = summarise(samples, signal_map.names)
     warnings: list[str] = []
