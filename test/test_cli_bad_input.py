@@ -317,7 +317,8 @@ def test_train_refuses_an_augmentation_that_cannot_fit(capsys, tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["--delay", "1e12"], "delay_s must be in [0,"), (["--rate", "1e-300"], "rate must be in"),
     (["--clock", "1e-300"], "clock_hz must be in"), (["--clock", "1e12"], "clock_hz must be in"),
-], ids=["delay", "slow-rate", "slow-clock", "fast-clock"])
+    (["--wait-for-subscribers", "1e30"], "wait_for_subscribers_s must be in [0,"),
+], ids=["delay", "slow-rate", "slow-clock", "fast-clock", "endless-wait"])
 def test_bag_play_refuses_timing_it_cannot_keep(tmp_path, capsys, argv, says):
     """Extreme speeds overflowed the clock mid-play or published no /clock tick at all."""
     code, err = run(capsys, "bag", "play", REAL / "husky_outdoor.bag", *argv)

@@ -79,8 +79,10 @@ class PlayConfig:
             raise ValueError(f"start_offset_s must be >= 0, got {self.start_offset_s}")
         if not (math.isfinite(self.delay_s) and 0 <= self.delay_s <= MAX_WAIT_S):
             raise ValueError(f"delay_s must be in [0, {MAX_WAIT_S:g}] s, got {self.delay_s}")
-        if not (math.isfinite(self.wait_for_subscribers_s) and self.wait_for_subscribers_s >= 0):
-            raise ValueError("wait_for_subscribers_s must be >= 0, got "
+        if not (math.isfinite(self.wait_for_subscribers_s)
+                and 0 <= self.wait_for_subscribers_s <= MAX_WAIT_S):
+            # past a week is a typo, and 1e30 overflowed the wait into "stopped" at once
+            raise ValueError(f"wait_for_subscribers_s must be in [0, {MAX_WAIT_S:g}] s, got "
                              f"{self.wait_for_subscribers_s}")
         if self.qos_depth < 1:
             raise ValueError(f"qos_depth must be >= 1, got {self.qos_depth}")
