@@ -9,6 +9,9 @@ BENCHMARKS: tuple[str, ...] = (
     "node", "transport", "values", "memctl", "rounds", "faults", "real", "fleet",
 )
 
+MAX_SEEDS = 1000
+"""More seeds than any benchmark here needs (30 already takes hours for some)."""
+
 
 def load(name: str):
     """Import one benchmark's module; static imports, so the import contracts see every edge."""

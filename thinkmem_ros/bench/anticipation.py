@@ -46,12 +46,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from thinkmem_ros.bench import MAX_SEEDS
 from thinkmem_ros.consolidator.anticipation_export import ExportConfig, build_rules
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.core.arguments import OneLineParser
@@ -485,11 +487,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy-bundle", help="also compare with this bundle's own "
                         "consider:C (tracker alone / policy alone / OR)")
     args = parser.parse_args(argv)
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        parser.error(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
     if args.policy_bundle:
-        for with_signals in (True, False):
-            comparison = compare_with_policy(args.policy_bundle, quick=args.quick,
-                                             seeds=args.seeds, with_signals=with_signals)
-            print(json.dumps(comparison, indent=1))
+        from thinkmem_ros.policy.bundle import BundleError
+
+        try:
+            for with_signals in (True, False):
+                comparison = compare_with_policy(args.policy_bundle, quick=args.quick,
+                                                 seeds=args.seeds, with_signals=with_signals)
+                print(json.dumps(comparison, indent=1))
+        except (BundleError, ValueError, OSError) as exc:
+            print(f"{parser.prog}: --policy-bundle: {exc}".splitlines()[0], file=sys.stderr)
+            return 2
         return 0
     result = run(args.quick, args.seeds)
     text = json.dumps(result, indent=2)

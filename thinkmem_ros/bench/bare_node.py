@@ -59,12 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     from rclpy.executors import ExternalShutdownException
     from rclpy.signals import SignalHandlerOptions
 
+    from thinkmem_ros.robot.node_config import DEFAULT_SIGNAL_MAP, EXECUTOR_CHOICES
     from thinkmem_ros.robot.spinning import StopSignals, make_executor, spin
 
     parser = OneLineParser(prog="python -m thinkmem_ros.bench.bare_node")
-    parser.add_argument("--executor", default="events")
+    parser.add_argument("--executor", default="events", choices=EXECUTOR_CHOICES)
     parser.add_argument("--signals", required=True, help="comma-separated signal names")
     args = parser.parse_args(argv)
+    unknown = [s for s in args.signals.split(",") if s not in DEFAULT_SIGNAL_MAP]
+    if unknown:
+        parser.error(f"--signals: not signals of the default map: {unknown} (known: "
+                     f"{sorted(DEFAULT_SIGNAL_MAP)})")
     # stopped as the node is (see StopSignals): the executor lets go before rclpy shuts down
     with StopSignals() as stop:
         rclpy.init(signal_handler_options=SignalHandlerOptions.NO)

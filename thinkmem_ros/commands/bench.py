@@ -6,7 +6,7 @@ import argparse
 import inspect
 import json
 
-from thinkmem_ros.bench import BENCHMARKS, load
+from thinkmem_ros.bench import BENCHMARKS, MAX_SEEDS, load
 from thinkmem_ros.commands import check_output, check_plot, json_report
 
 HELP = "run a benchmark and write its JSON (and PNG)"
@@ -29,8 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "exp2, exp3, exp5), e.g. streaming-restart")
 
 
-MAX_SEEDS = 1000
-"""More seeds than any benchmark here needs (30 already takes hours for some)."""
 
 
 def main(args: argparse.Namespace) -> int:
