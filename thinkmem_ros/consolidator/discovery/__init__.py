@@ -63,6 +63,13 @@ partitions can be scored from per-partition sums.
      side; the first contrasts of riders are Holm-adjusted in families (pairs sharing C,
      unbound X...B...C sharing B...C, triples sharing X that wait on X alone: a code at
      a fixed phase is tried in front of every natural pair after it);
+   - placement (``placement``): the slot-exchangeable tests above cannot tell a rule
+     from codes that keep to a phase of the episode. Each element in turn gets a
+     placement (its copies' times as fractions of the episode's span, or none) drawn
+     from its code's placements over all episodes, the others staying put; the exact
+     law of the summed levels (a convolution over the episodes) gives a p-value per
+     element, the largest is the check's, and a Holm of its own runs over the patterns
+     Holm passed on the checks above;
    - stability: support (at g*, where the evidence is) in >= ``min_partitions`` temporal
      partitions, no partition holding more than ``max_partition_share`` of it (a burst
      is not a regularity);
@@ -84,7 +91,7 @@ pattern with p <= alpha before correction, with the reasons it was or was not ac
 
 Where each step lives: ``model`` (configuration, ``EventLog``, ``Relation``, the result),
 ``episodes`` (the per-episode index), ``candidates`` (step 1), ``significance``, ``tails``
-and ``family`` (step 2), ``occurrences``, ``contrasts`` and ``checks`` (step 3),
+and ``family`` (step 2), ``occurrences``, ``contrasts``, ``placement`` and ``checks`` (step 3),
 ``examine`` (step 3's families and the reasons), ``redundancy`` (step 4), ``scan`` and
 ``spill`` (the passes over a log, whole or part by part; ``engine.py`` runs the parts),
 ``vocabulary`` and ``density`` (codes too few robots report, episodes too dense to scan),

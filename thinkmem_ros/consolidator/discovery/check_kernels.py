@@ -416,3 +416,64 @@ def sign_flip_law(mags, total):
             new[i] = 0.5 * (dist[(i - m) % size] + dist[(i + m) % size])
         dist, new = new, dist
     return dist
+
+
+@njit(cache=True)
+def _laid(frac, offset, pick, first, span):
+    """``placement._times``: a placement laid onto an episode's span."""
+    lo, hi = offset[pick], offset[pick + 1]
+    out = np.empty(hi - lo)
+    for i in range(hi - lo):
+        out[i] = first + frac[lo + i] * span
+    return out
+
+
+@njit(cache=True)
+def _forward(x, y, lo, hi):
+    d = y - x
+    return d if d > 0 and lo <= d <= hi else math.inf
+
+
+@njit(cache=True)
+def tightest_times(ta, tb, tc, length, lo, hi):
+    """``placement._tightest_times`` (``tc`` unused for a pair)."""
+    best = math.inf
+    if length == 2:
+        for x in ta:
+            for y in tb:
+                best = min(best, _forward(x, y, lo, hi))
+        return best
+    for y in tb:
+        into = math.inf
+        for x in ta:
+            into = min(into, _forward(x, y, lo, hi))
+        out = math.inf
+        for z in tc:
+            out = min(out, _forward(y, z, lo, hi))
+        best = min(best, max(into, out))
+    return best
+
+
+@njit(cache=True)
+def placement_levels(first, span, length, f0, o0, f1, o1, f2, o2, target, pool, moved,
+                     scales, lo, hi):
+    """``placement._levels_python``: target episodes' levels by pool placement.
+
+    ``out[k, j]``: target episode k's level with pool episode j's placement of ``moved``.
+    """
+    out = np.zeros((target.size, pool.size), np.int64)
+    for k in range(target.size):
+        e = target[k]
+        at, sp = first[e], span[e]
+        for j in range(pool.size):
+            src = pool[j]
+            ta = _laid(f0, o0, src if moved == 0 else e, at, sp)
+            tb = _laid(f1, o1, src if moved == 1 else e, at, sp)
+            tc = _laid(f2, o2, src if moved == 2 else e, at, sp) if length == 3 else tb
+            m = tightest_times(ta, tb, tc, length, lo, hi)
+            count = 0
+            for s in scales:
+                if s >= m:
+                    count += 1
+            out[k, j] = count
+    return out

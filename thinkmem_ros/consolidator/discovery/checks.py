@@ -48,6 +48,9 @@ class _Check:
     first_unbound: bool = False
     # neither its contrast nor its binding could be judged: the pattern waits (p 1)
     first_unjudged: bool = False
+    # the codes' places and frequencies explain the pattern (``placement``, Monte Carlo);
+    # None: not run (``examine`` runs it only where Holm passed every other check)
+    p_placement: float | None = None
 
 
 USE_KERNEL = True
@@ -182,6 +185,11 @@ def _gather_each(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndar
     return out
 
 
+def check_kernel():
+    """The compiled kernels where they load and are switched on (``USE_KERNEL``), else None."""
+    return _kernel() if USE_KERNEL else None
+
+
 def _gather_rows(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndarray,
                  held: np.ndarray, others: list[tuple[int, ...]]) -> _Gathered | None:
     """All episodes in one compiled call (None without numba): the same sums and lists."""
@@ -223,7 +231,10 @@ def _flip_tail(d: np.ndarray) -> float:
 
 def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.ndarray
            ) -> _Check:
-    """Order and element-adds tests, antecedent and reverse counts at scale ``g``."""
+    """Order and element-adds tests, antecedent and reverse counts at scale ``g``.
+
+    The placement check is left unrun: ``examine`` runs it where Holm passed the rest.
+    """
     length = len(codes)
     others = [perm for perm in itertools.permutations(range(length))
               if perm != tuple(range(length))]

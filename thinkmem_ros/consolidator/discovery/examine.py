@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from thinkmem_ros.consolidator.discovery.checks import _Check, _check
+from thinkmem_ros.consolidator.discovery.checks import _Check, _check, check_kernel
 from thinkmem_ros.consolidator.discovery.contrasts import (
     _either,
     _first_table,
@@ -22,6 +22,7 @@ from thinkmem_ros.consolidator.discovery.contrasts import (
 )
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
 from thinkmem_ros.consolidator.discovery.model import WAITING, DiscoveryConfig, Relation
+from thinkmem_ros.consolidator.discovery.placement import placement_p
 from thinkmem_ros.consolidator.discovery.significance import _Tested
 
 
@@ -279,6 +280,16 @@ def _first_code_riders(ctx: _Episodes, tested: _Tested, significant: list[int],
     _holm_first_element(families, checks)
 
 
+def _holm_passed(significant: list[int], checks: dict[int, _Check], alpha: float
+                 ) -> set[int]:
+    """Holm's step-down at ``alpha`` over the significant set.
+
+    On each pattern's largest per-pattern p-value (order, each element adds).
+    """
+    worst = np.array([max((checks[i].p_order,) + checks[i].p_adds) for i in significant])
+    return {i for i, p in zip(significant, _holm(worst).tolist()) if p <= alpha}
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -302,13 +313,17 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
     # A...B makes every X near it significant in step 2, so this family is mostly such
     # riders; controlling its family-wise error keeps them from leaking through by chance
-    worst = np.array([max((checks[i].p_order,) + checks[i].p_adds) for i in significant])
-    passed = set()
-    if worst.size:
-        ranked = np.argsort(worst, kind="stable")
-        fails = np.flatnonzero(worst[ranked] > cfg.alpha / (worst.size - np.arange(worst.size)))
-        stop = int(fails[0]) if fails.size else worst.size
-        passed = {significant[r] for r in ranked[:stop]}
+    passed = _holm_passed(significant, checks, cfg.alpha)
+    # the placement check is a second stage: on what Holm passed, with a Holm of its own
+    # over that set. One Holm over the whole significant set refused planted rules of
+    # the rounds' histories in their first round (docs/discovery.md, the family)
+    if cfg.placement and passed:
+        order = sorted(passed)
+        for i in order:
+            checks[i].p_placement = placement_p(
+                ctx, tuple(int(c) for c in tested.codes[i]), check_kernel())
+        adjusted = _holm(np.array([checks[i].p_placement for i in order])).tolist()
+        passed = {i for i, p in zip(order, adjusted) if p <= cfg.alpha}
     out = []
     for i in nominal.tolist():
         names = tuple(log.codes[c] for c in tested.codes[i])
@@ -340,8 +355,12 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
                 if not pa <= cfg.alpha:
                     reasons.append(f"{lab} element does not add beyond its base rate "
                                    f"(p {pa:.3g})")
-            if not any("order" in r or "add" in r for r in reasons):
-                named = (("order", check.p_order),) + tuple(
+            if check.p_placement is not None and not check.p_placement <= cfg.alpha:
+                reasons.append(f"placement: no tighter than its codes' usual places in "
+                               f"their episodes (p {check.p_placement:.3g})")
+            if not any("order" in r or "add" in r or "placement" in r for r in reasons):
+                named = (("order", check.p_order), ("placement", check.p_placement or 0.0)
+                         ) + tuple(
                     (f"{lab} element adds", pa) for lab, pa in zip(labels, check.p_adds))
                 lab, pw = max(named, key=lambda x: x[1])
                 reasons.append(f"per-pattern checks fail Holm over the significant set "
@@ -369,5 +388,7 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
             p_order=check.p_order if check is not None else math.nan,
             p_adds=check.p_adds if check is not None else (),
             p_contrast=check.p_contrast if check is not None else (),
+            p_placement=(math.nan if check is None or check.p_placement is None
+                         else check.p_placement),
             significant=bool(wp[i] <= cutoff)))
     return out

@@ -35,6 +35,8 @@ class DiscoveryConfig:
     scales: tuple[float, ...] = tuple(2.0 ** (k / 2) for k in range(-6, 13))
     max_lookback: int = 256  # events between two steps of a pattern, at most
     max_checked: int = 2000  # significant patterns examined in step 3 (strongest first)
+    # the placement check (``placement.py``): off only to measure what it costs or saves
+    placement: bool = True
     # a log with more events is scanned in parts of about this many events (whole episodes):
     # the candidate tests then hold one part's pairs and triples at a time, not the log's;
     # 0 = always one pass over the whole log
@@ -181,6 +183,7 @@ class Relation:
     p_order: float = math.nan  # order test (labels permuted among the pattern's slots)
     p_adds: tuple[float, ...] = ()  # per element: does it add to the rest (base-rate test)
     p_contrast: tuple[float, ...] = ()  # per element: against the pattern without it
+    p_placement: float = math.nan  # the codes' usual places in their episodes (Monte Carlo)
     significant: bool | None = None  # passed the family-wide FDR test (None: not known)
 
     @property

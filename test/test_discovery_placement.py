@@ -1,0 +1,128 @@
+"""The placement check: codes that keep to a phase of the episode are not a rule.
+
+The world here is written in the test, apart from ``world/event_worlds.py``: three codes
+X, Y, Z sit near 20 %, 50 % and 80 % of most episodes (a start-up, a transfer, a
+docking), so they are in that order, and at similar gaps, wherever they all occur; a
+planted rule A...B...C sits anywhere in its episodes with short gaps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from thinkmem_ros.consolidator.discovery import DiscoveryConfig, EventLog, discover, placement
+from thinkmem_ros.consolidator.discovery.episodes import _Episodes
+from thinkmem_ros.consolidator.discovery.placement import placement_p
+
+DURATION = 600.0
+BACKGROUND = [f"n{i:02d}" for i in range(30)]
+
+
+@dataclass
+class _Ep:
+    episode_id: int
+    partition: int
+    events: list
+
+
+def _phased_log(seed: int, rule_eps: int = 12, episodes: int = 120) -> EventLog:
+    rng = np.random.default_rng(seed)
+    out = []
+    for e in range(episodes):
+        events = [(float(t), str(rng.choice(BACKGROUND)))
+                  for t in rng.uniform(0, DURATION, rng.poisson(20))]
+        for name, phase in (("X", 0.2), ("Y", 0.5), ("Z", 0.8)):
+            if rng.random() < 0.6:
+                events.append((float(np.clip(rng.normal(phase, 0.05), 0, 1)) * DURATION, name))
+        if e % (episodes // rule_eps) == 0:
+            t = float(rng.uniform(0, DURATION - 60))
+            ab, bc = rng.uniform(2, 25, 2)
+            events += [(t, "A"), (t + ab, "B"), (t + ab + bc, "C")]
+        else:  # the rule's codes turn up alone too, anywhere
+            events += [(float(rng.uniform(0, DURATION)), str(rng.choice(["A", "B", "C"])))]
+        out.append(_Ep(e, e * 4 // episodes, events))
+    return EventLog.from_episodes(out)
+
+
+def _codes(log: EventLog, names: str) -> tuple[int, ...]:
+    return tuple(log.codes.index(n) for n in names)
+
+
+@pytest.fixture(scope="module")
+def log():
+    return _phased_log(3)
+
+
+def test_codes_at_their_phases_are_explained_and_a_rule_is_not(log):
+    from thinkmem_ros.consolidator.discovery import check_kernels
+
+    ctx = _Episodes(log, DiscoveryConfig())
+    phased = placement_p(ctx, _codes(log, "XYZ"), check_kernels)
+    rule = placement_p(ctx, _codes(log, "ABC"), check_kernels)
+    assert phased > 0.05, phased
+    assert rule < 1e-6, rule
+
+
+def test_the_compiled_levels_equal_the_python_ones(log):
+    from thinkmem_ros.consolidator.discovery import check_kernels
+
+    ctx = _Episodes(log, DiscoveryConfig())
+    for names in ("XYZ", "ABC", "XYC", "YZ", "AB"):
+        codes = _codes(log, names)
+        assert placement_p(ctx, codes, check_kernels) == placement_p(ctx, codes)
+
+
+def test_the_exact_tail_and_its_chernoff_bound():
+    rng = np.random.default_rng(5)
+    laws = rng.dirichlet(np.ones(6), size=30)
+    # exact: against brute-force sampling of the same independent levels
+    draws = np.array([rng.choice(6, size=200_000, p=row) for row in laws]).sum(axis=0)
+    for observed in (60, 80, 95):
+        exact = placement._tail(laws, observed)
+        assert exact == pytest.approx(np.mean(draws >= observed), abs=3e-3)
+        assert exact <= placement._chernoff(laws, observed) <= 1.0
+    assert placement._tail(laws, 0) == 1.0
+
+
+def test_discovery_refuses_the_phase_triple_and_keeps_the_rule():
+    for seed in (3, 4):
+        result = discover(_phased_log(seed), DiscoveryConfig(), np.random.default_rng(0))
+        accepted = {r.pattern for r in result.scored if r.accepted and len(r.pattern) == 3}
+        assert ("A", "B", "C") in accepted, seed
+        assert accepted <= {("A", "B", "C")}, (seed, accepted)
+        phase = [r for r in result.scored if r.pattern == ("X", "Y", "Z")]
+        assert phase and not phase[0].accepted
+        if phase[0].significant:
+            assert any("placement" in why for why in phase[0].reasons), phase[0].reasons
+
+
+def test_the_check_can_be_switched_off_to_measure_it():
+    log = _phased_log(3)
+    off = discover(log, DiscoveryConfig(placement=False), np.random.default_rng(0))
+    assert all(math.isnan(r.p_placement) for r in off.scored)
+    on = discover(log, DiscoveryConfig(), np.random.default_rng(0))
+    assert any(not math.isnan(r.p_placement) for r in on.scored)
+
+
+def test_the_projects_phased_world_loses_its_chance_triples_and_keeps_its_rules():
+    """Seeds where the slot-exchangeable checks alone accept a chance triple of phased codes."""
+    from thinkmem_ros.world.event_worlds import world
+
+    false_without = 0
+    for seed in (1, 6, 7):
+        w = world("phased", 8, np.random.default_rng(seed))
+        log = EventLog.from_episodes(w.episodes, w.codes)
+        for placement_on in (True, False):
+            result = discover(log, DiscoveryConfig(placement=placement_on),
+                              np.random.default_rng(0))
+            accepted = {r.pattern for r in result.scored
+                        if r.accepted and len(r.pattern) == 3}
+            if placement_on:
+                assert accepted == set(w.rules), (seed, accepted, w.rules)
+            else:
+                false_without += len(accepted - set(w.rules))
+    assert false_without >= 3
