@@ -37,13 +37,17 @@ class _Episode:
     events: list[tuple[float, str]]
 
 
-def condition_sweep(conditions: list[str], reps: list[int], seeds: int, progress=None) -> dict:
-    """Mean F1 and false relations per (condition, repetitions) over ``seeds`` worlds."""
+def condition_sweep(conditions: list[str], reps: list[int], seeds: int, progress=None,
+                    placement: bool = True) -> dict:
+    """Mean F1 and false relations per (condition, repetitions) over ``seeds`` worlds.
+
+    ``placement`` False: without discovery's placement check (what it costs or saves).
+    """
     from thinkmem_ros.bench.exp6 import _condition
     from thinkmem_ros.consolidator.discovery import DiscoveryConfig
     from thinkmem_ros.consolidator.knowledge import KnowledgeConfig
 
-    cfg, kcfg = DiscoveryConfig(), KnowledgeConfig()
+    cfg, kcfg = DiscoveryConfig(placement=placement), KnowledgeConfig()
     out = {}
     for c in conditions:
         for r in reps:
@@ -140,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-python", action="store_true",
                         help="rounds: also time each round's discovery with the checks' "
                              "terms in Python (the reference the compiled ones equal)")
+    parser.add_argument("--no-placement", action="store_true",
+                        help="conditions: without discovery's placement check (to measure it)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--reps must be integers separated by commas, got {args.reps!r}")
             task = bar.add_task("conditions", total=len(conditions) * len(reps) * args.seeds)
             result = condition_sweep(conditions, reps, args.seeds,
-                                     lambda: bar.advance(task))
+                                     lambda: bar.advance(task), not args.no_placement)
             for key, row in result.items():
                 print(f"{key:14s} F1 single pass {row['statistics_only']:.2f}  after rounds "
                       f"{row['proposed']:.2f}  false relations/run {row['false_relations']:.2f}")
