@@ -17,6 +17,14 @@ def test_condition_sweep_reports_f1_and_false_relations_per_cell():
     assert row["statistics_only"] >= 0.5  # eight repetitions in the sparse world are found
 
 
+def test_without_the_placement_check_the_phased_world_keeps_its_chance_triples():
+    """``--no-placement`` really runs discovery without it: the phased world's first two
+    seeds at 8 accept more chance triples of phase-bound codes then."""
+    off = discovery_sweep.condition_sweep(["phased"], [8], 2, placement=False)["phased.8"]
+    on = discovery_sweep.condition_sweep(["phased"], [8], 2)["phased.8"]
+    assert off["false_relations"] > on["false_relations"]
+
+
 def test_main_writes_json_and_refuses_bad_arguments(tmp_path, capsys):
     path = tmp_path / "sweep.json"
     assert discovery_sweep.main(["conditions", "--conditions", "zipf", "--reps", "8",
