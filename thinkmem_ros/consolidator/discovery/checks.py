@@ -48,8 +48,8 @@ class _Check:
     first_unbound: bool = False
     # neither its contrast nor its binding could be judged: the pattern waits (p 1)
     first_unjudged: bool = False
-    # the codes' places and frequencies explain the pattern (``placement``, Monte Carlo);
-    # None: not run (``examine`` runs it only where Holm passed every other check)
+    # the codes' places and frequencies explain the pattern (``placement``, exact tail);
+    # None: not run (``examine`` runs it only where Holm passed the other checks)
     p_placement: float | None = None
 
 

@@ -183,7 +183,7 @@ class Relation:
     p_order: float = math.nan  # order test (labels permuted among the pattern's slots)
     p_adds: tuple[float, ...] = ()  # per element: does it add to the rest (base-rate test)
     p_contrast: tuple[float, ...] = ()  # per element: against the pattern without it
-    p_placement: float = math.nan  # the codes' usual places in their episodes (Monte Carlo)
+    p_placement: float = math.nan  # beyond the codes' usual places (nan: not run)
     significant: bool | None = None  # passed the family-wide FDR test (None: not known)
 
     @property
