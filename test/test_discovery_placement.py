@@ -109,20 +109,22 @@ def test_the_check_can_be_switched_off_to_measure_it():
 
 
 def test_the_projects_phased_world_loses_its_chance_triples_and_keeps_its_rules():
-    """Seeds where the slot-exchangeable checks alone accept a chance triple of phased codes."""
+    """Seeds where the slot-exchangeable checks alone accept chance triples of phased codes:
+    with the placement check the rules stay and those triples are refused, saying why."""
     from thinkmem_ros.world.event_worlds import world
 
     false_without = 0
     for seed in (1, 6, 7):
         w = world("phased", 8, np.random.default_rng(seed))
         log = EventLog.from_episodes(w.episodes, w.codes)
-        for placement_on in (True, False):
-            result = discover(log, DiscoveryConfig(placement=placement_on),
-                              np.random.default_rng(0))
-            accepted = {r.pattern for r in result.scored
-                        if r.accepted and len(r.pattern) == 3}
-            if placement_on:
-                assert accepted == set(w.rules), (seed, accepted, w.rules)
-            else:
-                false_without += len(accepted - set(w.rules))
+        on, off = (discover(log, DiscoveryConfig(placement=flag), np.random.default_rng(0))
+                   for flag in (True, False))
+        accepted_on = {r.pattern for r in on.scored if r.accepted and len(r.pattern) == 3}
+        assert accepted_on == set(w.rules), (seed, accepted_on, w.rules)
+        chance = {r.pattern for r in off.scored
+                  if r.accepted and len(r.pattern) == 3} - set(w.rules)
+        false_without += len(chance)
+        for r in on.scored:
+            if r.pattern in chance:
+                assert any(why.startswith("placement:") for why in r.reasons), r.reasons
     assert false_without >= 3

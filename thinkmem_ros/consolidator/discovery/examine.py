@@ -290,6 +290,33 @@ def _holm_passed(significant: list[int], checks: dict[int, _Check], alpha: float
     return {i for i, p in zip(significant, _holm(worst).tolist()) if p <= alpha}
 
 
+def _holm_reasons(check: _Check, reverse: int, length: int, alpha: float,
+                  reasons: list[str], placement_family: int | None) -> list[str]:
+    """Why Holm refused a pattern (``reasons``: what was already said about it).
+
+    ``placement_family``: the size of the placement check's Holm family where the pattern
+    passed the other checks and failed only there; None otherwise.
+    """
+    if placement_family is not None:
+        return [f"placement: no tighter than its codes' usual places and frequencies say "
+                f"(p {check.p_placement:.3g}, Holm over the {placement_family} patterns "
+                f"that passed the other checks)"]
+    labels = ("first", "middle", "last") if length == 3 else ("first", "second")
+    out = []
+    if not check.p_order <= alpha:
+        out.append(f"order not specific: p_order {check.p_order:.3g} (reverse {reverse})")
+    for lab, pa in zip(labels, check.p_adds):
+        if not pa <= alpha:
+            out.append(f"{lab} element does not add beyond its base rate (p {pa:.3g})")
+    if not any("order" in r or "add" in r for r in reasons + out):
+        named = (("order", check.p_order),) + tuple(
+            (f"{lab} element adds", pa) for lab, pa in zip(labels, check.p_adds))
+        lab, pw = max(named, key=lambda x: x[1])
+        out.append(f"per-pattern checks fail Holm over the significant set "
+                   f"(weakest: {lab}, p {pw:.3g})")
+    return out
+
+
 def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
              ) -> list[Relation]:
     """Relations for the nominally significant candidates; checks for the significant ones."""
@@ -313,12 +340,12 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
     # Holm over the significant set on the largest of the per-pattern checks: a real pair
     # A...B makes every X near it significant in step 2, so this family is mostly such
     # riders; controlling its family-wise error keeps them from leaking through by chance
-    passed = _holm_passed(significant, checks, cfg.alpha)
+    passed = first = _holm_passed(significant, checks, cfg.alpha)
     # the placement check is a second stage: on what Holm passed, with a Holm of its own
     # over that set. One Holm over the whole significant set refused planted rules of
     # the rounds' histories in their first round (docs/discovery.md, the family)
-    if cfg.placement and passed:
-        order = sorted(passed)
+    if cfg.placement and first:
+        order = sorted(first)
         for i in order:
             checks[i].p_placement = placement_p(
                 ctx, tuple(int(c) for c in tested.codes[i]), check_kernel())
@@ -347,24 +374,8 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
             reasons.append(f"order not specific: reverse/other order {rival} fits as well "
                            f"as forward")
         if check is not None and i not in passed:
-            labels = ("first", "middle", "last") if length == 3 else ("first", "second")
-            if not check.p_order <= cfg.alpha:
-                reasons.append(f"order not specific: p_order {check.p_order:.3g} "
-                               f"(reverse {reverse})")
-            for lab, pa in zip(labels, check.p_adds):
-                if not pa <= cfg.alpha:
-                    reasons.append(f"{lab} element does not add beyond its base rate "
-                                   f"(p {pa:.3g})")
-            if check.p_placement is not None and not check.p_placement <= cfg.alpha:
-                reasons.append(f"placement: no tighter than its codes' usual places in "
-                               f"their episodes (p {check.p_placement:.3g})")
-            if not any("order" in r or "add" in r or "placement" in r for r in reasons):
-                named = (("order", check.p_order), ("placement", check.p_placement or 0.0)
-                         ) + tuple(
-                    (f"{lab} element adds", pa) for lab, pa in zip(labels, check.p_adds))
-                lab, pw = max(named, key=lambda x: x[1])
-                reasons.append(f"per-pattern checks fail Holm over the significant set "
-                               f"(weakest: {lab}, p {pw:.3g})")
+            reasons += _holm_reasons(check, reverse, length, cfg.alpha, reasons,
+                                     len(first) if i in first else None)
         if check is not None:
             labels = ("first", "middle") if length == 3 else ("pair",)
             for lab, pc in zip(labels, check.p_contrast):
