@@ -128,3 +128,23 @@ def test_the_projects_phased_world_loses_its_chance_triples_and_keeps_its_rules(
             if r.pattern in chance:
                 assert any(why.startswith("placement:") for why in r.reasons), r.reasons
     assert false_without >= 3
+
+
+def test_instant_episodes_and_gap_bounds_give_the_same_p_both_ways():
+    """Episodes whose events share one time (span 0) and a bounded gap window: the
+    compiled and Python levels agree and the p-values are p-values."""
+    from thinkmem_ros.consolidator.discovery import check_kernels
+
+    rng = np.random.default_rng(11)
+    eps = []
+    for e in range(40):
+        names = [str(x) for x in rng.choice(["A", "B", "C", "D"], size=rng.integers(1, 9))]
+        times = np.zeros(len(names)) if e % 5 == 0 else np.sort(rng.uniform(0, 100, len(names)))
+        eps.append(_Ep(e, e % 4, list(zip(times.tolist(), names))))
+    log = EventLog.from_episodes(eps)
+    ctx = _Episodes(log, DiscoveryConfig(min_gap=1.0, max_gap=50.0))
+    for names in ("ABC", "CBA", "AD", "DAB"):
+        codes = _codes(log, names)
+        compiled = placement_p(ctx, codes, check_kernels)
+        assert 0.0 < compiled <= 1.0
+        assert compiled == placement_p(ctx, codes)
