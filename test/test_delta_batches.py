@@ -377,3 +377,35 @@ def test_a_many_part_message_is_trimmed_after_like_a_big_frame(tmp_path, receive
     finally:
         sock.close(0)
     assert trims and receiver.stats.bad_frames == 1
+
+
+def test_a_stop_during_a_backlog_handles_no_further_message(receiver, monkeypatch):
+    """Fault injected with a mock (a slow first message, so a backlog waits behind it when
+    the stop comes; real timing cannot be made to produce it every time). The receiver
+    used to handle up to 64 more messages before looking at the stop, which kept a
+    SIGTERM'd receiver alive on a loaded machine; the robots re-send what went unhandled."""
+    import threading
+
+    handled = []
+    arrived = threading.Event()
+
+    def slow_first(store, parts, user):
+        handled.append(len(parts))
+        if len(handled) == 1:
+            arrived.set()
+            time.sleep(0.5)  # the other 19 messages queue up meanwhile
+            receiver._stop.set()
+
+    monkeypatch.setattr(receiver, "_handle", slow_first)
+    sock = context().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(receiver.endpoint)
+    try:
+        for k in range(20):
+            sock.send(b"not a frame %d" % k)
+        assert arrived.wait(5.0)
+        receiver._thread.join(5.0)
+        assert not receiver._thread.is_alive()
+    finally:
+        sock.close(0)
+    assert len(handled) == 1
