@@ -12,7 +12,9 @@ Two kinds of worlds:
   repetitions), r in (1, 2, 4, 8, 16): ``curves.proposed_f1_<condition>``,
   ``curves.statistics_only_f1_<condition>`` and ``results.false_relations_<condition>``
   (false triples per run, over every r: an accepted or promoted triple that was not
-  planted, or that holds the heartbeat code).
+  planted, or that holds the heartbeat code). Full runs add ``chain``, ``decoy``,
+  ``sparse_300`` and ``phased`` (codes that keep to a phase of the episode, where
+  discovery's known limit is).
 
 Methods: ``statistics_only`` is one discovery pass over the whole history
 (``consolidator/discovery``); ``proposed`` runs a consolidation round after each temporal partition
@@ -53,7 +55,7 @@ from thinkmem_ros.world.event_worlds import (
 REPETITIONS = (1, 2, 4, 8)
 CONDITION_REPETITIONS = (1, 2, 4, 8, 16)
 CONDITIONS = ("sparse", "zipf", "heartbeat", "shared")
-EXTRA_CONDITIONS = ("chain", "decoy", "sparse_300")  # full runs only
+EXTRA_CONDITIONS = ("chain", "decoy", "sparse_300", "phased")  # full runs only
 LOCAL_GAP = 5.0
 NULL_EPISODES = 1000
 
