@@ -193,7 +193,7 @@ def check_kernel():
 def _gather_rows(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndarray,
                  held: np.ndarray, others: list[tuple[int, ...]]) -> _Gathered | None:
     """All episodes in one compiled call (None without numba): the same sums and lists."""
-    kernel = _kernel() if USE_KERNEL else None
+    kernel = check_kernel()
     if kernel is None:
         return None
     got = kernel.gathered_terms(ctx.log, ctx.start, rows, codes, g, ctx.cfg, ctx.scales,
@@ -217,7 +217,7 @@ def _one_tail(probs: list[float], observed: int) -> float:
     """``pb_tail`` of one problem (1 without trials); compiled where numba is."""
     if not probs:
         return 1.0
-    kernel = _kernel() if USE_KERNEL else None
+    kernel = check_kernel()
     if kernel is None:
         return float(pb_tail([np.asarray(probs)], np.array([observed]))[0])
     return float(kernel.pb_tail_one(np.asarray(probs, np.float64), int(observed)))
@@ -225,7 +225,7 @@ def _one_tail(probs: list[float], observed: int) -> float:
 
 def _flip_tail(d: np.ndarray) -> float:
     """``_sign_flip_tail``, its law built compiled where numba is (summed as there)."""
-    kernel = _kernel() if USE_KERNEL else None
+    kernel = check_kernel()
     return _sign_flip_tail(d, None if kernel is None else kernel.sign_flip_law)
 
 

@@ -83,15 +83,9 @@ def placement_p(ctx: _Episodes, codes: tuple[int, ...], kernel=None) -> float:
         pool = rows[np.unique(np.linspace(0, rows.size - 1, MAX_POOL).astype(np.int64))] \
             if rows.size > MAX_POOL else rows
         holding = np.intersect1d(target, rows, assume_unique=True)
-        if kernel is None:
-            levels = _levels_python(ctx, places, target, pool, moved)
-            own = [int(_levels_python(ctx, places, np.array([e]), np.array([e]), moved)[0, 0])
-                   for e in holding.tolist()]
-        else:
-            where = (first, span)
-            levels = _levels_compiled(ctx, places, target, pool, moved, where, kernel)
-            own = [int(_levels_compiled(ctx, places, np.array([e]), np.array([e]), moved,
-                                        where, kernel)[0, 0]) for e in holding.tolist()]
+        levels = _levels(ctx, places, target, pool, moved, (first, span), kernel)
+        own = [int(_levels(ctx, places, np.array([e]), np.array([e]), moved, (first, span),
+                           kernel)[0, 0]) for e in holding.tolist()]
         laws = _laws(levels, rows.size / max(pool.size, 1), ctx.n_ep, ctx.scales.size)
         worst = max(worst, _tail(laws, sum(own)))
     return worst
@@ -140,9 +134,22 @@ def _chernoff(laws: np.ndarray, observed: int) -> float:
     return float(math.exp(best))
 
 
-def _levels_python(ctx: _Episodes, places, target, pool, moved) -> np.ndarray:
-    """``levels[k, j]`` of ``_tail``, episode by episode in Python."""
-    first, span = _spans(ctx)
+def _levels(ctx: _Episodes, places, target, pool, moved, where, kernel) -> np.ndarray:
+    """``levels[k, j]``: target k's level with pool episode j's placement of ``moved``.
+
+    Compiled where ``kernel`` is given, else in Python (the same levels).
+    """
+    if kernel is None:
+        return _levels_python(ctx, places, target, pool, moved, where)
+    return _levels_compiled(ctx, places, target, pool, moved, where, kernel)
+
+
+def _levels_python(ctx: _Episodes, places, target, pool, moved, where) -> np.ndarray:
+    """``_levels`` episode by episode in Python.
+
+    ``where``: every episode's first event time and span (``_spans``).
+    """
+    first, span = where
     cfg = ctx.cfg
     out = np.zeros((target.size, pool.size), np.int64)
     for k, e in enumerate(target.tolist()):
