@@ -246,18 +246,65 @@ def test_a_topic_recorded_twice_is_named_by_calibrate(tmp_path, capsys):
     assert f"motion: {N} of {2 * N} samples arrive at the same time" in capsys.readouterr().out
 
 
-def test_play_refuses_split_files_listed_out_of_time_order(tmp_path):
-    """It played the later file first, then the earlier one in one burst (train and
-    calibrate sort their samples and were right)."""
+class _Node:
+    """Publishers that drop what they get: these tests check what the player is handed."""
+
+    def create_publisher(self, cls, topic, qos):
+        return type("Publisher", (), {"publish": lambda self, data: None})()
+
+
+def test_play_merges_split_files_listed_out_of_time_order(tmp_path):
+    """It played the later file first, then the earlier one in one burst; now the files
+    are merged by time, as ``ros2 bag play`` orders them."""
     from test_bag_hostile import split_out_of_order
 
     from thinkmem_ros.playback.player import BagPlayer, PlayConfig
 
-    _, split = split_out_of_order(tmp_path)
+    whole, split = split_out_of_order(tmp_path)
+    assert [m.timestamp_ns for m in BagStream(split)] == [m.timestamp_ns
+                                                         for m in BagStream(whole)]
+    stats = BagPlayer(_Node(), BagStream(split), PlayConfig(rate=1000.0)).play()
+    assert stats.published == 80
 
-    class Node:
-        def create_publisher(self, cls, topic, qos):
-            return type("Publisher", (), {"publish": lambda self, data: None})()
 
-    with pytest.raises(BagError, match="storage files are listed out of time order"):
-        BagPlayer(Node(), BagStream(split), PlayConfig(rate=1000.0)).play()
+def split_with_overlap(tmp_path: Path, storage: str, overlap_ns: int) -> Path:
+    """``/x`` for 8 s in two storage files, the second starting ``overlap_ns`` before the
+    first ends (a recorder's clock stepped back or jittered at the split)."""
+    from test_bag_hostile import _store, write_bag
+
+    store, ext = _store(), ("mcap" if storage == "mcap" else "db3")
+    split = tmp_path / "split"
+    split.mkdir()
+    period = round(1e9 / RATE)
+    stamps = [[START_NS + k * period for k in range(40)],
+              [START_NS + k * period - (period + overlap_ns) for k in range(40, 80)]]
+    for i, part_stamps in enumerate(stamps):
+        part = write_bag(tmp_path / f"part{i}", [(t, "/x", "std_msgs/msg/Float64",
+                                                  float64(store, speed(k)))
+                                                 for k, t in enumerate(part_stamps)],
+                         storage=storage, store=store)
+        (part / f"part{i}.{ext}").rename(split / f"part{i}.{ext}")
+    meta = yaml.safe_load((tmp_path / "part0" / "metadata.yaml").read_text())
+    info = meta["rosbag2_bagfile_information"]
+    info["relative_file_paths"], info["files"] = [f"part0.{ext}", f"part1.{ext}"], []
+    info["message_count"] = info["topics_with_message_count"][0]["message_count"] = 80
+    info["duration"]["nanoseconds"] = max(stamps[0][-1], stamps[1][-1]) - START_NS
+    (split / "metadata.yaml").write_text(yaml.safe_dump(meta))
+    return split
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+@pytest.mark.parametrize("overlap_ns", [1_000, 300_000_000])
+def test_a_split_file_starting_before_the_last_one_ends_plays_in_time_order(
+        tmp_path, storage, overlap_ns):
+    """A valid recording was refused as 'listed out of time order' when the second file
+    began a microsecond before the first one's last message."""
+    from thinkmem_ros import cli
+    from thinkmem_ros.playback.player import BagPlayer, PlayConfig
+
+    split = split_with_overlap(tmp_path, storage, overlap_ns)
+    stamps = [m.timestamp_ns for m in BagStream(split)]
+    assert len(stamps) == 80 and stamps == sorted(stamps)
+    assert BagPlayer(_Node(), BagStream(split), PlayConfig(rate=1000.0)).play().published == 80
+    assert checked_bag_info(split).message_count == 80
+    assert cli.main(["calibrate", str(split), "--params", str(params(tmp_path))]) == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import io
 import itertools
 import json
@@ -28,6 +29,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -608,7 +610,8 @@ class BagStream:
 
     A player holds one message at a time instead of the whole bag (a list of 10^6
     messages costs hundreds of MB), and a looping player simply iterates again. Within
-    one storage file rosbags yields messages in timestamp order; ``types`` (topic ->
+    one storage file rosbags yields messages in timestamp order, and the files of a split
+    bag are merged by timestamp (``_per_file_messages``); ``types`` (topic ->
     message type) and ``count`` come from the bag's metadata, so publishers can be made
     before the first message is read. Unknown topic names raise BagError naming them.
     """
@@ -645,20 +648,28 @@ class BagStream:
             # from the start: every message, also one stamped before a (wrong) metadata
             # start, which readers then name instead of losing it to this filter
             start = self.start_ns if self.start_ns != self.info.start_ns else None
-            messages = reader.messages(connections=conns, start=start)
+            messages = heapq.merge(*self._checked_files(reader, conns, start),
+                                   key=lambda item: item[1])
             while True:
                 try:
                     conn, stamp, data = next(messages)
                 except StopIteration:
                     self._check_complete(yielded)
                     return
+                except BagError:
+                    raise
                 except Exception as exc:  # rosbags raises several types for corrupt bags
                     raise BagError(f"cannot read bag {self.path}: {exc}") from exc
                 yielded += 1
-                yield RawMessage(conn.topic, conn.msgtype, self._stamp_of(conn.topic, stamp),
+                yield RawMessage(conn.topic, conn.msgtype, stamp,
                                  self._bytes_of(conn.topic, stamp, data))
         finally:
             reader.close()
+
+    def _checked_files(self, reader, conns: list, start: int | None) -> list[Iterator]:
+        """Each storage file's messages, their stamps checked before they are compared."""
+        return [((conn, self._stamp_of(conn.topic, stamp), data) for conn, stamp, data in one)
+                for one in _per_file_messages(reader, conns, start)]
 
     def _stamp_of(self, topic: str, stamp: Any) -> int:
         """A message's receive time, refusing what a damaged storage row holds instead.
@@ -699,6 +710,27 @@ class BagStream:
             raise BagError(f"bag {self.path} is damaged: read {yielded} messages, more than "
                            f"the {self.count} its metadata.yaml lists (a storage file listed "
                            f"twice, or duplicated rows)")
+
+
+def _per_file_messages(reader, conns: list, start: int | None) -> list[Iterator]:
+    """One time-ordered message iterator per storage file of an open rosbags reader.
+
+    rosbags reads a split bag's files one after another, so a file that starts a little
+    before the previous one ends (a clock step or jitter at the split, or files listed out
+    of order) would go backwards in time; ``ros2 bag play`` orders across files by time,
+    and so does merging these. ``DirectoryReader.messages`` on a one-file view keeps
+    rosbags' own connection matching and per-message decompression for each file.
+    """
+    from rosbags.rosbag2.reader import DirectoryReader
+
+    directory = reader.storage
+    storages = list(getattr(directory, "storages", ()))
+    if not isinstance(directory, DirectoryReader) or len(storages) < 2:
+        return [reader.messages(connections=conns, start=start)]
+    conns = conns or directory.connections  # as Reader.messages: none means every one
+    return [DirectoryReader.messages(  # type: ignore[arg-type]
+        SimpleNamespace(storages=[one], metadata=directory.metadata), conns, start)
+        for one in storages]
 
 
 DISTRO_STORES = {"foxy": "ROS2_FOXY", "galactic": "ROS2_GALACTIC", "humble": "ROS2_HUMBLE",

@@ -304,15 +304,13 @@ class BagPlayer:
 def _check_gap(msg: RawMessage, last_ns: int | None) -> None:
     """Refuse to wait out a silence longer than MAX_GAP_S before ``msg``, naming it.
 
-    Also refuse a message older than one already played: each storage file is read in
-    time order, so that is a split bag whose files metadata.yaml lists out of time order,
-    which played the later file first and then the earlier one in one burst.
+    Also refuse a message older than one already played, which would go out at once in
+    a burst: a ``BagStream`` merges a split bag's files by time, so only a message list
+    handed over out of order (or a storage file that is not in time order) gets here.
     """
     if last_ns is not None and msg.timestamp_ns < last_ns:
         raise BagError(f"the message on {msg.topic} at {msg.timestamp_ns} ns comes after one "
-                       f"at {last_ns} ns: the bag's storage files are listed out of time "
-                       "order in its metadata.yaml (relative_file_paths and files); list "
-                       "them in time order")
+                       f"at {last_ns} ns: the messages are not in time order")
     if last_ns is not None and msg.timestamp_ns - last_ns > MAX_GAP_S * 1e9:
         raise BagError(f"the message on {msg.topic} at {msg.timestamp_ns} ns comes "
                        f"{(msg.timestamp_ns - last_ns) / 1e9:.6g} s after the one before; a "
