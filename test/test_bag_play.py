@@ -209,3 +209,72 @@ def test_namespace_option_moves_topics_but_not_clock(ros, bags):
     assert len(recorder.got["/robot7/sensors/temperature"]) >= FRAMES - 2
     assert recorder.got["/sensors/temperature"] == []
     assert recorder.got["/clock"]
+
+
+# ---------------------------------------------------------------- recorded QoS
+
+def _qos_bag(path: Path) -> Path:
+    """``/latched`` recorded TRANSIENT_LOCAL (5 messages), ``/lossy`` BEST_EFFORT, and
+    ``/mixed`` from a latched and a volatile publisher."""
+    from rosbags.interfaces import (
+        Qos,
+        QosDurability,
+        QosHistory,
+        QosLiveliness,
+        QosReliability,
+        QosTime,
+    )
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store, zero = get_typestore(Stores.ROS2_KILTED), QosTime(0, 0)
+    volatile = Qos(QosHistory.KEEP_LAST, 1, QosReliability.RELIABLE, QosDurability.VOLATILE,
+                   zero, zero, QosLiveliness.AUTOMATIC, zero, False)
+    latched = volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)
+    lossy = volatile._replace(reliability=QosReliability.BEST_EFFORT)
+    string = store.types["std_msgs/msg/String"]
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        for topic, offers in (("/latched", [latched]), ("/lossy", [lossy]),
+                              ("/mixed", [latched, volatile])):
+            conn = writer.add_connection(topic, "std_msgs/msg/String", typestore=store,
+                                         offered_qos_profiles=offers)
+            for k in range(5):
+                writer.write(conn, 1_700_000_000 * 10**9 + k * 10**7, bytes(
+                    store.serialize_cdr(string(data=f"m{k}"), "std_msgs/msg/String")))
+    return path
+
+
+def test_a_topic_recorded_latched_reaches_a_latching_subscriber_that_joins_late(ros,
+                                                                                tmp_path):
+    """Every publisher was RELIABLE+VOLATILE: a TRANSIENT_LOCAL subscriber (tf2's static
+    listener, a map client) never matched it and got nothing, while play exited 0."""
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+    from std_msgs.msg import String
+
+    from thinkmem_ros.playback.bag_files import BagStream
+    from thinkmem_ros.playback.player import BagPlayer, PlayConfig
+
+    player = BagPlayer(ros, BagStream(_qos_bag(tmp_path / "qos")),
+                       PlayConfig(rate=1000.0, qos_depth=1))
+    got: list[str] = []
+    sub = None
+    try:
+        assert player.play().published == 15
+        offered = {topic: {(info.qos_profile.durability, info.qos_profile.reliability)
+                           for info in ros.get_publishers_info_by_topic(topic)}
+                   for topic in ("/latched", "/lossy", "/mixed")}
+        assert offered == {
+            "/latched": {(DurabilityPolicy.TRANSIENT_LOCAL, ReliabilityPolicy.RELIABLE)},
+            "/lossy": {(DurabilityPolicy.VOLATILE, ReliabilityPolicy.BEST_EFFORT)},
+            "/mixed": {(DurabilityPolicy.VOLATILE, ReliabilityPolicy.RELIABLE)}}
+        sub = ros.create_subscription(String, "/latched", lambda m: got.append(m.data),
+                                      QoSProfile(depth=10, durability=DurabilityPolicy
+                                                 .TRANSIENT_LOCAL))
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if sub is not None:
+            ros.destroy_subscription(sub)
+        player.destroy()
+    assert got == [f"m{k}" for k in range(5)]

@@ -79,6 +79,35 @@ class RawMessage:
     data: bytes
 
 
+@dataclass(frozen=True)
+class RecordedQos:
+    """What every recorded publisher of a topic offered, for a player to offer alike."""
+
+    transient_local: bool = False  # all latched (/tf_static, /map)
+    best_effort: bool = False  # all best effort (a camera, a lidar)
+
+
+def recorded_qos(connections: Iterable[Any]) -> dict[str, RecordedQos]:
+    """Per topic, whether all its recorded QoS profiles offer TRANSIENT_LOCAL / BEST_EFFORT.
+
+    ``ros2 bag play`` adapts each publisher to the recorded offers this way: a latched
+    topic goes out latched only when every recorded publisher latched it (one VOLATILE
+    offer among them means subscribers had to accept VOLATILE). A connection recorded
+    without profiles (sqlite3 bags before rosbag2 recorded QoS) leaves its topic as is.
+    """
+    from rosbags.interfaces import QosDurability, QosReliability
+
+    offers: dict[str, list[Any]] = {}
+    for conn in connections:
+        profiles = list(getattr(conn.ext, "offered_qos_profiles", None) or [None])
+        offers.setdefault(conn.topic, []).extend(profiles)
+    return {topic: RecordedQos(
+        transient_local=all(getattr(p, "durability", None) == QosDurability.TRANSIENT_LOCAL
+                            for p in profiles),
+        best_effort=all(getattr(p, "reliability", None) == QosReliability.BEST_EFFORT
+                        for p in profiles)) for topic, profiles in offers.items()}
+
+
 @dataclass
 class BagInfo:
     """What ``ros2 bag info`` shows: storage, time range and per-topic type and count."""
@@ -91,6 +120,7 @@ class BagInfo:
     # topics recorded with more than one message type: topic -> {type: count}; ``topics``
     # then holds the type with the most messages and the count over all of them
     mixed: dict[str, dict[str, int]] = field(default_factory=dict)
+    qos: dict[str, RecordedQos] = field(default_factory=dict)  # as recorded (rosbag2 only)
 
     @property
     def duration_s(self) -> float:
@@ -530,7 +560,8 @@ def bag_info(path: Path | str) -> BagInfo:
         # rosbags reports an exclusive end (last stamp + 1 ns); ros2 bag info shows the last
         end_ns = reader.end_time - 1 if reader.message_count else reader.start_time
         return BagInfo(path=path, storage=_storage_of(path), start_ns=reader.start_time,
-                       end_ns=end_ns, topics=topics, mixed=mixed)
+                       end_ns=end_ns, topics=topics, mixed=mixed,
+                       qos=recorded_qos(reader.connections))
     finally:
         reader.close()
 

@@ -3,7 +3,9 @@
 rosbag2 itself has no Python wheels, so this player reads bags with ``rosbags``
 (:mod:`thinkmem_ros.playback.bag_files`) and publishes the recorded CDR bytes unchanged through
 rclpy publishers of the recorded types (``Publisher.publish`` accepts serialized bytes), so
-nothing is decoded or re-encoded on the way and any message type installed works.
+nothing is decoded or re-encoded on the way and any message type installed works. Each
+publisher offers the durability and reliability its topic was recorded with where all
+recorded publishers agree (a latched /tf_static stays latched), as ``ros2 bag play`` does.
 
 Bags are streamed (``BagStream``): memory does not grow with the bag. ``play_bag`` handles
 SIGINT and SIGTERM itself (rclpy's handlers would shut the context down under a publish
@@ -34,6 +36,7 @@ from thinkmem_ros.playback.bag_files import (
     BagError,
     BagStream,
     RawMessage,
+    RecordedQos,
     convert_ros1,
     is_ros1_bag,
 )
@@ -147,11 +150,14 @@ class BagPlayer:
         self._stop = threading.Event()
         qos = QoSProfile(depth=config.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
         types: dict[str, str] = {}
+        recorded: dict[str, tuple[RecordedQos, int]] = {}
         if isinstance(messages, BagStream):
             if not messages.count:
                 raise BagError("nothing to play: the selection has no messages")
             self._messages: Iterable[RawMessage] = messages
             types = dict(messages.types)
+            recorded = {topic: (offer, messages.info.topics[topic][1])
+                        for topic, offer in messages.info.qos.items()}
         else:
             if not messages:
                 raise BagError("nothing to play: the selection has no messages")
@@ -179,9 +185,10 @@ class BagPlayer:
             raise BagError("nothing to play: no installed type among "
                            f"{sorted(set(types.values()))}")
         types = {topic: kind for topic, kind in types.items() if topic in classes}
-        self._publishers = {topic: node.create_publisher(classes[topic],
-                                                         config.topic_name(topic), qos)
-                            for topic in types}
+        self._publishers = {topic: node.create_publisher(
+            classes[topic], config.topic_name(topic),
+            _publisher_qos(config.qos_depth, *recorded.get(topic, (RecordedQos(), 0))))
+            for topic in types}
         self._clock_pub = None
         if config.clock_hz is not None:
             from rosgraph_msgs.msg import Clock
@@ -299,6 +306,30 @@ class BagPlayer:
             self._node.destroy_publisher(pub)
         if self._clock_pub is not None:
             self._node.destroy_publisher(self._clock_pub)
+
+
+MAX_LATCHED_DEPTH = 1000
+"""Most messages of a latched topic kept for subscribers that join late: a latched topic
+holds a few (one per /tf_static broadcaster); past this it is a stream recorded latched."""
+
+
+def _publisher_qos(depth: int, recorded: RecordedQos, count: int):
+    """The QoS to republish a topic with, adapted to the recorded offers as ros2 bag play.
+
+    A latching subscriber (tf2's static listener, a map client) never matches a VOLATILE
+    publisher, so a topic recorded TRANSIENT_LOCAL by all its publishers is played
+    TRANSIENT_LOCAL, with a depth that keeps every recorded message for late joiners.
+    BEST_EFFORT only when every recorded offer was; RELIABLE matches every subscriber.
+    """
+    from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+
+    durability = DurabilityPolicy.VOLATILE
+    if recorded.transient_local:
+        durability = DurabilityPolicy.TRANSIENT_LOCAL
+        depth = max(depth, min(count, MAX_LATCHED_DEPTH))
+    reliability = (ReliabilityPolicy.BEST_EFFORT if recorded.best_effort
+                   else ReliabilityPolicy.RELIABLE)
+    return QoSProfile(depth=depth, reliability=reliability, durability=durability)
 
 
 def _check_gap(msg: RawMessage, last_ns: int | None) -> None:
