@@ -278,3 +278,38 @@ def test_a_topic_recorded_latched_reaches_a_latching_subscriber_that_joins_late(
             ros.destroy_subscription(sub)
         player.destroy()
     assert got == [f"m{k}" for k in range(5)]
+
+
+# ---------------------------------------------------------------- names ROS refuses
+
+@pytest.mark.parametrize("topic, says", [
+    ("/sensors/vibrätiøn", "characters other than alphanumerics"),
+    ("/sensors//vibration", "repeated '/'"),
+    ("/sensors/vibration/", "must not end with"),
+    ("/1sensors/vibration", "starts with a number"),
+    ("", "must not be empty"),
+])
+def test_a_recorded_topic_name_ros_refuses_is_one_line_naming_it(tmp_path, topic, says):
+    """rclpy's InvalidTopicNameException reached the command's catch-all as an
+    unexpected error."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    string = store.types["std_msgs/msg/String"]
+    with Writer(tmp_path / "b", version=9, storage_plugin=StoragePlugin.SQLITE3) as writer:
+        for name in (topic, "/fine"):
+            conn = writer.add_connection(name, "std_msgs/msg/String", typestore=store)
+            writer.write(conn, 1_700_000_000 * 10**9, bytes(
+                store.serialize_cdr(string(data="x"), "std_msgs/msg/String")))
+    done = _play(str(tmp_path / "b"))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{topic!r} (" in done.stderr and says in done.stderr
+    assert "no valid ROS 2 topic name" in done.stderr and "--topics" in done.stderr
+    assert "InvalidTopicNameException" not in done.stderr
+    assert _play(str(tmp_path / "b"), "--topics", "/fine").returncode == 0
+
+
+def test_a_namespace_of_non_ascii_letters_is_refused(bags):
+    done = _play(str(bags / "mcap"), "--namespace", "ä")
+    assert done.returncode == 1 and "namespace must be ROS names" in done.stderr

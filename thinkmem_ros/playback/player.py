@@ -91,9 +91,12 @@ class PlayConfig:
             raise ValueError(f"qos_depth must be >= 1, got {self.qos_depth}")
         if self.topics is not None and not self.topics:
             raise ValueError("topics must name at least one topic (or be None for all)")
-        if self.namespace and not all(part.isidentifier()
+        if self.namespace and not all(part.isascii() and part.isidentifier()
                                       for part in self.namespace.strip("/").split("/")):
-            raise ValueError(f"namespace must be names separated by '/', "
+            # ROS name tokens: ASCII letters, digits and '_', no leading digit (isidentifier
+            # alone accepts 'ä', which rclpy then refused as a topic name)
+            raise ValueError(f"namespace must be ROS names (ASCII letters, digits and '_', "
+                             f"not starting with a digit) separated by '/', "
                              f"got {self.namespace!r}")
 
     def topic_name(self, recorded: str) -> str:
@@ -185,6 +188,7 @@ class BagPlayer:
             raise BagError("nothing to play: no installed type among "
                            f"{sorted(set(types.values()))}")
         types = {topic: kind for topic, kind in types.items() if topic in classes}
+        _check_topic_names({topic: config.topic_name(topic) for topic in types})
         self._publishers = {topic: node.create_publisher(
             classes[topic], config.topic_name(topic),
             _publisher_qos(config.qos_depth, *recorded.get(topic, (RecordedQos(), 0))))
@@ -306,6 +310,31 @@ class BagPlayer:
             self._node.destroy_publisher(pub)
         if self._clock_pub is not None:
             self._node.destroy_publisher(self._clock_pub)
+
+
+def _check_topic_names(names: dict[str, str]) -> None:
+    """BagError naming each recorded topic whose published name is no ROS 2 topic name.
+
+    ``names`` maps recorded to published names; checked before anything is published. A
+    recording can hold any string as a topic (one made by another tool, a damaged
+    metadata.yaml); rclpy refused it at ``create_publisher`` with an exception of its own
+    that the command could only report as an unexpected error.
+    """
+    from rclpy.exceptions import InvalidTopicNameException
+    from rclpy.validate_full_topic_name import validate_full_topic_name
+    from rclpy.validate_topic_name import validate_topic_name
+
+    bad = []
+    for recorded, name in names.items():
+        try:  # a relative name is resolved in the node's namespace, as rclpy does
+            (validate_full_topic_name if name.startswith("/") else validate_topic_name)(name)
+        except InvalidTopicNameException as exc:
+            reason = str(exc).splitlines()[0].removeprefix("Invalid topic name: ")
+            bad.append(f"{recorded!r} ({reason.rstrip(':')})")
+    if bad:
+        raise BagError(f"cannot play {len(bad)} recorded topic(s) whose names are no valid "
+                       f"ROS 2 topic names: {', '.join(bad)}; pass --topics to play the "
+                       "others")
 
 
 MAX_LATCHED_DEPTH = 1000
