@@ -13,6 +13,7 @@ from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
 from thinkmem_ros.playback.bag_files import (
     GROUND_TRUTH_TOPIC,
     BagError,
+    BagStream,
     bag_info,
     decode,
     default_bindings,
@@ -138,6 +139,21 @@ def test_topic_filter_and_start_offset(written):
     assert {m.topic for m in messages} == {GROUND_TRUTH_TOPIC}
     assert len(messages) == FRAMES - 10
     assert messages[0].timestamp_ns == info.start_ns + 10**9
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+@pytest.mark.parametrize("offset", [1e300, 1e10, FRAMES / RATE + 0.5])
+def test_a_start_offset_past_the_end_is_refused_naming_the_duration(written, tmp_path,
+                                                                    storage, offset):
+    """1e300 s overflowed into an OverflowError, and 1e10 s on sqlite3 blamed the bag
+    ("cannot read bag: int too big to convert")."""
+    stream, out, _ = written
+    bag = out if storage == "mcap" else write_stream(stream, tmp_path / "sq",
+                                                      storage="sqlite3").path
+    with pytest.raises(BagError, match=r"start offset .* s is past the end of bag .* which "
+                                       r"lasts 3\.9 s"):
+        BagStream(bag, start_offset_s=offset)
+    assert len(list(BagStream(bag, start_offset_s=(FRAMES - 1) / RATE))) > 0
 
 
 def test_bad_inputs_raise_naming_the_problem(written, tmp_path):

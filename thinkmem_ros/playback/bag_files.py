@@ -655,6 +655,7 @@ class BagStream:
         if start_offset_s < 0 or not math.isfinite(start_offset_s):
             raise ValueError(f"start_offset_s must be >= 0, got {start_offset_s}")
         self.info = bag_info(self.path)
+        self._check_offset(start_offset_s)
         wanted = set(self.info.topics) if topics is None else set(topics)
         unknown = sorted(wanted - set(self.info.topics))
         if unknown:
@@ -664,6 +665,16 @@ class BagStream:
         self.types = {t: self.info.topics[t][0] for t in sorted(wanted)}
         self.count = sum(self.info.topics[t][1] for t in wanted)
         self.start_ns = self.info.start_ns + round(start_offset_s * 1e9)
+
+    def _check_offset(self, start_offset_s: float) -> None:
+        """Refuse an offset past the bag's last message before it becomes a stamp.
+
+        Past the end nothing plays, and a huge offset overflowed the ns conversion
+        (1e300 s) or the storage's 64-bit query ("cannot read bag: int too big").
+        """
+        if start_offset_s > self.info.duration_s:
+            raise BagError(f"start offset {start_offset_s:g} s is past the end of bag "
+                           f"{self.path}, which lasts {self.info.duration_s:.9g} s")
 
     def __iter__(self) -> Iterator[RawMessage]:
         """One pass over the selected messages, opening the bag afresh.
