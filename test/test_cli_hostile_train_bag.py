@@ -319,3 +319,47 @@ def test_train_bag_refuses_the_worlds_options_it_would_ignore(tmp_path, capsys):
     code, err = run(capsys, "train", "--bag", tmp_path / "nowhere", "--duration", "5",
                     "--scenario", "thermal", "--out", tmp_path / "b")
     assert_one_line(code, err, "--scenario, --duration: only for the synthetic world")
+
+
+def _unprivileged() -> list[str]:
+    """A command prefix that cannot bypass file permissions: as root, setpriv drops the
+    capabilities that override them (a root session reads a chmod 000 folder anyway)."""
+    if os.geteuid() != 0:
+        return []
+    drop = [shutil.which("setpriv") or "setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search"]
+    try:
+        works = subprocess.run([*drop, "true"], capture_output=True, timeout=30).returncode == 0
+    except OSError:
+        works = False
+    if not works:
+        pytest.skip("running as root, and setpriv cannot drop the capabilities that make "
+                    "root ignore permission bits")
+    return drop
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["calibrate", "BAG", "--params", "WHEELED"], 2),
+    (["train", "--bag", "BAG", "--params", "WHEELED", "--labels", "RULES", "--out", "OUT"], 1),
+    (["bag", "info", "BAG"], 1),
+], ids=["calibrate", "train", "info"])
+def test_an_unreadable_bag_folder_is_one_line_naming_it(small_bag, tmp_path, argv, code):
+    """A PermissionError from listing the folder escaped calibrate (exit 1, not its
+    documented 2) and train --bag through the catch-all as an unexpected error."""
+    prefix = _unprivileged()
+    bag = tmp_path / "bag"
+    shutil.copytree(small_bag, bag)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("labels:\n  moving:\n    threshold: {signal: motion, above: 0.5}\n")
+    names = {"BAG": bag, "WHEELED": WHEELED, "RULES": rules, "OUT": tmp_path / "out"}
+    bag.chmod(0)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-m", "thinkmem_ros.cli",
+                               *[str(names.get(a, a)) for a in argv]], capture_output=True,
+                              text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    finally:
+        bag.chmod(0o755)
+    assert done.returncode == code, done.stderr
+    assert_one_line(done.returncode, done.stderr, f"cannot read bag folder {bag}",
+                    "Permission denied")
+    assert "PermissionError" not in done.stderr

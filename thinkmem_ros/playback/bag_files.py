@@ -446,13 +446,19 @@ def check_bag_path(path: Path | str) -> Path:
     """``path`` as a Path; ValueError when it, or an entry of its folder, is no file.
 
     A FIFO, device or socket as the bag, its metadata.yaml or a storage file would block
-    the first read for ever; ``os.stat`` never blocks, so this runs before any open.
+    the first read for ever; ``os.stat`` never blocks, so this runs before any open. A
+    folder that cannot be listed (no read permission) is a BagError naming it: every
+    reader of a bag comes through here, and a bare PermissionError escaped them.
     """
     from thinkmem_ros.core.input_files import input_path
 
     path = input_path(path, "bag")
     if path.is_dir():
-        for entry in path.iterdir():
+        try:
+            entries = list(path.iterdir())
+        except OSError as exc:
+            raise BagError(f"cannot read bag folder {path}: {exc.strerror or exc}") from None
+        for entry in entries:
             input_path(entry, "bag file")
     return path
 
