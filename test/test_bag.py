@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,3 +261,24 @@ def test_a_damaged_storage_file_is_an_error_not_a_short_read(tmp_path):
     storage.write_bytes(bytes(data))
     with pytest.raises(BagError, match=f"damaged: read \\d+ of the {info.message_count}"):
         read_bag(out)
+
+
+def test_sigterm_during_bag_write_removes_the_partial_bag(tmp_path):
+    """SIGTERM ended the process without running the cleanup, leaving a hidden
+    '.OUT.xxxx.partial' folder beside the output (Ctrl-C already cleaned up)."""
+    root = Path(__file__).resolve().parent.parent
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "thinkmem_ros.cli", "bag", "write", "--scenario", "mixed",
+         "--duration", "20000", "--out", str(tmp_path / "out")],
+        env=dict(os.environ, PYTHONPATH=str(root)), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob(".out.*.partial/out/*")) and writer.poll() is None:
+            assert time.monotonic() < deadline, "the write never started"
+            time.sleep(0.1)
+        writer.send_signal(signal.SIGTERM)
+        _, err = writer.communicate(timeout=60)
+    finally:
+        writer.kill()
+    assert writer.returncode == 128 + signal.SIGTERM, err
+    assert list(tmp_path.iterdir()) == []

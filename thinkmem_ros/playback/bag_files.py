@@ -24,8 +24,10 @@ import logging
 import math
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,7 +286,8 @@ def _output_bag(out: Path, overwrite: bool) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     target = stage / out.name  # the bag's files are named after its folder
     try:
-        yield target
+        with _sigterm_raises():
+            yield target
         _check_replaceable(out, overwrite)  # still a bag of ours (or nothing) at the end
         old = stage / f"{out.name}.old"
         if out.exists():
@@ -297,6 +300,30 @@ def _output_bag(out: Path, overwrite: bool) -> Iterator[Path]:
             raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Meanwhile SIGTERM raises SystemExit(143), so the ``finally`` blocks around run.
+
+    SIGTERM's default action ends the process on the spot: a ``bag write`` stopped that
+    way left its hidden staging folder behind, where Ctrl-C (KeyboardInterrupt) cleaned
+    up. Only the default action is replaced, and only in the main thread, so a caller's
+    own handler (the player's, while it converts a ROS 1 bag) keeps working.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def raise_exit(signum, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def write_stream(stream: SignalStream, out: Path | str, *,
