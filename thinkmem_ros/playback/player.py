@@ -50,6 +50,10 @@ faster; past them the player's sleeps overflow the clock or it publishes as fast
 anyway."""
 MIN_CLOCK_HZ, MAX_CLOCK_HZ = 1e-3, 1e4
 MAX_WAIT_S = 7 * 86_400.0  # a --delay past a week is a typo
+FLUSH_TIMEOUT_S = 5.0
+"""How long the player waits at exit for reliable subscribers to acknowledge: a subscriber
+in another process acknowledges the last messages when the writer's next heartbeat asks
+(Fast DDS: every 3 s), ~2.6 s after the end, so a shorter wait warned on every run."""
 MAX_GAP_S = 86_400.0
 """Longest silence between two recorded messages the player waits out: past a day it is a
 damaged stamp (one at 2^62 ns) or recordings glued together, and even --rate 10000 would
@@ -295,7 +299,7 @@ class BagPlayer:
                 break
         return self.stats
 
-    def flush(self, timeout_s: float = 2.0) -> bool:
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
         """Wait until reliable subscribers acknowledged everything, so exiting loses nothing."""
         from rclpy.duration import Duration
 
