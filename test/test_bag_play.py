@@ -322,3 +322,26 @@ def test_a_recorded_topic_name_ros_refuses_is_one_line_naming_it(tmp_path, topic
 def test_a_namespace_of_non_ascii_letters_is_refused(bags):
     done = _play(str(bags / "mcap"), "--namespace", "ä")
     assert done.returncode == 1 and "namespace must be ROS names" in done.stderr
+
+
+# ---------------------------------------------------------------- /clock's range
+
+@pytest.mark.parametrize("start_ns", [2**63 - 10**9, 2**31 * 10**9 - 10**8],
+                         ids=["year-2262", "past-2038"])
+def test_clock_is_refused_for_a_bag_stamped_past_what_clock_can_hold(tmp_path, start_ns):
+    """builtin_interfaces/Time.sec is an int32: a bag stamped in 2262 published /clock
+    in 1990 (the seconds wrapped on the wire), silently."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    string = store.types["std_msgs/msg/String"]
+    with Writer(tmp_path / "b", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        conn = writer.add_connection("/late", "std_msgs/msg/String", typestore=store)
+        for k in range(5):
+            writer.write(conn, start_ns + k * 10**8, bytes(
+                store.serialize_cdr(string(data="x"), "std_msgs/msg/String")))
+    done = _play(str(tmp_path / "b"), "--clock", "20", "--rate", "100")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "play this bag without --clock" in done.stderr and "published" not in done.stdout
+    assert _play(str(tmp_path / "b"), "--rate", "100").returncode == 0

@@ -197,12 +197,21 @@ class BagPlayer:
             classes[topic], config.topic_name(topic),
             _publisher_qos(config.qos_depth, *recorded.get(topic, (RecordedQos(), 0))))
             for topic in types}
-        self._clock_pub = None
-        if config.clock_hz is not None:
-            from rosgraph_msgs.msg import Clock
-
-            self._clock_pub = node.create_publisher(Clock, "/clock", qos)
+        self._clock_pub = self._clock_publisher(qos) if config.clock_hz is not None else None
         self.stats = PlayStats(per_topic={topic: 0 for topic in types}, skipped=unknown)
+
+    def _clock_publisher(self, qos):
+        """The /clock publisher, once the played time range fits builtin_interfaces/Time."""
+        from rosgraph_msgs.msg import Clock
+
+        if isinstance(self._messages, BagStream):
+            span = (self._messages.start_ns, self._messages.info.end_ns)
+        else:
+            stamps = [msg.timestamp_ns for msg in self._messages]
+            span = (min(stamps), max(stamps))
+        for bag_ns in span:
+            _clock_time(bag_ns)
+        return self._node.create_publisher(Clock, "/clock", qos)
 
     def wait_for_subscribers(self, topics: Sequence[str] | None, timeout_s: float) -> bool:
         """Block until each of ``topics`` has a matched subscriber; False on timeout or stop.
@@ -238,7 +247,7 @@ class BagPlayer:
         from rosgraph_msgs.msg import Clock
 
         msg = Clock()
-        msg.clock.sec, msg.clock.nanosec = divmod(bag_ns, 10**9)
+        msg.clock.sec, msg.clock.nanosec = _clock_time(bag_ns)
         self._clock_pub.publish(msg)
         self.stats.clock_ticks += 1
 
@@ -314,6 +323,24 @@ class BagPlayer:
             self._node.destroy_publisher(pub)
         if self._clock_pub is not None:
             self._node.destroy_publisher(self._clock_pub)
+
+
+CLOCK_END_NS = 2**31 * 10**9
+"""builtin_interfaces/Time.sec is an int32: /clock ends at 2038-01-19 03:14:08 UTC."""
+
+
+def _clock_time(bag_ns: int) -> tuple[int, int]:
+    """(sec, nanosec) of /clock at a bag time; BagError where Time cannot hold it.
+
+    A larger sec wrapped on the wire (a bag stamped in 2262 published /clock in 1990),
+    and ROS time is never negative, so such a bag plays only without --clock.
+    """
+    if not 0 <= bag_ns < CLOCK_END_NS:
+        raise BagError(f"--clock cannot publish the bag time {bag_ns} ns: /clock "
+                       "(builtin_interfaces/Time) holds 0 to 2^31 s after 1970 (until "
+                       "2038-01-19); play this bag without --clock")
+    sec, nanosec = divmod(bag_ns, 10**9)
+    return sec, nanosec
 
 
 def _check_topic_names(names: dict[str, str]) -> None:
