@@ -345,3 +345,22 @@ def test_clock_is_refused_for_a_bag_stamped_past_what_clock_can_hold(tmp_path, s
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "play this bag without --clock" in done.stderr and "published" not in done.stdout
     assert _play(str(tmp_path / "b"), "--rate", "100").returncode == 0
+
+
+def test_skip_unknown_warns_once_naming_the_skipped_topic(tmp_path):
+    """The player's warning and the command's own line both named the skipped topic."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    store.register(get_types_from_msg("float64 speed\n", "acme_msgs/msg/Wheel"))
+    wheel, string = store.types["acme_msgs/msg/Wheel"], store.types["std_msgs/msg/String"]
+    with Writer(tmp_path / "b", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        for topic, msg, kind in (("/wheel", wheel(speed=1.0), "acme_msgs/msg/Wheel"),
+                                 ("/fine", string(data="x"), "std_msgs/msg/String")):
+            conn = writer.add_connection(topic, kind, typestore=store)
+            writer.write(conn, 1_700_000_000 * 10**9, bytes(store.serialize_cdr(msg, kind)))
+    done = _play(str(tmp_path / "b"), "--skip-unknown", "--rate", "100")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("/wheel (acme_msgs/msg/Wheel)") == 1, done.stderr
+    assert "published 1 messages" in done.stdout

@@ -119,11 +119,7 @@ class PlayVerb:
                             start_offset_s=args.start_offset, delay_s=args.delay,
                             wait_for_subscribers_s=args.wait_for_subscribers,
                             namespace=args.namespace, skip_unknown=args.skip_unknown)
-        stats = play_bag(Path(args.bag), config)
-        if stats.skipped:
-            print(f"skipped {len(stats.skipped)} topic(s) of types not installed: "
-                  + ", ".join(f"{t} ({k})" for t, k in sorted(stats.skipped.items())),
-                  file=sys.stderr, flush=True)
+        stats = play_bag(Path(args.bag), config)  # the player warns once of skipped topics
         state = "stopped" if stats.stopped else "done"
         print(f"{state}: published {stats.published} messages in {stats.loops} pass(es), "
               f"{stats.clock_ticks} /clock ticks", flush=True)
