@@ -106,3 +106,20 @@ def test_a_bundle_whose_model_fails_its_checksum_is_refused(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "does not match the manifest's expected sha256" in captured.err
     assert len(captured.err.strip().splitlines()) == 1 and "0 warning(s)" not in captured.out
+
+
+def test_a_topic_missing_from_a_bag_of_many_names_only_the_first_few(tmp_path, capsys):
+    """The error listed every topic of the bag: 3000 topics made a 29 KB line."""
+    from test_bag_hostile import START_NS, float64, params, write_bag
+
+    from thinkmem_ros.playback.bag_files import _typestore
+
+    store = _typestore()
+    bag = write_bag(tmp_path / "many", [(START_NS + k, f"/t{k:03d}", "std_msgs/msg/Float64",
+                                         float64(store, 1.0)) for k in range(300)])
+    args = argparse.Namespace(bag=str(bag), params=str(params(tmp_path)), bundle=None,
+                              json=None)
+    assert command.main(args) == 2
+    err = capsys.readouterr().err
+    assert "'/x' is not in" in err and "'/t009'] and 290 more" in err, err
+    assert "/t010" not in err and len(err) < 400

@@ -148,6 +148,17 @@ class BagInfo:
                            "the signal to another topic")
 
 
+def some_topics(topics: Iterable[str], shown: int = 10) -> str:
+    """The first ``shown`` of ``topics`` as a sorted list, and how many more, for messages.
+
+    A bag can record thousands of topics: an error that listed them all was one line of
+    tens of kilobytes, the mistyped name lost in it.
+    """
+    names = sorted(topics)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{names[:shown]}{more}"
+
+
 def per_topic(connections: Iterable[Any]) -> tuple[dict[str, tuple[str, int]],
                                                    dict[str, dict[str, int]]]:
     """``BagInfo.topics`` and ``.mixed`` from a reader's connections.
@@ -693,7 +704,7 @@ class BagStream:
         unknown = sorted(wanted - set(self.info.topics))
         if unknown:
             raise BagError(f"topics {unknown} not in bag {self.path}; it has "
-                           f"{sorted(self.info.topics)}")
+                           f"{some_topics(self.info.topics)}")
         self.info.check_one_type(wanted)
         self.types = {t: self.info.topics[t][0] for t in sorted(wanted)}
         self.count = sum(self.info.topics[t][1] for t in wanted)

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.data import SignalStream
-from thinkmem_ros.playback.bag_files import BagError
+from thinkmem_ros.playback.bag_files import BagError, some_topics
 from thinkmem_ros.playback.recording import _messages, score_recording
 from thinkmem_ros.robot.experience_builder import FeedbackError, parse_feedback
 
@@ -172,7 +172,7 @@ def read_feedback(path: Path | str, config: FeedbackConfig | None = None) -> Bag
     messages, types, start_ns, end_ns = _messages(path, {config.topic})
     if config.topic not in types:
         raise FeedbackLabelError(f"{path}: feedback topic {config.topic!r} is not in the bag; "
-                                 f"it has {sorted(types)} (set --feedback-topic)")
+                                 f"it has {some_topics(types)} (set --feedback-topic)")
     if types[config.topic] != FEEDBACK_TYPE:
         raise FeedbackLabelError(f"{path}: {config.topic!r} is recorded as "
                                  f"{types[config.topic]!r}, feedback is {FEEDBACK_TYPE!r}")

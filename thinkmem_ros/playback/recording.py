@@ -37,6 +37,7 @@ from thinkmem_ros.playback.bag_files import (
     bag_typestore,
     is_ros1_bag,
     per_topic,
+    some_topics,
 )
 from thinkmem_ros.policy.situation import FLOAT32_MAX
 
@@ -410,7 +411,7 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
     for name, binding in wanted.items():
         if binding.topic not in types:
             raise BagError(f"signals.{name}.topic: {binding.topic!r} is not in {path}; it has "
-                           f"{sorted(types)}")
+                           f"{some_topics(types)}")
         if types[binding.topic] != binding.msg_type:
             raise BagError(f"signals.{name}.type: {path} records {binding.topic!r} as "
                            f"{types[binding.topic]!r}, not {binding.msg_type!r}")
