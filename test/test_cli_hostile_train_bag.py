@@ -363,3 +363,22 @@ def test_an_unreadable_bag_folder_is_one_line_naming_it(small_bag, tmp_path, arg
     assert_one_line(done.returncode, done.stderr, f"cannot read bag folder {bag}",
                     "Permission denied")
     assert "PermissionError" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["calibrate", "LOOP", "--params", "WHEELED"],
+    ["train", "--bag", "LOOP", "--params", "WHEELED", "--labels", "RULES", "--out", "OUT"],
+    ["bag", "info", "LOOP"],
+    ["bag", "play", "LOOP"],
+], ids=["calibrate", "train", "info", "play"])
+def test_a_symlink_loop_as_the_bag_is_named_as_such_not_as_missing(tmp_path, capsys, argv):
+    """A loop read as "bag not found", which sent the user looking for a typo."""
+    loop = tmp_path / "loop1"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("labels:\n  moving:\n    threshold: {signal: motion, above: 0.5}\n")
+    names = {"LOOP": loop, "WHEELED": WHEELED, "RULES": rules, "OUT": tmp_path / "out"}
+    code, err = run(capsys, *[names.get(a, a) for a in argv])
+    assert_one_line(code, err, f"cannot read bag {loop}", "symbolic links")
+    assert "not found" not in err

@@ -486,11 +486,18 @@ def check_bag_path(path: Path | str) -> Path:
     A FIFO, device or socket as the bag, its metadata.yaml or a storage file would block
     the first read for ever; ``os.stat`` never blocks, so this runs before any open. A
     folder that cannot be listed (no read permission) is a BagError naming it: every
-    reader of a bag comes through here, and a bare PermissionError escaped them.
+    reader of a bag comes through here, and a bare PermissionError escaped them. So is a
+    path that cannot even be looked up (a symlink loop), which read as "bag not found".
     """
     from thinkmem_ros.core.input_files import input_path
 
     path = input_path(path, "bag")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return path  # "bag not found", said by whoever opens it
+    except OSError as exc:
+        raise BagError(f"cannot read bag {path}: {exc.strerror or exc}") from None
     if path.is_dir():
         try:
             entries = list(path.iterdir())

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.data import SignalStream
-from thinkmem_ros.playback.bag_files import BagError, some_topics
+from thinkmem_ros.playback.bag_files import BagError, check_bag_path, some_topics
 from thinkmem_ros.playback.recording import _messages, score_recording
 from thinkmem_ros.robot.experience_builder import FeedbackError, parse_feedback
 
@@ -166,7 +166,7 @@ def read_feedback(path: Path | str, config: FeedbackConfig | None = None) -> Bag
     counted in the report, never raised.
     """
     config = config or FeedbackConfig()
-    path = Path(path)
+    path = check_bag_path(path)
     if not path.exists():
         raise BagError(f"bag not found: {path}")
     messages, types, start_ns, end_ns = _messages(path, {config.topic})

@@ -35,6 +35,7 @@ from thinkmem_ros.playback.bag_files import (
     BagStream,
     bag_info,
     bag_typestore,
+    check_bag_path,
     is_ros1_bag,
     per_topic,
     some_topics,
@@ -400,9 +401,7 @@ def read_samples(path: Path | str, signal_map: SignalMap) -> Samples:
     metadata.yaml lists them). Undecodable messages are counted per topic
     (``skipped`` of ``read``), for the caller to judge (:func:`check_readable`).
     """
-    from thinkmem_ros.core.input_files import input_path
-
-    path = input_path(path, "bag")
+    path = check_bag_path(path)
     if not path.exists():
         raise BagError(f"bag not found: {path}")
     wanted = {name: b for name, b in signal_map.bindings.items() if not b.absent}
