@@ -240,3 +240,26 @@ def test_options_that_would_be_ignored_or_make_hidden_files_are_refused(tmp_path
     assert not (tmp_path / "k").exists() or not any((tmp_path / "k").iterdir())
     res = _cli("bench", "latency", "--seeds", str(10**23))
     _one_line_refusal(res, "--seeds must be in [1, 1000]")
+
+
+def test_output_cut_short_by_its_reader_exits_quietly(tmp_path):
+    """``thinkmem bag info BAG | head`` ended with "error: Broken pipe" and exit 1; other
+    tools stop quietly when the pipe closes (status 141, as if SIGPIPE ended them)."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    data = bytes(store.serialize_cdr(store.types["std_msgs/msg/Float32"](data=1.0),
+                                     "std_msgs/msg/Float32"))
+    with Writer(tmp_path / "many", version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        for k in range(600):  # ~200 bytes a line: more than a pipe's 64 KiB buffer holds
+            conn = writer.add_connection(f"/robot/sensor_group_{k:04d}/{'long_name' * 16}",
+                                         "std_msgs/msg/Float32", typestore=store)
+            writer.write(conn, 1_700_000_000 * 10**9 + k, data)
+    info = subprocess.Popen([sys.executable, "-m", "thinkmem_ros.cli", "bag", "info",
+                             str(tmp_path / "many")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert info.stdout.readline().startswith(b"bag:")
+    info.stdout.close()  # as head does after its lines
+    err = info.stderr.read().decode()
+    assert info.wait(timeout=120) == 141 and err == "", err

@@ -8,7 +8,9 @@ command line names them, so ``thinkmem bag play`` on a robot never imports torch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 
 from thinkmem_ros.core.arguments import OneLineParser
@@ -77,8 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see below
         return _unexpected(verb, exc)
+
+
+def _reader_gone() -> int:
+    """Exit quietly when whatever read stdout went away (``thinkmem bag info | head``).
+
+    As other command-line tools on a closed pipe: no message, and 141 (128 + SIGPIPE),
+    the status of a tool SIGPIPE ended. stdout is pointed at /dev/null first, so the
+    interpreter's last flush of what is still buffered does not fail on the pipe again.
+    """
+    with contextlib.suppress(OSError, ValueError):  # stdout may be no real file (tests)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 TRACEBACK_ENV = "THINKMEM_TRACEBACK"

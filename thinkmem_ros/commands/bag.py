@@ -197,6 +197,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         return VERBS[args.bag_verb].main(args)
+    except BrokenPipeError:
+        raise  # the reader of stdout went away: the CLI exits quietly
     except (BagError, ValueError, OSError) as exc:
         print(f"thinkmem bag {args.bag_verb}: error: {one_line(exc)}", file=sys.stderr)
         return 1
