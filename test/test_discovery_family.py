@@ -104,3 +104,32 @@ def test_the_budget_is_validated():
         DiscoveryConfig(family_frames_per_event=-1.0)
     with pytest.raises(ValueError, match="min_family_frames"):
         DiscoveryConfig(min_family_frames=-5)
+
+
+def test_the_checked_cutoff_counts_only_what_passed_every_check():
+    """BH's step-up over the passing patterns alone: two passing patterns at m = 1000
+    give a cutoff of one rank (2e-5), where counting 50 refused ones would give 1e-3."""
+    from thinkmem_ros.consolidator.discovery.family import checked_cutoff
+
+    assert checked_cutoff(np.array([5e-5, 1e-6]), 0.02, 1000) == pytest.approx(2e-5)
+    assert checked_cutoff(np.array([3e-5, 1e-6]), 0.02, 1000) == pytest.approx(4e-5)
+    assert checked_cutoff(np.array([0.5]), 0.02, 1000) == 0.0
+    assert checked_cutoff(np.zeros(0), 0.02, 1000) == 0.0
+
+
+@pytest.mark.parametrize("seed", [5, 9])
+def test_patterns_the_checks_refuse_do_not_loosen_the_cutoff_for_the_rest(seed):
+    """Phased worlds (codes that keep to a phase of the episode) make dozens of phase-ordered
+    triples significant that the checks then refuse. Counted by BH, they loosened the
+    cutoff for a chance triple that got through the checks (accepted in these seeds
+    before); counted over what passes, the chance triple is refused and the rules stay."""
+    w = generate_world(condition_config("phased", repetitions=8),
+                       np.random.default_rng([seed, 8, len("phased")]))
+    res = discover(_log(w), DiscoveryConfig(), np.random.default_rng(0))
+    accepted = {r.pattern for r in res.accepted if len(r.pattern) == 3}
+    assert accepted == set(w.rules)
+    recount = [r for r in res.scored if any("counted over the patterns that pass every check"
+                                            in why for why in r.reasons)]
+    assert recount and all(r.significant and r.pattern not in w.rules for r in recount)
+    family = res.notes["family_3"]
+    assert 0 < family["cutoff_checked"] < family["cutoff"]

@@ -175,11 +175,12 @@ def discover(log: EventLog, cfg: DiscoveryConfig, rng: np.random.Generator,
         notes[f"family_{length}"] = {"sets": int(set_keys.size), "hypotheses": family,
                                      "tarone_k": k_star, "testable": m, "cutoff": cutoff}
         started = _time.perf_counter()
-        relations = _examine(ctx, tested, length, cutoff)
+        relations, checked = _examine(ctx, tested, length, cutoff, m)
+        notes[f"family_{length}"]["cutoff_checked"] = checked
         step_s["checks"] += _time.perf_counter() - started
         if length == 3:
             started = _time.perf_counter()
-            accepted_triples, relations = _self_sufficient(ctx, tested, relations, cutoff)
+            accepted_triples, relations = _self_sufficient(ctx, tested, relations, checked)
             step_s["redundancy"] += _time.perf_counter() - started
         scored += relations
     accepted = _fold(accepted_triples + [r for r in scored if len(r.pattern) == 2

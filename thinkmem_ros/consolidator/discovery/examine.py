@@ -21,6 +21,7 @@ from thinkmem_ros.consolidator.discovery.contrasts import (
     _rate_greater,
 )
 from thinkmem_ros.consolidator.discovery.episodes import _Episodes
+from thinkmem_ros.consolidator.discovery.family import checked_cutoff
 from thinkmem_ros.consolidator.discovery.model import WAITING, DiscoveryConfig, Relation
 from thinkmem_ros.consolidator.discovery.placement import placement_p
 from thinkmem_ros.consolidator.discovery.significance import _Tested
@@ -317,9 +318,29 @@ def _holm_reasons(check: _Check, reverse: int, length: int, alpha: float,
     return out
 
 
-def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
-             ) -> list[Relation]:
-    """Relations for the nominally significant candidates; checks for the significant ones."""
+def _recounted(relations: list[Relation], wp: np.ndarray, cutoff: float, testable: int,
+               alpha: float) -> tuple[list[Relation], float]:
+    """The relations with BH's cutoff counted over what passed every check; that cutoff.
+
+    ``wp``: each relation's weighted p-value. An accepted pattern above the recounted
+    cutoff is refused; ``significant`` still says what the within-episode test alone
+    found, which is what the knowledge life cycle reads.
+    """
+    checked = checked_cutoff(wp[[r.accepted for r in relations]], alpha, testable)
+    return [r if not r.accepted or wp[k] <= checked else replace(
+        r, accepted=False, reasons=r.reasons + (
+            f"weighted p {wp[k]:.3g} above the FDR cutoff {checked:.3g} counted over the "
+            f"patterns that pass every check ({cutoff:.3g} over all the test found)",))
+        for k, r in enumerate(relations)], checked
+
+
+def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float, testable: int
+             ) -> tuple[list[Relation], float]:
+    """Relations for the nominally significant candidates; checks for the significant ones.
+
+    Also returns the family cutoff counted over the patterns that passed every check
+    (``_recounted``), which the redundancy step holds triples to.
+    """
     cfg, log = ctx.cfg, ctx.log
     wp = tested.p / tested.weight
     nominal = np.flatnonzero(tested.p <= cfg.alpha)
@@ -402,4 +423,4 @@ def _examine(ctx: _Episodes, tested: _Tested, length: int, cutoff: float
             p_placement=(math.nan if check is None or check.p_placement is None
                          else check.p_placement),
             significant=bool(wp[i] <= cutoff)))
-    return out
+    return _recounted(out, wp[nominal], cutoff, testable, cfg.alpha)

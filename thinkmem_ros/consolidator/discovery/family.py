@@ -130,3 +130,21 @@ def tarone_bh(p: np.ndarray, minp: np.ndarray, family: int, q: float,
     passing = np.flatnonzero(in_family <= ranks * q / m)
     cutoff = float(ranks[passing[-1]] * q / m) if passing.size else 0.0
     return cutoff, k_star, m
+
+
+def checked_cutoff(passing: np.ndarray, q: float, testable: int) -> float:
+    """BH's cutoff over the same family when it counts only the patterns that pass every check.
+
+    ``passing``: the weighted p-values of the patterns every per-pattern check accepted.
+    Why: BH loosens its cutoff with every rejection it counts (R q / m). Riders of a real
+    pair and sets of codes that keep to phases of the episode reject the within-episode
+    null without being relations; the checks refuse them, but counting them loosened the
+    cutoff for every chance set that got through the checks. A refused pattern's p-value
+    taken as 1 is still a valid p-value (never below its test's), so BH over those values
+    keeps its guarantee while counting only what it accepts.
+    """
+    m = max(int(testable), 1)
+    wp = np.sort(passing)
+    ranks = np.arange(1, wp.size + 1)
+    ok = np.flatnonzero(wp <= ranks * q / m)
+    return float(ranks[ok[-1]] * q / m) if ok.size else 0.0
