@@ -11,6 +11,9 @@ unauthenticated; a Ctrl-C while the initial model loaded printed a traceback.
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -176,6 +179,40 @@ def test_serving_still_makes_a_new_store_of_an_empty_file(tmp_path, keys):
             proc.kill()
     with ExperienceStore(path) as opened:
         assert opened.count() == 0
+
+
+def without_write_override(argv: list) -> list[str]:
+    """``argv`` run so that file modes bind it: as root, without CAP_DAC_OVERRIDE (capsh)."""
+    argv = [str(a) for a in argv]
+    if os.geteuid() != 0:
+        return argv
+    if shutil.which("capsh") is None:
+        pytest.skip("running as root without capsh: a 0444 store stays writable to root")
+    return ["capsh", "--drop=cap_dac_override,cap_dac_read_search", "--", "-c",
+            shlex.join(argv)]
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("service", ["--bind", "tcp://127.0.0.1:*", "--curve", "off"]),
+    ("service", ["--once"]),
+    ("receive", ["--bind", "tcp://127.0.0.1:*", "--curve", "off"]),
+], ids=["serve", "once", "receive"])
+def test_a_store_it_cannot_write_is_refused_at_start(tmp_path, keys, store, module, argv):
+    """On a 0444 store serving printed READY and then refused every batch ("attempt to
+    write a readonly database") while robots re-sent forever."""
+    store.chmod(0o444)
+    if module == "service":
+        argv += ["--signing-key", keys["sign"], "--publish-dir", tmp_path / "pub"]
+    argv = [sys.executable, "-m", f"thinkmem_ros.consolidator.{module}", "--db", store, *argv]
+    try:
+        done = subprocess.run(without_write_override(argv), capture_output=True, text=True,
+                              env=ENV, cwd=tmp_path, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{module} served a store it cannot write")
+    logged = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+ thinkmem_ros\.")  # INFO lines, receive
+    err = "".join(line for line in done.stderr.splitlines(True) if not logged.match(line))
+    assert_one_line(done.returncode, err, store, "cannot be written", "readonly database")
+    assert "READY" not in done.stdout
 
 
 # ------------------------------------------------------------------ FIFOs, at start

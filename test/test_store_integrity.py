@@ -16,10 +16,10 @@ from pathlib import Path
 import consolidator_world as world
 import pytest
 
-from thinkmem_ros.consolidator.ingest import open_receiver
-from thinkmem_ros.consolidator.store import ExperienceStore, StoreError
+from thinkmem_ros.consolidator.ingest import StopOnDamage, open_receiver
+from thinkmem_ros.consolidator.store import ExperienceStore, StoreError, StoreReadOnly
 from thinkmem_ros.link.experience import encode_experience
-from thinkmem_ros.link.receiver import ReceiverConfig
+from thinkmem_ros.link.receiver import ReceiverConfig, SinkError
 from thinkmem_ros.link.security import write_signing_keypair
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 
@@ -157,6 +157,37 @@ def test_a_store_damaged_while_open_raises_damage_on_writes_and_reads(tmp_path):
         _damage_page_under_an_open_store(path, "experiences")
         with pytest.raises(StoreError, match="damaged"):
             list(store.iter_all())
+
+
+def test_a_store_that_cannot_be_written_is_probed_and_stops_its_writer(tmp_path):
+    """A read-only store opened fine (opening only reads) and then refused every batch while
+    the receiver served on; the probe names it, and a write that meets it stops the sink
+    as damage does, without acknowledging the batch."""
+    path = _filled(tmp_path / "c.db")
+    more = world.experiences("r1", 1, 2, seed=2)
+    for seq, record in enumerate(more):
+        record.seq = seq
+    with ExperienceStore(path, flush_rows=0) as store:
+        store.check_writable()  # a writable store passes and keeps its tables
+        # query_only: SQLite answers every write as for a read-only file (SQLITE_READONLY)
+        # without this test process (root) giving up its right to write a 0444 file
+        store._conn.execute("PRAGMA query_only = 1")
+        with pytest.raises(StoreReadOnly, match="cannot be written") as refused:
+            store.check_writable()
+        assert str(path) in str(refused.value) and "\n" not in str(refused.value)
+        stopped, told = [], []
+        sink = StopOnDamage(store, lambda: stopped.append(True), told.append)
+        with pytest.raises(StoreReadOnly, match="readonly database"):
+            sink.insert_many([(r, encode_experience(r)) for r in more[:1]])
+        assert stopped == [True] and len(told) == 1
+        with pytest.raises(SinkError, match="not written"):  # later batches: no write
+            sink.insert_many([(r, encode_experience(r)) for r in more[1:]])
+    with ExperienceStore(path, flush_rows=0) as store:
+        assert store.count() == FILLED
+    with sqlite3.connect(path) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    assert "write_probe" not in tables
 
 
 def _shipper(endpoint, tmp_path):

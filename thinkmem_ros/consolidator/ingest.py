@@ -24,6 +24,7 @@ from thinkmem_ros.consolidator.store import (
     ExperienceStore,
     StoreDamaged,
     StoreError,
+    StoreReadOnly,
 )
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.experience import Experience
@@ -118,7 +119,8 @@ class StopOnDamage:
     restored store, where duplicates die at insert. The receiver logs that batch's one
     ERROR (the store's message names the file); ``on_damaged`` tells the owning process,
     which exits non-zero so its supervisor and operator see it, and a restart is refused
-    at open (``quick_check``) with one line until the file is restored.
+    at open (``quick_check``) with one line until the file is restored. A store that
+    cannot be written (``StoreReadOnly``) stops it the same way: no retry mends it.
     """
 
     def __init__(self, store: ExperienceStore, stop: Callable[[], None],
@@ -132,10 +134,10 @@ class StopOnDamage:
         """Store a batch; refuse it (no ACK) without a write once the file is damaged."""
         if self.damaged is not None:  # batches already read before the receiver stops
             raise SinkError(f"{self._store.path}: not written, the store file was found "
-                            f"damaged; the receiver is stopping")
+                            f"damaged or read-only; the receiver is stopping")
         try:
             return self._store.insert_many(rows)
-        except StoreDamaged as exc:
+        except (StoreDamaged, StoreReadOnly) as exc:  # no later batch could be written
             self.damaged = exc
             self._stop()
             if self._on_damaged is not None:
@@ -159,8 +161,13 @@ def open_receiver(config: ReceiverConfig, accept: SignalSetFilter | None = None,
     the receiver and is reported to ``on_damaged`` (``StopOnDamage``).
     """
     def store() -> StopOnDamage:
-        return StopOnDamage(ExperienceStore(config.db_path, flush_rows=flush_rows),
-                            receiver._stop.set, on_damaged)
+        opened = ExperienceStore(config.db_path, flush_rows=flush_rows)
+        try:  # a store it cannot write: refused at start, not batch after batch
+            opened.check_writable()
+        except StoreError:
+            opened.close()
+            raise
+        return StopOnDamage(opened, receiver._stop.set, on_damaged)
 
     receiver = ExperienceReceiver(config, open_store=store,
                                   screen=accept.refusal if accept is not None else None)
@@ -184,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     """``serve``: bind, print ``READY <endpoint>`` on stdout, serve until SIGTERM."""
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:  # before READY: a store that cannot be opened (damaged, foreign) is one line
-        ExperienceStore(args.db, flush_rows=0).close()
+    try:  # before READY: a store that cannot be opened or written is one line
+        with ExperienceStore(args.db, flush_rows=0) as store:
+            store.check_writable()
     except StoreError as exc:
         print(f"ingest: {exc}".splitlines()[0], file=sys.stderr)
         return 2

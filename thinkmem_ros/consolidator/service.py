@@ -43,8 +43,8 @@ Shutdown: SIGTERM/SIGINT set a stop flag; a round in progress stops at its next 
 boundary (never between writing and linking a bundle: publication is atomic), the
 receiver finishes its batch and closes the store; exit status 0. Store commits are
 transactions and bundles are renamed into place, so even SIGKILL leaves nothing half-written.
-A store file found damaged (at start, by a write or by a round) stops the service with one
-line naming it and exit status 2 (``ConsolidatorService.store_damaged``).
+A store file found damaged or not writable (at start, by a write or by a round) stops the
+service with one line naming it and exit status 2 (``ConsolidatorService.store_damaged``).
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ from thinkmem_ros.consolidator.store import (
     DEFAULT_FLUSH_ROWS,
     ExperienceStore,
     StoreDamaged,
+    StoreReadOnly,
     holds_store,
     is_damage,
+    is_fatal,
 )
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
@@ -393,7 +395,7 @@ class ConsolidatorService:
         self.stop_event.set()
 
     def store_damaged(self, exc: BaseException) -> None:
-        """Stop the service: SQLite found the store file damaged (a write or a round).
+        """Stop the service: the store file is damaged or cannot be written (a write, a round).
 
         Serving on would refuse every batch and fail every round on the same file while
         looking healthy, and could spread the damage with more writes. Stopping loses
@@ -402,8 +404,10 @@ class ConsolidatorService:
         """
         text = " ".join(str(exc).split()) or type(exc).__name__
         if self.failure is None:
-            self.failure = text if isinstance(exc, StoreDamaged) else (
-                f"{self.config.db_path}: the store file is damaged (SQLite: {text})")
+            self.failure = text if isinstance(exc, (StoreDamaged, StoreReadOnly)) else (
+                f"{self.config.db_path}: the store file is damaged (SQLite: {text})"
+                if is_damage(exc) else
+                f"{self.config.db_path}: the store cannot be written (SQLite: {text})")
         self.stop()
 
     def _discovery_engine(self):
@@ -447,7 +451,7 @@ class ConsolidatorService:
             except RoundAborted:
                 log.info("round aborted: stopping")
             except Exception as exc:  # keep serving; the next trigger retries
-                if is_damage(exc):  # no retry mends it: stop (``store_damaged``)
+                if is_fatal(exc):  # no retry mends it: stop (``store_damaged``)
                     self.store_damaged(exc)
                     return
                 log.exception("consolidation round failed")
@@ -952,8 +956,9 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
     if once and not holds_store(config.db_path):
         raise ValueError(f"--db {config.db_path}: holds no store yet (a round reads a "
                          f"store the serving consolidator filled)")
-    if once or Path(config.db_path).exists():  # a damaged one is refused here, in one line
-        ExperienceStore(config.db_path).close()  # (serving creates a new one in the receiver)
+    if once or Path(config.db_path).exists():  # a damaged or read-only one: one line here
+        with ExperienceStore(config.db_path) as store:  # (serving creates a new one in the
+            store.check_writable()  # receiver, which probes it the same way)
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
     if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
@@ -1062,7 +1067,7 @@ def _run_once(service: ConsolidatorService) -> int:
     except RoundAborted:  # the round's log line says it was aborted
         return 0
     except Exception as exc:
-        if not is_damage(exc):
+        if not is_fatal(exc):
             raise
         service.store_damaged(exc)
         print(f"thinkmem consolidator: {service.failure}", file=sys.stderr)

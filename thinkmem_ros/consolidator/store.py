@@ -134,9 +134,19 @@ class StoreDamaged(StoreError):
     """
 
 
+class StoreReadOnly(StoreError):
+    """The store file cannot be written (its mode, a read-only mount, a read-only open).
+
+    Like damage it does not clear by itself, so the processes that write into the store
+    stop on it (``ingest.StopOnDamage``) instead of refusing batch after batch.
+    """
+
+
 # SQLite's primary result codes for a damaged file (an extended code keeps them in its
 # low byte): SQLITE_CORRUPT, and SQLITE_NOTADB for a file whose header was overwritten
 _DAMAGE_CODES = (11, 26)
+_READONLY_CODES = (8,)  # SQLITE_READONLY: "attempt to write a readonly database"
+_BUSY_CODES = (5,)  # SQLITE_BUSY: another process holds the write lock
 
 
 def is_damage(exc: BaseException | None) -> bool:
@@ -145,12 +155,27 @@ def is_damage(exc: BaseException | None) -> bool:
     Callers above the store (a round, a receiver) see SQLite's error wrapped, or raised
     by another module's connection to the same file; the chain tells them either way.
     """
+    return _in_chain(exc, StoreDamaged, _DAMAGE_CODES)
+
+
+def is_read_only(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, says a store file cannot be written."""
+    return _in_chain(exc, StoreReadOnly, _READONLY_CODES)
+
+
+def is_fatal(exc: BaseException | None) -> bool:
+    """Whether no retry on this store can succeed: it is damaged or cannot be written."""
+    return is_damage(exc) or is_read_only(exc)
+
+
+def _in_chain(exc: BaseException | None, kind: type, codes: tuple[int, ...]) -> bool:
+    """Whether ``exc`` or an error it was raised from is a ``kind`` or SQLite's ``codes``."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, StoreDamaged):
+        if isinstance(exc, kind):
             return True
-        if isinstance(exc, sqlite3.DatabaseError) and _primary_code(exc) in _DAMAGE_CODES:
+        if isinstance(exc, sqlite3.DatabaseError) and _primary_code(exc) in codes:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
@@ -263,11 +288,35 @@ class ExperienceStore:
                              f"nothing is written into it: name a new file or a store")
 
     def _failure(self, what: str, exc: sqlite3.Error) -> StoreError:
-        """The error to raise for SQLite's ``exc``: ``StoreDamaged`` if it says so."""
+        """The error to raise for SQLite's ``exc``: damaged or read-only if it says so."""
         if is_damage(exc):
             return StoreDamaged(f"{self.path}: the store file is damaged ({what}: SQLite: "
                                 f"{exc}); nothing more is written to it until it is restored")
+        if is_read_only(exc):
+            return StoreReadOnly(f"{self.path}: the store cannot be written ({what}: "
+                                 f"SQLite: {exc}); give this process write access to the "
+                                 f"file and its folder")
         return StoreError(f"{self.path}: {what}: {exc}")
+
+    def check_writable(self) -> None:
+        """Raise ``StoreReadOnly`` unless this connection can write the store.
+
+        Why a real write (rolled back): opening only reads, and in WAL mode even BEGIN
+        IMMEDIATE succeeds on a read-only file, so a 0444 store (or a read-only mount)
+        served READY and then refused every batch. A store another process is writing
+        (busy past the timeout) is writable by someone and passes; a write that fails
+        later still stops the writer (``is_fatal``).
+        """
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("CREATE TABLE main.write_probe (x)")
+            finally:
+                self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            if _primary_code(exc) in _BUSY_CODES:
+                return
+            raise self._failure("write probe", exc) from exc
 
     def _conn_close_quietly(self) -> None:
         """Close the connection of a store that is not opened after all."""
