@@ -334,16 +334,25 @@ def test_keys_rotation_options_without_a_rotation(tmp_path, capsys, option):
     assert not (tmp_path / "k").exists()
 
 
-@pytest.mark.parametrize("shared", ["db", "publish"])
+@pytest.mark.parametrize("shared", ["db", "publish", "db-symlink"])
 def test_a_second_consolidator_on_one_store_or_publish_folder_is_refused(tmp_path, signing_key,
                                                                         capsys, shared):
-    """Two consolidators staged the same version: one failed mid-round, leftovers stayed."""
+    """Two consolidators staged the same version: one failed mid-round, leftovers stayed.
+
+    Through a symlink to the store (``links/alias.db -> ../c.db``) the second one ran.
+    """
     from thinkmem_ros.consolidator.round_lock import RoundLock
     from thinkmem_ros.consolidator.store import ExperienceStore
 
     db, publish = tmp_path / "c.db", tmp_path / "pub"
-    other_db, other_publish = (db, tmp_path / "pub2") if shared == "db" else (
-        tmp_path / "c2.db", publish)
+    other_db, other_publish = {"db": (db, tmp_path / "pub2"),
+                               "publish": (tmp_path / "c2.db", publish),
+                               "db-symlink": (tmp_path / "links" / "alias.db",
+                                              tmp_path / "pub2")}[shared]
+    if shared == "db-symlink":
+        ExperienceStore(db).close()
+        other_db.parent.mkdir()
+        other_db.symlink_to(Path("..") / "c.db")
     ExperienceStore(other_db).close()
     with RoundLock(db, publish):  # the running one
         code, err = run(capsys, "consolidator", "--once", "--signing-key", signing_key,

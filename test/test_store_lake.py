@@ -73,6 +73,28 @@ def test_every_query_answers_the_same_from_tail_lake_or_both(tmp_path):
         assert split._conn.execute("SELECT COUNT(*) FROM experiences").fetchone()[0] == 0
 
 
+def test_a_store_named_through_a_symlink_reads_and_writes_its_own_lake(tmp_path, caplog):
+    """Through ``links/alias.db -> ../c.db`` the store looked for ``links/alias.lake``: a
+    round read none of the flushed rows and warned that every listed file was unreadable."""
+    rows = _history()
+    with ExperienceStore(tmp_path / "c.db", flush_rows=0) as store:
+        store.insert_many(rows[:17])
+        store.flush()
+        store.insert_many(rows[17:])
+        expected = _answers(store)
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "alias.db"
+    link.symlink_to(Path("..") / "c.db")
+    with caplog.at_level("WARNING"), ExperienceStore(link, flush_rows=0) as store:
+        assert store.lake_dir == tmp_path / "c.lake"
+        assert _answers(store) == expected
+        assert store.flush() == 13  # into the store's own lake
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert not (tmp_path / "links" / "alias.lake").exists()
+    with ExperienceStore(tmp_path / "c.db", flush_rows=0) as store:
+        assert _answers(store) == expected
+
+
 def test_flushed_keys_stay_exactly_once(tmp_path):
     with ExperienceStore(tmp_path / "x.db", flush_rows=0) as store:
         assert store.insert_many([exp(1), exp(2)]) == (2, 0)

@@ -78,8 +78,13 @@ class LakeFile:
 
 
 def lake_dir_for(store_path: Path) -> Path:
-    """Where a store's lake lives: beside the SQLite file, same stem, ``.lake``."""
-    return store_path.with_suffix(".lake")
+    """Where a store's lake lives: beside the SQLite file, same stem, ``.lake``.
+
+    Beside the file itself, not beside a symlink to it: a store named through a link
+    (``alias.db -> c.db``) looked for ``alias.lake``, read none of its flushed rows and
+    called every listed file unreadable.
+    """
+    return Path(os.path.realpath(store_path)).with_suffix(".lake")
 
 
 def _schema():

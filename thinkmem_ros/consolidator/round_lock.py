@@ -26,9 +26,12 @@ class RoundLock:
     def __init__(self, db_path: Path | str, publish_dir: Path | str) -> None:
         self._fds: list[int] = []
         publish = Path(publish_dir)
+        # beside the store file itself: through a symlink to it (or a second link) a lock
+        # file beside the link let a second consolidator run rounds on the same store
+        store_lock = Path(f"{os.path.realpath(db_path)}.rounds.lock")
         try:
             publish.mkdir(parents=True, exist_ok=True)
-            for path, what in ((Path(f"{db_path}.rounds.lock"), f"the store {db_path}"),
+            for path, what in ((store_lock, f"the store {db_path}"),
                                (publish / ".rounds.lock", f"the publish folder {publish}")):
                 self._take(path, what)
         except BaseException:
