@@ -21,12 +21,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import copy_bundle
 
 from thinkmem_ros.consolidator import service
 from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
+from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
 from thinkmem_ros.consolidator.receive import ReceiveConfig
 from thinkmem_ros.consolidator.store import APPLICATION_ID, ExperienceStore, StoreError
 from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
+from thinkmem_ros.policy.bundle import load_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -212,6 +215,50 @@ def test_a_store_it_cannot_write_is_refused_at_start(tmp_path, keys, store, modu
     logged = re.compile(r"\d{4}-\d\d-\d\d [\d:,]+ thinkmem_ros\.")  # INFO lines, receive
     err = "".join(line for line in done.stderr.splitlines(True) if not logged.match(line))
     assert_one_line(done.returncode, err, store, "cannot be written", "readonly database")
+    assert "READY" not in done.stdout
+
+
+def published(tmp_path, keys, source_bundle, damage: str) -> Path:
+    """A publish folder whose ``current`` is a signed v2, then damaged as ``damage`` says."""
+    publisher = Publisher(PublishConfig(tmp_path / "pub", keys["sign"]), source_bundle)
+    publisher.publish(load_bundle(copy_bundle(source_bundle, tmp_path / "staged",
+                                              model_version=2)))
+    v2, current = tmp_path / "pub" / "history" / "v000002", tmp_path / "pub" / "current"
+    if damage == "manifest":  # an edit after signing
+        text = (v2 / "bundle.json").read_text()
+        (v2 / "bundle.json").write_text(text.replace('"model_version": 2', '"model_version":2'))
+    elif damage == "onnx":  # one byte of the model
+        data = bytearray((v2 / "policy.onnx").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (v2 / "policy.onnx").write_bytes(bytes(data))
+    elif damage == "signature":
+        (v2 / "bundle.sig").unlink()
+    else:  # current points at nothing
+        current.unlink()
+        current.symlink_to(Path("history") / "v000099")
+    return tmp_path / "pub"
+
+
+@pytest.mark.parametrize("damage", ["manifest", "onnx", "signature", "dangling-current"])
+def test_a_published_bundle_that_does_not_verify_is_refused_at_start(tmp_path, keys, store,
+                                                                     source_bundle, capsys,
+                                                                     damage):
+    """--once got as far as its round and failed through the catch-all (exit 1)."""
+    pub = published(tmp_path, keys, source_bundle, damage)
+    code, err = run_main(capsys, "--once", "--db", store, "--signing-key", keys["sign"],
+                         "--publish-dir", pub)
+    assert_one_line(code, err, "thinkmem consolidator:", pub / "current",
+                    "published bundle does not verify")
+
+
+def test_serving_refuses_a_published_bundle_that_does_not_verify(tmp_path, keys, store,
+                                                                 source_bundle):
+    """It printed READY, then every round failed with a traceback in the log."""
+    pub = published(tmp_path, keys, source_bundle, "manifest")
+    done = run_process(tmp_path, "--db", store, "--signing-key", keys["sign"],
+                       "--publish-dir", pub, "--bind", "tcp://127.0.0.1:*", "--curve", "off")
+    assert_one_line(done.returncode, done.stderr, "thinkmem consolidator:",
+                    "published bundle does not verify", "signature does not verify")
     assert "READY" not in done.stdout
 
 

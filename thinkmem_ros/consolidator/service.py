@@ -937,11 +937,13 @@ def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
         train_workers=2 if args.train_workers is None else args.train_workers)
 
 
-def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
-    """Open --rehearsal-npz, the initial bundle's model (and with --once the store) first.
+def check_inputs(config: ConsolidatorConfig, once: bool, publisher=None) -> None:
+    """Open --rehearsal-npz, the models, the published bundle and the store before serving.
 
-    A round meets them only once it has started: a garbage npz or a --db that is not a
-    database would be a traceback after the round's log line, or fail every served round.
+    A round meets them only once it has started: a garbage npz, a --db that is not a
+    database or a published bundle that no longer verifies (edited, truncated, its
+    signature gone, ``current`` pointing at nothing) would be a traceback after the
+    round's log line, or fail every served round after READY.
     """
     from thinkmem_ros.consolidator.rehearsal import load_npz
     from thinkmem_ros.core.paths import resolve_bundle_path
@@ -961,6 +963,8 @@ def check_inputs(config: ConsolidatorConfig, once: bool) -> None:
             store.check_writable()  # receiver, which probes it the same way)
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
+    if publisher is not None:  # every round starts from it: verified (signature, hashes)
+        publisher.current()
     if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
         with KnowledgeStore(config.db_path, read_only=True) as knowledge:
             knowledge.load()
@@ -1010,7 +1014,7 @@ def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
     made.append(ConsolidatorService(config))
     if config.engine != "embedded":  # a cluster that cannot be reached fails here
         made[0]._discovery_engine()
-    check_inputs(config, once=args.once)
+    check_inputs(config, once=args.once, publisher=made[0].publisher)
     lock = RoundLock(config.db_path, config.publish_dir)
     previous = {signum: signal.signal(signum, lambda *_: made[0].stop())
                 for signum in (signal.SIGTERM, signal.SIGINT)}
