@@ -90,6 +90,18 @@ def test_manifest_validation_names_the_problem():
         _manifest(window=0)
 
 
+def test_a_model_version_past_what_an_experience_carries_is_refused(tmp_path):
+    """10^30 loaded, and ``bench rounds`` then scored a fleet that could ship nothing."""
+    write_bundle(tmp_path / "b", b"x", _manifest(model_version=2**63 - 1))
+    assert load_bundle(tmp_path / "b").version == 2**63 - 1
+    path = tmp_path / "b" / "bundle.json"
+    for version in (2**63, 10**30):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "model_version": version}))
+        with pytest.raises(BundleError, match=r"model_version must be an integer in "
+                                              r"\[0, 9223372036854775807\]"):
+            load_bundle(tmp_path / "b")
+
+
 def test_written_bundle_is_world_readable(tmp_path):
     bundle = write_bundle(tmp_path / "b", b"x", _manifest())
     assert bundle.path.stat().st_mode & 0o755 == 0o755

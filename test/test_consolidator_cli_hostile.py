@@ -262,6 +262,18 @@ def test_serving_refuses_a_published_bundle_that_does_not_verify(tmp_path, keys,
     assert "READY" not in done.stdout
 
 
+def test_a_round_with_no_version_left_to_publish_is_refused_at_start(tmp_path, keys, store,
+                                                                    source_bundle, capsys):
+    """On a v(2^63 - 1) bundle (``thinkmem train --model-version`` allows it) the round
+    trained, published v2^63 and only then crashed on SQLite's INTEGER overflow."""
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=2**63 - 1)
+    code, err = run_main(capsys, "--once", "--db", store, "--signing-key", keys["sign"],
+                         "--publish-dir", tmp_path / "pub", "--initial-bundle", initial)
+    assert_one_line(code, err, "thinkmem consolidator:", "v9223372036854775808",
+                    "past the highest a bundle may carry")
+    assert not list((tmp_path / "pub").glob("history/v*"))
+
+
 # ------------------------------------------------------------------ FIFOs, at start
 
 @pytest.mark.parametrize("argv, what", [

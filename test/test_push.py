@@ -57,6 +57,17 @@ def test_restart_cleans_staging_and_never_reuses_a_version(publisher, source_bun
     assert again.current().version == 1 and again.next_version() == 3
 
 
+def test_no_version_is_published_past_what_an_experience_carries(source_bundle, tmp_path,
+                                                                 keys):
+    """A round on a v(2^63 - 1) bundle published v2^63 and then failed on SQLite's INTEGER
+    overflow, with ``current`` left on it."""
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=2**63 - 1)
+    publisher = Publisher(PublishConfig(tmp_path / "pub", keys[1]), initial)
+    with pytest.raises(PublishError, match="next version would be v9223372036854775808"):
+        publisher.next_version()
+    assert not (tmp_path / "pub" / "current").exists() and publisher.versions() == []
+
+
 def exp(i):
     return Experience(robot_id="r1", episode_id="e", stamp=float(i),
                       window=np.zeros((4, 3), np.float32), labels=["trend"],

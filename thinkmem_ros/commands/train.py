@@ -34,6 +34,7 @@ from pathlib import Path
 
 from thinkmem_ros.commands import check_output, one_line
 from thinkmem_ros.core.rule_augment import AugmentConfig
+from thinkmem_ros.policy.bundle import MAX_MODEL_VERSION
 from thinkmem_ros.policy.config import DEFAULT_PRESET
 from thinkmem_ros.world.recipe import StreamRecipe
 
@@ -57,9 +58,6 @@ WORLD_ONLY = {"scenario": "mixed", "duration": 900.0, "streams": None, "stride":
               "group_seconds": 60.0, "max_events": 8, "test_duration": 600.0}
 """Options of the synthetic world that --bag does not read, and their defaults: one set to
 anything else with --bag is refused, as a bag-only option without --bag is."""
-MAX_MODEL_VERSION = 2**63 - 1
-"""An experience carries the bundle's version as a signed 64-bit integer
-(``link.experience``): a robot running a bundle versioned past it could ship nothing."""
 
 
 def max_threads() -> int:
@@ -95,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help=f"torch threads for training (1 to {max_threads()})")
     parser.add_argument("--model-version", type=int, default=1,
-                        help="the bundle's version (0 to 2^63-1)")
+                        help="the bundle's version (0 to 2^63-1; a consolidator "
+                        "publishes the next ones above it, so leave room for them)")
     parser.add_argument("--out", default="models/default", help="bundle folder to write")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--signal-drop", type=float, default=0.0,

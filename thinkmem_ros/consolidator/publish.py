@@ -58,6 +58,7 @@ from thinkmem_ros.link.security import (
 from thinkmem_ros.policy.anticipation_rules import RULES_FILES
 from thinkmem_ros.policy.bundle import (
     MANIFEST,
+    MAX_MODEL_VERSION,
     ONNX_FILE,
     Bundle,
     BundleError,
@@ -166,8 +167,17 @@ class Publisher:
                       if (m := _VERSION_DIR.fullmatch(p.name)) and p.is_dir())
 
     def next_version(self) -> int:
-        """One above everything published or written so far."""
-        return max([self.current().version, *self.versions()]) + 1
+        """One above everything published or written so far; ``PublishError`` past the cap.
+
+        Why refuse: a round published v2^63 and only then failed on SQLite's INTEGER
+        overflow, leaving ``current`` on a version no experience or push frame can carry.
+        """
+        version = max([self.current().version, *self.versions()]) + 1
+        if version > MAX_MODEL_VERSION:
+            raise PublishError(f"{self.root}: the next version would be v{version}, past the "
+                               f"highest a bundle may carry ({MAX_MODEL_VERSION}); start a "
+                               f"new line from a bundle trained with a lower --model-version")
+        return version
 
     def publish(self, staged: Bundle, push: Callable[[bytes], int] | None = None,
                 link: bool = True) -> Publication:

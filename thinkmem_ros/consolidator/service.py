@@ -963,8 +963,8 @@ def check_inputs(config: ConsolidatorConfig, once: bool, publisher=None) -> None
             store.check_writable()  # receiver, which probes it the same way)
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
-    if publisher is not None:  # every round starts from it: verified (signature, hashes)
-        publisher.current()
+    if publisher is not None:  # every round starts from it: verified (signature, hashes),
+        publisher.next_version()  # with a version left to publish after it
     if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
         with KnowledgeStore(config.db_path, read_only=True) as knowledge:
             knowledge.load()

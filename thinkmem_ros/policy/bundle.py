@@ -44,6 +44,9 @@ MAX_NAME_CHARS = 128
 """Longest signal, label or event name a manifest may hold; wire names are 64 at most."""
 NAME_KEYS = ("signals", "labels", "event_vocabulary")
 """Manifest keys whose items become topic/parameter names and column keys on the robot."""
+MAX_MODEL_VERSION = 2**63 - 1
+"""Highest model_version: experiences, round marks and the push frame carry it as a signed
+64-bit integer, so a bundle past it could ship nothing and no round could record it."""
 
 
 class BundleError(RuntimeError):
@@ -141,7 +144,8 @@ def _is_names(value: object) -> bool:
 
 
 _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
-    "model_version": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "model_version": (lambda v: _is_int(v) and 0 <= v <= MAX_MODEL_VERSION,
+                      f"an integer in [0, {MAX_MODEL_VERSION}]"),
     "sha256": (lambda v: isinstance(v, str), "a string"),
     "labels": (_is_names, "a list of strings"),
     "signals": (_is_names, "a list of strings"),
