@@ -274,6 +274,36 @@ def test_a_round_with_no_version_left_to_publish_is_refused_at_start(tmp_path, k
     assert not list((tmp_path / "pub").glob("history/v*"))
 
 
+@pytest.mark.parametrize("edit, says", [
+    ("signal_names", "the bundle needs K="),
+    ("labels", "labels must lie in [0, 1]"),
+], ids=["other-signals", "labels-past-1"])
+def test_a_rehearsal_npz_the_round_cannot_use_is_refused_at_start(tmp_path, keys, store,
+                                                                  capsys, edit, says):
+    """Unknown signal names failed through the catch-all after discovery ran; labels of 2.0
+    were trained on."""
+    import numpy as np
+
+    from thinkmem_ros.consolidator.rehearsal import save_rehearsal
+    from thinkmem_ros.core.data import SituationSet
+    from thinkmem_ros.core.paths import default_bundle
+
+    shipped = load_bundle(default_bundle()).manifest  # what the round rehearses it in
+    path = tmp_path / "d.npz"
+    save_rehearsal(SituationSet(signals=np.zeros((5, shipped.window, len(shipped.signals))),
+                                labels=np.zeros((5, len(shipped.labels))),
+                                signal_names=tuple(shipped.signals),
+                                label_names=tuple(shipped.labels)), path)
+    with np.load(path) as saved:
+        contents = dict(saved)
+    contents[edit] = (np.array([f"s{i}" for i in range(len(contents[edit]))])
+                      if edit == "signal_names" else contents[edit] + 2)
+    np.savez(path, **contents)
+    code, err = run_main(capsys, "--once", "--db", store, "--signing-key", keys["sign"],
+                         "--publish-dir", tmp_path / "pub", "--rehearsal-npz", path)
+    assert_one_line(code, err, "thinkmem consolidator:", path, says)
+
+
 # ------------------------------------------------------------------ FIFOs, at start
 
 @pytest.mark.parametrize("argv, what", [

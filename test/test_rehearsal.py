@@ -61,6 +61,45 @@ def test_saved_material_round_trips_and_must_match_the_bundle_hash(tmp_path):
     assert got.source == "explicit" and len(got) == 25
 
 
+def _edited_npz(tmp_path, **arrays):
+    """A saved training set with ``arrays`` replaced (what a hand-made file may hold)."""
+    path = tmp_path / "d.npz"
+    save_rehearsal(world.base_material(40, np.random.default_rng(0)), path)
+    with np.load(path) as saved:
+        contents = dict(saved)
+    vocabulary = len(contents["event_vocabulary"])
+    np.savez(path, **{**contents, **{k: v(contents[k], vocabulary) for k, v in arrays.items()}})
+    return path
+
+
+def _nan_first(a, _):
+    a = a.astype(np.float32)
+    a.flat[0] = np.nan
+    return a
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"signals": _nan_first}, "signals holds NaN or infinite values"),
+    ({"labels": _nan_first}, "labels holds NaN or infinite values"),
+    ({"labels": lambda a, _: a * 2 + 1}, "labels must lie in [0, 1], found [1, 3]"),
+    ({"events": lambda a, v: a + v + 1}, "events must lie in [0, "),
+    ({"events": lambda a, _: a - 5}, "events must lie in [0, "),
+    ({"events": lambda a, _: a + 0.5}, "events must be whole numbers, found "),
+    ({"groups": lambda a, _: a[:3]}, "groups must be one per row, shape (40,), got (3,)"),
+    ({k: (lambda a, _: a[:0]) for k in ("signals", "labels", "mask", "events", "groups")},
+     "it holds no rows"),
+], ids=["nan-signals", "nan-labels", "labels-past-1", "events-past-vocabulary",
+        "events-negative", "events-fractional", "groups-short", "no-rows"])
+def test_a_rehearsal_set_that_cannot_be_trained_on_is_refused_when_loaded(tmp_path, edit,
+                                                                         says):
+    """NaN signals and ids past the vocabulary failed inside a round, after discovery ran;
+    negative or fractional ids, NaN labels and labels above 1 were trained on silently."""
+    path = _edited_npz(tmp_path, **edit)
+    with pytest.raises(RehearsalError) as refused:
+        load_npz(path)
+    assert says in str(refused.value) and str(path) in str(refused.value)
+
+
 def test_default_bundle_material_is_rebuilt_from_its_recipe_reproducibly(tmp_path):
     bundle = load_bundle(default_bundle())
     cfg = RehearsalConfig(max_rows=600, rebuild_streams=1)

@@ -117,17 +117,23 @@ def cap(data: SituationSet, max_rows: int, rng: np.random.Generator) -> Situatio
 
 # ------------------------------------------------------------------ aligning names
 
-def aligned(data: SituationSet, label_names: Sequence[str], event_vocabulary: Sequence[str],
-            signal_names: Sequence[str], window: int, max_events: int) -> SituationSet:
-    """``data`` in the round's label order and event ids; a shape mismatch raises."""
-    from thinkmem_ros.consolidator.gate import reencode_events
-
+def check_fits(data: SituationSet, signal_names: Sequence[str], window: int,
+               max_events: int) -> None:
+    """Raise ``RehearsalError`` unless a bundle of these shapes can rehearse ``data``."""
     if tuple(data.signal_names) != tuple(signal_names) or data.window != window:
         raise RehearsalError(f"rehearsal material has K={data.window}, signals "
                              f"{data.signal_names}; the bundle needs K={window}, {signal_names}")
     if data.events.shape[1] > max_events:
         raise RehearsalError(f"rehearsal material keeps {data.events.shape[1]} events, the "
                              f"bundle {max_events}")
+
+
+def aligned(data: SituationSet, label_names: Sequence[str], event_vocabulary: Sequence[str],
+            signal_names: Sequence[str], window: int, max_events: int) -> SituationSet:
+    """``data`` in the round's label order and event ids; a shape mismatch raises."""
+    from thinkmem_ros.consolidator.gate import reencode_events
+
+    check_fits(data, signal_names, window, max_events)
     labels = np.zeros((len(data), len(label_names)), np.float32)
     for j, name in enumerate(label_names):
         if name in data.label_names:
@@ -181,14 +187,50 @@ def load_npz(path: Path | str) -> SituationSet:
         raise RehearsalError(f"{exc}") from None
     try:
         with np.load(path, allow_pickle=False) as f:
-            return SituationSet(
-                signals=f["signals"], labels=f["labels"], mask=f["mask"], events=f["events"],
-                groups=f["groups"], label_names=tuple(str(x) for x in f["label_names"]),
-                signal_names=tuple(str(x) for x in f["signal_names"]),
-                event_vocabulary=tuple(str(x) for x in f["event_vocabulary"]),
-                meta={"source": "rehearsal", "path": str(path)})
+            arrays = {name: f[name] for name in ARRAYS}
+            names = {name: tuple(str(x) for x in f[name])
+                     for name in ("label_names", "signal_names", "event_vocabulary")}
+            data = SituationSet(**arrays, **names,
+                                meta={"source": "rehearsal", "path": str(path)})
     except (OSError, KeyError, ValueError, EOFError) as exc:  # EOFError: an empty file
         raise RehearsalError(f"{path}: not a rehearsal npz ({exc})") from exc
+    problem = contents_problem(arrays, len(names["event_vocabulary"]))
+    if problem is not None:
+        raise RehearsalError(f"{path}: not a usable rehearsal set: {problem}")
+    return data
+
+
+ARRAYS = ("signals", "labels", "mask", "events", "groups")
+"""The numeric arrays of a rehearsal npz (beside its three name lists)."""
+
+
+def contents_problem(arrays: dict[str, np.ndarray], vocabulary: int) -> str | None:
+    """Why these arrays cannot be trained on, or None (checked before any cast to int64).
+
+    Why: NaN signals and event ids past the vocabulary failed only inside a round, after
+    discovery ran (a traceback); negative or fractional ids, NaN labels and labels of 2.0
+    were trained on without a word.
+    """
+    for name in ARRAYS:
+        values = arrays[name]
+        if values.dtype.kind not in "biuf":
+            return f"{name} holds {values.dtype} values, not numbers"
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            return f"{name} holds NaN or infinite values"
+        if name in ("events", "groups") and values.dtype.kind == "f" and (
+                values != np.trunc(values)).any():
+            return f"{name} must be whole numbers, found {values[values != np.trunc(values)][0]:g}"
+    rows = len(arrays["signals"])
+    if rows == 0:
+        return "it holds no rows"
+    if arrays["groups"].shape != (rows,):
+        return f"groups must be one per row, shape ({rows},), got {arrays['groups'].shape}"
+    for name, low, high in (("labels", 0, 1), ("mask", 0, 1), ("events", 0, vocabulary)):
+        values = arrays[name]
+        if values.size and (values.min() < low or values.max() > high):
+            return (f"{name} must lie in [{low}, {high}], found [{values.min():g}, "
+                    f"{values.max():g}]")
+    return None
 
 
 def file_sha256(path: Path | str) -> str:

@@ -946,11 +946,17 @@ def check_inputs(config: ConsolidatorConfig, once: bool, publisher=None) -> None
     round's log line, or fail every served round after READY.
     """
     from thinkmem_ros.consolidator.rehearsal import load_npz
-    from thinkmem_ros.core.paths import resolve_bundle_path
-    from thinkmem_ros.policy.runtime import PolicyRuntime
 
-    if config.rehearsal.npz is not None:
-        load_npz(config.rehearsal.npz)
+    rehearsal = None if config.rehearsal.npz is None else load_npz(config.rehearsal.npz)
+    _check_store(config, once)
+    _check_bundles(config, publisher, rehearsal)
+    if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
+        with KnowledgeStore(config.db_path, read_only=True) as knowledge:
+            knowledge.load()
+
+
+def _check_store(config: ConsolidatorConfig, once: bool) -> None:
+    """Refuse a store a round cannot read (--once) or that no one can write."""
     if once and not Path(config.db_path).exists():  # a typo made an empty store and exit 0
         raise ValueError(f"--db {config.db_path}: no such store (a round reads a store "
                          f"the serving consolidator filled)")
@@ -961,13 +967,26 @@ def check_inputs(config: ConsolidatorConfig, once: bool, publisher=None) -> None
     if once or Path(config.db_path).exists():  # a damaged or read-only one: one line here
         with ExperienceStore(config.db_path) as store:  # (serving creates a new one in the
             store.check_writable()  # receiver, which probes it the same way)
+
+
+def _check_bundles(config: ConsolidatorConfig, publisher, rehearsal: SituationSet | None
+                   ) -> None:
+    """Load the initial model, verify the published bundle, fit --rehearsal-npz to it."""
+    from thinkmem_ros.consolidator.rehearsal import RehearsalError, check_fits
+    from thinkmem_ros.core.paths import resolve_bundle_path
+    from thinkmem_ros.policy.runtime import PolicyRuntime
+
     # the bundle robots run before the first round: its model must load, not only hash
     PolicyRuntime(resolve_bundle_path(config.initial_bundle), threads=1)
-    if publisher is not None:  # every round starts from it: verified (signature, hashes),
-        publisher.next_version()  # with a version left to publish after it
-    if Path(config.db_path).is_file():  # a newer or damaged knowledge schema: refused now
-        with KnowledgeStore(config.db_path, read_only=True) as knowledge:
-            knowledge.load()
+    if publisher is None:
+        return
+    publisher.next_version()  # every round starts from current: verified, room after it
+    if rehearsal is not None:  # a round rehearses it in current's signals and window
+        manifest = publisher.current().manifest
+        try:
+            check_fits(rehearsal, manifest.signals, manifest.window, manifest.max_events)
+        except RehearsalError as exc:
+            raise RehearsalError(f"{config.rehearsal.npz}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
