@@ -37,6 +37,37 @@ def test_main_writes_json_and_refuses_bad_arguments(tmp_path, capsys):
         assert err.value.code == 2
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["conditions", "--conditions", "bogus"], "--conditions 'bogus': unknown ['bogus']"),
+    (["conditions", "--conditions", ","], "--conditions ',': names none"),
+    (["conditions", "--reps", "-5"], "--reps -5: must be in [1, 120]"),
+    (["conditions", "--reps", "99999999999"], "--reps 99999999999: must be in [1, 120]"),
+    (["conditions", "--reps", "40"], "do not fit in n_episodes=120"),
+    (["conditions", "--reps", ","], "--reps ',' names no repetition count"),
+    (["conditions", "--seeds", "1001"], "--seeds must be in [1, 1000]"),
+    (["rounds", "--rounds", "101"], "--rounds must be in [1, 100]"),
+    (["rounds", "--no-placement"], "--no-placement: not an option of the rounds loop"),
+    (["conditions", "--rounds", "3"], "--rounds: not an option of the conditions loop"),
+    (["conditions", "--json", "FOLDER"], "is a folder"),
+    (["conditions", "--json", "OTHER"], "exists and is not a JSON report of this sweep"),
+], ids=["unknown-condition", "no-condition", "negative-reps", "huge-reps", "reps-past-world",
+        "no-reps", "seeds", "rounds", "no-placement-rounds", "rounds-conditions",
+        "json-folder", "json-other-file"])
+def test_bad_options_are_refused_in_one_line_before_anything_runs(tmp_path, capsys, argv,
+                                                                  says):
+    """Each was a traceback (some only after the whole run), an unbounded run, a silent
+    overwrite, a run of nothing with exit 0, or an option the loop ignored."""
+    other = tmp_path / "store.json"
+    other.write_text('{"not": "a sweep"}')
+    argv = [{"FOLDER": str(tmp_path), "OTHER": str(other)}.get(a, a) for a in argv]
+    with pytest.raises(SystemExit) as err:
+        discovery_sweep.main(argv)
+    text = capsys.readouterr().err.strip()
+    assert err.value.code == 2 and len(text.splitlines()) == 1, text
+    assert says in text and "Traceback" not in text
+    assert other.read_text() == '{"not": "a sweep"}'
+
+
 def test_rounds_replay_times_each_round_and_compares_the_python_checks(capsys):
     rows = discovery_sweep.rounds_replay(0, rounds=2, compare_python=True)
     assert [row["round"] for row in rows] == [1, 2] and rows[1]["episodes"] == 96

@@ -27,7 +27,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from thinkmem_ros.bench import MAX_SEEDS
 from thinkmem_ros.core.arguments import OneLineParser
+from thinkmem_ros.core.output_files import REPORT_READ_LIMIT, check_output, one_line
 
 
 @dataclass
@@ -132,63 +134,163 @@ def rounds_replay(seed: int, progress=None, rounds: int | None = None,
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+MAX_ROUNDS = 100
+"""Most rounds replayed: every round's episodes stay in the history discovery reads (round
+5 of the quick fleet takes seconds, each later one more), and past 5 no new rule is planted."""
+DEFAULT_CONDITIONS = "sparse,zipf,heartbeat,shared,chain,decoy"
+DEFAULT_REPS = "4,8,16"
+
+
+def _parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m thinkmem_ros.bench.discovery_sweep",
-                                     description=__doc__.splitlines()[0])
+                           description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("conditions", "rounds"))
-    parser.add_argument("--seeds", type=int, default=6)
-    parser.add_argument("--conditions", default="sparse,zipf,heartbeat,shared,chain,decoy")
-    parser.add_argument("--reps", default="4,8,16")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds: how many (past 5 no new rule is planted)")
+    parser.add_argument("--seeds", type=int, default=6, help=f"1 to {MAX_SEEDS}")
+    parser.add_argument("--conditions", default=None,
+                        help=f"conditions: comma-separated (default {DEFAULT_CONDITIONS})")
+    parser.add_argument("--reps", default=None,
+                        help=f"conditions: repetitions per rule (default {DEFAULT_REPS})")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds: how many, 1 to {MAX_ROUNDS} (default 5; past 5 no "
+                             "new rule is planted)")
     parser.add_argument("--compare-python", action="store_true",
                         help="rounds: also time each round's discovery with the checks' "
                              "terms in Python (the reference the compiled ones equal)")
     parser.add_argument("--no-placement", action="store_true",
                         help="conditions: without discovery's placement check (to measure it)")
     parser.add_argument("--json", help="also write the figures to this file")
+    return parser
+
+
+def _options(parser: OneLineParser, argv: list[str] | None):
+    """Parsed options, every one checked before anything runs (``parser.error``: exit 2).
+
+    Why up front: an unknown condition, a repetition count no world can hold or an
+    unwritable --json failed with a traceback, the last only after the whole run; an
+    option of the other loop was ignored and an empty list ran nothing with exit 0.
+    """
     args = parser.parse_args(argv)
-    if args.seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {args.seeds}")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        parser.error(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
+    other = (["--conditions", "--reps", "--no-placement"] if args.what == "rounds"
+             else ["--rounds", "--compare-python"])
+    given = [o for o in other if getattr(args, o[2:].replace("-", "_")) not in (None, False)]
+    if given:
+        parser.error(f"{', '.join(given)}: not an option of the {args.what} loop")
+    if args.what == "rounds":
+        args.rounds = 5 if args.rounds is None else args.rounds
+        if not 1 <= args.rounds <= MAX_ROUNDS:
+            parser.error(f"--rounds must be in [1, {MAX_ROUNDS}], got {args.rounds}")
+    else:
+        args.conditions = _names(parser, "--conditions", args.conditions or DEFAULT_CONDITIONS)
+        args.reps = _repetitions(parser, args.conditions, args.reps or DEFAULT_REPS)
+    if args.json:  # the checks ``thinkmem bench`` runs, as this parser's one line, exit 2
+        try:
+            check_output(args.json, "--json", replaces=("a JSON report of this sweep", _ours))
+        except SystemExit as refused:
+            parser.error(str(refused.code))
+    return args
+
+
+def _names(parser: OneLineParser, option: str, text: str) -> list[str]:
+    """The comma-separated conditions of ``text``, each one a world knows."""
+    from thinkmem_ros.world.event_worlds import CONDITIONS
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CONDITIONS]
+    if not names or unknown:
+        parser.error(f"{option} {text!r}: " + (f"unknown {unknown}" if unknown else
+                     "names none") + f"; choose from {', '.join(CONDITIONS)}")
+    return names
+
+
+def _repetitions(parser: OneLineParser, conditions: list[str], text: str) -> list[int]:
+    """The comma-separated repetition counts of ``text``, each one every condition holds."""
+    from thinkmem_ros.world.event_worlds import condition_config
+
+    try:
+        reps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--reps must be integers separated by commas, got {text!r}")
+    if not reps:
+        parser.error(f"--reps {text!r} names no repetition count")
+    for condition in conditions:
+        room = condition_config(condition).n_episodes  # bounds the episodes built below
+        for r in reps:
+            if not 1 <= r <= room:
+                parser.error(f"--reps {r}: must be in [1, {room}] ({condition} worlds have "
+                             f"{room} episodes)")
+            try:
+                condition_config(condition, repetitions=r)
+            except ValueError as exc:
+                parser.error(f"--reps {r} in {condition} worlds: {exc}")
+    return reps
+
+
+def _ours(path) -> bool:
+    """Whether an existing --json holds a report of this sweep (replacing it loses nothing)."""
+    try:
+        if path.stat().st_size > REPORT_READ_LIMIT:
+            return False
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and bool(doc) and all(
+        (isinstance(v, dict) and "proposed" in v) or (isinstance(v, list) and all(
+            isinstance(row, dict) and "round" in row for row in v)) for v in doc.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one loop and print its figures; bad options exit 2 with one line before it runs."""
+    parser = _parser()
+    args = _options(parser, argv)
+    result = _conditions(args) if args.what == "conditions" else _rounds(args)
+    if args.json:
+        try:
+            with open(args.json, "w") as fh:
+                json.dump(result, fh, indent=1)
+        except OSError as exc:  # checked at start; a disk that filled up since
+            print(f"{parser.prog}: --json {args.json}: {one_line(exc)}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _conditions(args) -> dict:
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
-        if args.what == "conditions":
-            conditions = [c for c in args.conditions.split(",") if c]
-            try:
-                reps = [int(x) for x in args.reps.split(",") if x]
-            except ValueError:
-                parser.error(f"--reps must be integers separated by commas, got {args.reps!r}")
-            task = bar.add_task("conditions", total=len(conditions) * len(reps) * args.seeds)
-            result = condition_sweep(conditions, reps, args.seeds,
-                                     lambda: bar.advance(task), not args.no_placement)
-            for key, row in result.items():
-                print(f"{key:14s} F1 single pass {row['statistics_only']:.2f}  after rounds "
-                      f"{row['proposed']:.2f}  false relations/run {row['false_relations']:.2f}")
-        else:
-            task = bar.add_task("rounds", total=args.rounds * args.seeds)
-            result = {str(s): rounds_replay(s, lambda: bar.advance(task), args.rounds,
-                                            args.compare_python)
-                      for s in range(args.seeds)}
-            for s, rows in result.items():
-                spurious = sorted({k for row in rows for k in row["spurious"]})
-                print(f"seed {s}: planted at the last round {len(rows[-1]['planted'])}, "
-                      f"spurious units promoted {len(spurious)} {spurious}")
-                print("  planted rules promoted by round: " + " ".join(
-                    str(len(row["planted"])) for row in rows))
-                print("  discovery s per round: " + " ".join(
-                    f"{row['discovery_s']:.1f}" for row in rows))
-                if args.compare_python:
-                    print("  checks' terms in Python: " + " ".join(
-                        f"{row['discovery_s_python_terms']:.1f}" for row in rows)
-                        + ("  (same relations)" if all(row["same_relations"] for row in rows)
-                           else "  (RELATIONS DIFFER)"))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
-    return 0
+        task = bar.add_task("conditions", total=len(args.conditions) * len(args.reps)
+                            * args.seeds)
+        result = condition_sweep(args.conditions, args.reps, args.seeds,
+                                 lambda: bar.advance(task), not args.no_placement)
+    for key, row in result.items():
+        print(f"{key:14s} F1 single pass {row['statistics_only']:.2f}  after rounds "
+              f"{row['proposed']:.2f}  false relations/run {row['false_relations']:.2f}")
+    return result
+
+
+def _rounds(args) -> dict:
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("rounds", total=args.rounds * args.seeds)
+        result = {str(s): rounds_replay(s, lambda: bar.advance(task), args.rounds,
+                                        args.compare_python)
+                  for s in range(args.seeds)}
+    for s, rows in result.items():
+        spurious = sorted({k for row in rows for k in row["spurious"]})
+        print(f"seed {s}: planted at the last round {len(rows[-1]['planted'])}, "
+              f"spurious units promoted {len(spurious)} {spurious}")
+        print("  planted rules promoted by round: " + " ".join(
+            str(len(row["planted"])) for row in rows))
+        print("  discovery s per round: " + " ".join(
+            f"{row['discovery_s']:.1f}" for row in rows))
+        if args.compare_python:
+            print("  checks' terms in Python: " + " ".join(
+                f"{row['discovery_s_python_terms']:.1f}" for row in rows)
+                + ("  (same relations)" if all(row["same_relations"] for row in rows)
+                   else "  (RELATIONS DIFFER)"))
+    return result
 
 
 if __name__ == "__main__":
