@@ -92,8 +92,14 @@ def test_bag_with_malformed_metadata_is_one_line(files, capsys, verb):
     (["--preset", "bogus"], "--preset 'bogus': unknown"),
     (["--scenario", "bogus"], "unknown scenario 'bogus'"),
     (["--duration", "nan"], "duration must be a finite number > 0"),
+    # each within OPTION_MAX, the product not: a hang spawning 10^9 generators, a segfault
+    # or MemoryError after minutes, a MemoryError through the catch-all
+    (["--streams", "1000000000"], "at most 8 GiB is built in memory"),
+    (["--streams", "100000"], "is 43,433,333 situations"),
+    (["--max-events", "1000000000"], "--max-events must be at most 1024"),
 ], ids=["epochs", "model-version", "threads", "lr-nan", "signal-drop", "test-duration-negative",
-        "test-duration-short", "preset", "scenario", "duration-nan"])
+        "test-duration-short", "preset", "scenario", "duration-nan", "streams-billion",
+        "streams-many", "max-events"])
 def test_train_refuses_bad_options_before_building_data(tmp_path, capsys, argv, name):
     code, err = run(capsys, "train", *SMALL_TRAIN, *argv, "--out", tmp_path / "b")
     assert_one_line(code, err, name)

@@ -225,11 +225,44 @@ def check_options(args: argparse.Namespace) -> None:
                          f"fewer frames than --window {args.window} (0 = no held-out stream)")
     if not args.bag:
         check_group_seconds(args.group_seconds, args.rate)
+        check_data_size(args)
     check_bundle_out(args.out)
 
 
 OPTION_MAX = 1e9
 """Largest number any ``train`` option takes: 10^9 streams, epochs or seconds (31 years)."""
+MAX_TRAINING_BYTES = 8 << 30
+"""Most memory the synthetic world's situations may take (signals, mask, events, labels):
+the default run takes ~50 MB; past this the set cannot be built, let alone trained on."""
+
+
+def check_data_size(args: argparse.Namespace) -> None:
+    """Refuse a synthetic training set too large to build, before any of it is generated.
+
+    Each option stayed within ``OPTION_MAX``, but their product did not: --streams 10^9
+    hung spawning one generator per stream, --streams 100000 ended in a segfault or a
+    MemoryError after minutes, and --max-events 1e9 in a MemoryError (an event slot
+    beyond what an experience carries is never filled on a robot anyway).
+    """
+    from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
+    from thinkmem_ros.link.experience import LIMITS
+
+    if args.max_events > LIMITS["max_events"]:
+        raise SystemExit(f"--max-events must be at most {LIMITS['max_events']} (the events "
+                         f"an experience carries), got {args.max_events}")
+    per_stream = args.duration * args.rate / args.stride + 1  # windows, stride apart
+    situations = args.streams * per_stream + args.test_duration * args.rate  # + held out
+    row = 4 * (2 * args.window * len(SIGNALS) + len(THINKING)) + 8 * (args.max_events + 1)
+    if not math.isfinite(situations):  # a NaN --duration: the recipe names it
+        return
+    if situations * row > MAX_TRAINING_BYTES:
+        raise SystemExit(
+            f"--streams {args.streams} x --duration {args.duration:g} s at --rate "
+            f"{args.rate:g} Hz every --stride {args.stride} frames (with --test-duration "
+            f"{args.test_duration:g} s) is {situations:,.0f} situations of --window "
+            f"{args.window} and --max-events {args.max_events}, about "
+            f"{situations * row / 2**30:,.1f} GiB: at most {MAX_TRAINING_BYTES / 2**30:g} GiB "
+            f"is built in memory; use fewer or shorter streams or a larger --stride")
 
 
 def check_group_seconds(seconds: float, rate: float) -> None:
