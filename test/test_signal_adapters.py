@@ -101,6 +101,25 @@ def test_rosbags_dataclasses_read_like_rclpy_messages():
     assert parse_adapter("load", {"field": "effort", "index": 0}).read(joints) == 1.0
 
 
+def test_ranger_infinities_read_as_the_messages_limits():
+    """REP 117: +inf is 'nothing within max_range', -inf 'closer than min_range'."""
+    from sensor_msgs.msg import LaserScan, Range
+    from std_msgs.msg import Float32
+
+    mm = parse_adapter("distance", {"field": "range", "scale": 1000.0})
+    sonar = {"min_range": 0.02, "max_range": 4.0}
+    assert mm.read(Range(range=math.inf, **sonar)) == pytest.approx(4000.0)
+    assert mm.read(Range(range=-math.inf, **sonar)) == pytest.approx(20.0)
+    assert math.isnan(mm.read(Range(range=math.nan, **sonar)))  # an error stays invalid
+    scan = LaserScan(range_min=0.1, range_max=30.0, ranges=[1.0, math.inf, -math.inf])
+    assert parse_adapter("distance", {"field": "ranges", "index": 1}).read(scan) == \
+        pytest.approx(30.0)
+    assert SignalAdapter("ranges.2").read(scan) == pytest.approx(0.1)
+    # an infinity in any other field is no ranger reading: still invalid
+    assert math.isnan(SignalAdapter("data").read(Float32(data=math.inf)))
+    assert math.isnan(SignalAdapter("field_of_view").read(Range(field_of_view=math.inf)))
+
+
 def test_bad_data_is_nan_never_an_exception():
     from sensor_msgs.msg import JointState
 

@@ -28,6 +28,12 @@ so the same adapter serves rclpy messages on the robot and the dataclasses ``ros
 deserialises when a recording is calibrated or trained on. ``read`` never raises on bad
 data: a missing field, an unknown element name or a non-finite number gives NaN, which
 the situation window counts as an invalid sample.
+
+One exception to "non-finite is invalid": a ranger's infinities are readings (REP 117).
+``sensor_msgs/Range.range`` and ``sensor_msgs/LaserScan.ranges`` use +inf for "nothing
+within range" and -inf for "closer than the minimum", so ``read`` turns them into the
+message's own ``max_range``/``min_range`` (``range_max``/``range_min``) before adapting:
+counted invalid, an ultrasound facing open space would look like a dead sensor.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ STANDARD_GRAVITY = 9.80665
 """m/s^2; the value ``remove_gravity: true`` stands for."""
 
 _VECTOR_ATTRS = ("x", "y", "z", "w")
+RANGE_LIMITS: dict[str, tuple[str, str]] = {
+    "range": ("min_range", "max_range"),  # sensor_msgs/Range
+    "ranges": ("range_min", "range_max"),  # sensor_msgs/LaserScan
+}
+"""Ranger fields whose -inf/+inf mean "closer than min" / "nothing within max" (REP 117),
+with the message fields holding those limits."""
 _MAX_UNIT_CHARS = 32
 
 
@@ -157,6 +169,8 @@ class SignalAdapter:
         try:
             value = self.select(msg)
             value = vector_norm(value) if self.norm else _number(value)
+            if math.isinf(value) and not self.norm:
+                value = ranger_limit(msg, self.segments, value)
         except Exception:  # noqa: BLE001 - bad data is a NaN sample, never an exception
             return math.nan
         return self.adapt(value)
@@ -178,6 +192,21 @@ class SignalAdapter:
             if f.name != "field" and value != getattr(defaults, f.name):
                 out[f.name] = value
         return out
+
+
+def ranger_limit(msg: Any, segments: tuple[str | int, ...], value: float) -> float:
+    """The limit an infinite ranger reading stands for (REP 117); ``value`` unchanged else.
+
+    Only a reading of a ranger's own field (``range``, an element of ``ranges``) of a
+    message carrying both limits qualifies: an infinity anywhere else stays one (NaN later).
+    """
+    limits = RANGE_LIMITS.get(str(segments[0]))
+    if limits is None or not all(isinstance(seg, int) for seg in segments[1:]):
+        return value
+    low, high = limits
+    if not (hasattr(msg, low) and hasattr(msg, high)):
+        return value
+    return _number(getattr(msg, high if value > 0 else low))
 
 
 def _suggest(name: str, known) -> str:
