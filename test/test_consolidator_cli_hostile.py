@@ -348,6 +348,8 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--check-s", "1e12"], "--check-s must be > 0 and <= 3600"),
     (["--canary-max-wait-s", "inf", "--canary-fraction", "0.5"],
      "--canary-max-wait-s must be a finite number"),
+    (["--canary-max-wait-s", "1e308", "--canary-fraction", "0.5"],
+     "--canary-max-wait-s must be a finite number of seconds, at most 2.592e+06"),
     (["--rehearsal-rows", "-1"], "--rehearsal-rows must be >= 1"),
     (["--threads", "100000"], "--threads must be in [0, 256]"),
     (["--seed", "-1"], "--seed must be in [0, 4294967295]"),
@@ -364,10 +366,10 @@ def test_a_knowledge_store_that_is_a_fifo_is_refused_without_blocking(tmp_path, 
     (["--discovery-events", "10485"], "--discovery-events must be 0 (every episode) or at "
      "least 10486 (what one history of 1024 events can cost the scan)"),
     (["--discovery-events", "-1"], "--discovery-events must be >= 0"),
-], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "rehearsal-rows", "threads", "seed",
-        "train-workers", "canary-robots-empty", "canary-robots-bad-id", "curve-off-keys",
-        "curve-off-allow", "allow-alone", "once-bind", "once-keys", "horizon-short",
-        "horizon-negative"])
+], ids=["check-s-inf", "check-s-huge", "canary-wait-inf", "canary-wait-huge", "rehearsal-rows",
+        "threads", "seed", "train-workers", "canary-robots-empty", "canary-robots-bad-id",
+        "curve-off-keys", "curve-off-allow", "allow-alone", "once-bind", "once-keys",
+        "horizon-short", "horizon-negative"])
 def test_an_option_that_cannot_work_is_refused_by_its_name(tmp_path, keys, store, capsys,
                                                            argv, says):
     """Each used to pass: --once then ran its round and exited 0, serving ran (READY) with

@@ -59,7 +59,6 @@ if __name__ == "__main__":  # ``python -m``: a Ctrl-C while the imports below lo
 
 import argparse
 import logging
-import math
 import signal
 import sys
 import threading
@@ -121,6 +120,9 @@ log = logging.getLogger(__name__)
 
 MAX_CHECK_S = 3600.0
 """Longest trigger poll: the loop also decides canaries then, so longer is a stalled service."""
+MAX_CANARY_WAIT_S = 30 * 86400.0
+"""Longest canary wait: rounds stop while a canary is undecided, so 1e308 s (accepted while
+inf was refused) held them back for good just the same."""
 MAX_SEED = 2**32 - 1
 """Largest seed (numpy's legacy bound; torch takes it too): one seed for every generator."""
 MAX_ENGINE_THREADS = 256
@@ -240,17 +242,17 @@ class ConsolidatorConfig:
         """Refuse durations, seeds and thread counts that pass ``> 0`` but cannot work.
 
         Why: ``check_s`` inf or 1e12 passed, the service printed READY and then died on an
-        OverflowError from the loop's wait; an infinite canary wait blocks every round for
-        good; a negative seed failed only in a round (numpy refuses it); 100,000 threads
-        exhaust the process long before they speed discovery up.
+        OverflowError from the loop's wait; an infinite (or 1e308 s) canary wait blocks
+        every round for good; a negative seed failed only in a round (numpy refuses it);
+        100,000 threads exhaust the process long before they speed discovery up.
         """
         if not 0 < self.check_s <= MAX_CHECK_S:  # NaN too
             raise ValueError(f"ConsolidatorConfig.check_s must be > 0 and <= "
                              f"{MAX_CHECK_S:g} seconds, got {self.check_s}")
-        if not math.isfinite(self.canary.max_wait_s):
-            raise ValueError(f"CanaryConfig.max_wait_s must be a finite number of seconds "
-                             f"(an undecided canary holds back every round until then), got "
-                             f"{self.canary.max_wait_s}")
+        if not self.canary.max_wait_s <= MAX_CANARY_WAIT_S:  # inf and NaN too
+            raise ValueError(f"CanaryConfig.max_wait_s must be a finite number of seconds, at "
+                             f"most {MAX_CANARY_WAIT_S:g} (30 days: an undecided canary holds "
+                             f"back every round until then), got {self.canary.max_wait_s}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"ConsolidatorConfig.seed must be in [0, {MAX_SEED}], got "
                              f"{self.seed}")
