@@ -67,6 +67,10 @@ def test_from_parameters_copies_values_and_parses_thresholds():
     ({"diagnostics_period_s": 0}, "diagnostics_period_s"),
     ({"thresholds": {"hazard": 1.5}}, "thresholds"),
     ({"events_topic": "/sensors/load"}, "events_topic"),
+    ({"recall_endpoint": "tcp://127.0.0.1:*"}, "recall_endpoint .*'\\*' only binds"),
+    ({"recall_endpoint": "tcp://127.0.0.1:99999"}, "recall_endpoint"),
+    ({"recall_endpoint": "tcp://*:5756"}, "recall_endpoint"),
+    ({"recall_endpoint": "10.0.0.5:5756"}, "recall_endpoint"),
 ])
 def test_invalid_values_are_refused_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):

@@ -195,6 +195,37 @@ def test_background_recall_reports_timeout():
     assert results[0][1] is None and "timed out" in results[0][2]
 
 
+def _results_of(bg: BackgroundRecall, want: int) -> list:
+    results: list = []
+    deadline = time.monotonic() + 5.0
+    while len(results) < want and time.monotonic() < deadline:
+        results += bg.take()
+        time.sleep(0.01)
+    return results
+
+
+def test_a_client_that_cannot_connect_fails_each_request_and_the_worker_lives():
+    # a '*' port: ZeroMQ itself refuses the connect inside the worker thread
+    bg = BackgroundRecall(lambda: RecallClient("tcp://127.0.0.1:*", "r1", deadline_s=0.05))
+    try:
+        bg.submit("a", np.ones(D))
+        first = _results_of(bg, 1)
+        bg.submit("b", np.ones(D))
+        second = _results_of(bg, 1)
+        alive = bg._thread.is_alive()
+    finally:
+        bg.close()
+    assert [r[0] for r in first + second] == ["a", "b"]
+    for _, evidence, error in first + second:
+        assert evidence is None and "cannot connect to 'tcp://127.0.0.1:*'" in error
+    assert alive
+
+
+def test_the_client_refuses_an_endpoint_it_cannot_connect_to_as_a_recall_error():
+    with pytest.raises(RecallError, match="cannot connect"):
+        RecallClient("bogus://x", "r1")
+
+
 def test_index_from_experiences_with_the_runtime(source_bundle):
     from thinkmem_ros.consolidator.values import embed_experiences
     from thinkmem_ros.link.experience import Experience

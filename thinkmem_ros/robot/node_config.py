@@ -356,12 +356,10 @@ class NodeConfig:
         _integer("recall_k", self.recall_k, 1)
         if self.recall_k > 64:
             raise ValueError(f"recall_k must be <= 64, got {self.recall_k!r}")
-        endpoint = self.recall_endpoint
-        if endpoint:
-            scheme, sep, rest = endpoint.partition("://")
-            if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in endpoint:
-                raise ValueError(f"recall_endpoint must look like tcp://host:port, "
-                                 f"got {endpoint!r}")
+        if self.recall_endpoint:
+            problem = connect_endpoint_problem(self.recall_endpoint)
+            if problem:
+                raise ValueError(f"recall_endpoint {problem}")
 
     def _validate_shipping(self, topics: list[str]) -> None:
         _positive_or_zero("feedback_window_s", self.feedback_window_s, upper=3600.0)
@@ -508,6 +506,25 @@ def source_from_entry(name: str, entry: Mapping[str, Any]) -> SignalSource:
     adapter = parse_adapter(name, raw)
     return SignalSource(topic, msg_type, field_path,
                         None if adapter.is_plain and not adapter.unit else adapter, absent)
+
+
+def connect_endpoint_problem(endpoint: str) -> str | None:
+    """Why the node cannot connect to ``endpoint`` (None when it can try).
+
+    ZeroMQ accepts at connect time what only a bind can use: a ``*`` port or host, or an
+    out-of-range port read as "any port". Such an endpoint connects nowhere, so every
+    request would fail in silence; the node refuses it at start instead.
+    """
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in endpoint:
+        return f"must look like tcp://host:port, got {endpoint!r}"
+    if scheme != "tcp":
+        return None
+    host, _, port = rest.rpartition(":")
+    if not host or host == "*" or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return (f"must name a host and a port 1-65535 to connect to ('*' only binds), "
+                f"got {endpoint!r}")
+    return None
 
 
 def state_dir(robot_id: str) -> Path:

@@ -52,7 +52,11 @@ class RecallClient:
         # a reply bigger than any legitimate one (a broken or hostile server) drops the
         # connection unread; the request then times out and the caller keeps its situation
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REPLY_BYTES)
-        self._socket.connect(endpoint)
+        try:
+            self._socket.connect(endpoint)
+        except zmq.ZMQError as exc:  # a '*' port, an unknown scheme: nothing to connect to
+            self._socket.close(0)
+            raise RecallError(f"cannot connect to {endpoint!r}: {exc}") from exc
         self._next_id = 0
         self.timeouts = 0
         self.bad_frames = 0
@@ -155,6 +159,8 @@ class BackgroundRecall:
     At most one request waits; a submit while one is waiting replaces it (the newest
     situation matters). Each result is ``(tag, evidence | None, error | None)``.
     The client is created inside the worker thread (ZeroMQ sockets are not thread-safe).
+    Whatever goes wrong there (the client cannot be made, a socket error) answers the
+    request as a failure: a dead worker would leave recall silently off and uncounted.
     """
 
     def __init__(self, make_client: Callable[[], RecallClient]) -> None:
@@ -190,23 +196,44 @@ class BackgroundRecall:
                 return out
 
     def _work(self) -> None:
-        client = self._make()
+        client, broken = self._open_client()
         try:
             while not self._stop.is_set():
                 try:
                     tag, emb = self._requests.get(timeout=0.05)
                 except queue.Empty:
                     continue
-                try:
-                    result = (tag, client.recall(emb), None)
-                except RecallError as exc:
-                    result = (tag, None, str(exc))
-                try:
-                    self._results.put_nowait(result)
-                except queue.Full:
-                    self.dropped += 1
+                self._put(self._answer(client, broken, tag, emb))
         finally:
-            client.close()
+            if client is not None:
+                client.close()
+
+    def _open_client(self) -> tuple[RecallClient | None, str]:
+        """The client, or None and why it could not be made (logged once)."""
+        try:
+            return self._make(), ""
+        except Exception as exc:  # noqa: BLE001 - reported per request, never a dead thread
+            reason = f"recall client unavailable: {type(exc).__name__}: {exc}"
+            log.error(reason)
+            return None, reason
+
+    @staticmethod
+    def _answer(client: RecallClient | None, broken: str, tag: object,
+                emb: np.ndarray) -> tuple[object, list[dict] | None, str | None]:
+        if client is None:
+            return tag, None, broken
+        try:
+            return tag, client.recall(emb), None
+        except RecallError as exc:
+            return tag, None, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a socket error fails this request only
+            return tag, None, f"recall failed: {type(exc).__name__}: {exc}"
+
+    def _put(self, result: tuple) -> None:
+        try:
+            self._results.put_nowait(result)
+        except queue.Full:
+            self.dropped += 1
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the worker (bounded wait)."""
