@@ -16,6 +16,7 @@ from thinkmem_ros.link.security import (
     curve_enabled,
     is_loopback,
     load_curve_keypair,
+    load_signing_key,
     sign_bundle,
     verify_bundle_signature,
     verify_signed_bundle,
@@ -48,6 +49,23 @@ def test_keys_command_perms_and_no_overwrite(keydir, capsys):
                               no_sign=True, force=False)
     assert keys_cmd.main(args) == 2
     assert load_curve_keypair(keydir / "server.key_secret")[0] != public
+
+
+@pytest.mark.parametrize("mode, who", [(0o620, "group"), (0o602, "others"),
+                                       (0o666, "group and others")])
+@pytest.mark.parametrize("name", ["signer.sign.key", "robot.key_secret"])
+def test_a_secret_key_others_may_write_is_refused_naming_the_file(tmp_path, keydir, name,
+                                                                 mode, who):
+    """It was used without a word: whoever may write it can swap in a key of their own."""
+    load = load_signing_key if name.endswith(".sign.key") else load_curve_keypair
+    copy = tmp_path / name
+    copy.write_bytes((keydir / name).read_bytes())
+    copy.chmod(mode)
+    with pytest.raises(SecurityError, match=f"writable by {who} ") as refused:
+        load(copy)
+    assert str(copy) in str(refused.value) and "chmod 600" in str(refused.value)
+    copy.chmod(0o640)  # readable by its group: not a way to replace it
+    load(copy)
 
 
 def test_curve_policy():

@@ -87,6 +87,25 @@ def _key_file(path: Path | str, what: str) -> None:
         raise SecurityError(f"{exc}") from None
 
 
+def _secret_key_file(path: Path | str, what: str) -> None:
+    """``_key_file``, and refuse a secret key others may write, in one line.
+
+    Why: a .sign.key or .key_secret that group or others can write can be swapped for
+    their own key (bundles signed by it, a server or robot identity taken over), and it
+    was used without a word. ``thinkmem keys`` writes them 0600.
+    """
+    _key_file(path, what)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # the read that follows names what is wrong
+        return
+    if mode & 0o022:
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
+        raise SecurityError(f"{path}: the {what} file is writable by {who} (mode "
+                            f"{mode & 0o777:o}), so it could be replaced; make it 600 "
+                            f"(chmod 600 {path})")
+
+
 def write_curve_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
     """Create ``NAME.key`` (0644) and ``NAME.key_secret`` (0600); returns both paths."""
     folder = Path(folder)
@@ -103,7 +122,7 @@ def write_curve_keypair(folder: Path | str, name: str) -> tuple[Path, Path]:
 
 def load_curve_keypair(secret_file: Path | str) -> tuple[bytes, bytes]:
     """``(public, secret)`` Z85 keys from a ``.key_secret`` file."""
-    _key_file(secret_file, "CURVE key pair")
+    _secret_key_file(secret_file, "CURVE key pair")
     try:
         public, secret = zmq.auth.load_certificate(str(secret_file))
     except (OSError, ValueError) as exc:
@@ -434,7 +453,7 @@ def load_signing_key(path: Path | str) -> nacl.signing.SigningKey:
     if Path(path).name.endswith(".pub"):
         raise SecurityError(f"{path}: this is a public key; sign with the matching secret "
                             f"key (NAME.sign.key)")
-    _key_file(path, "Ed25519 signing key")
+    _secret_key_file(path, "Ed25519 signing key")
     try:
         return nacl.signing.SigningKey(bytes.fromhex(Path(path).read_text().strip()))
     except (OSError, ValueError, nacl.exceptions.CryptoError) as exc:
