@@ -63,6 +63,19 @@ def test_a_json_report_never_replaces_a_store(tmp_path):
     assert store.read_bytes() == before
 
 
+def test_an_output_on_a_device_that_cannot_take_it_is_refused_before_the_run():
+    """--json /dev/full failed (no space left) only after the whole run; a disk would have
+    had a report written over its first bytes. /dev/null still discards it."""
+    with pytest.raises(SystemExit, match="every write fails") as refused:
+        check_output("/dev/full", "--json", replaces=json_report("experiment"))
+    assert str(refused.value.code).startswith("--json /dev/full: ")
+    assert check_output("/dev/null", "--json", replaces=json_report("experiment"))
+    disks = [p for p in Path("/dev").glob("loop[0-9]*") if p.is_block_device()]
+    if disks:  # only stat()ed, never opened; some containers have no loop device
+        with pytest.raises(SystemExit, match="is a block device"):
+            check_output(disks[0], "--json", replaces=json_report("experiment"))
+
+
 def test_an_earlier_report_of_the_same_kind_is_replaced(tmp_path):
     bench = tmp_path / "lat.json"
     bench.write_text(json.dumps({"experiment": "latency", "results": {}}))

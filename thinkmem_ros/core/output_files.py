@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,29 @@ def _fifo_has_reader(path: Path) -> bool:
     return True
 
 
+_FULL_DEVICE = (1, 7)  # Linux's /dev/full: major, minor
+
+
+def _device_problem(path: Path) -> str | None:
+    """Why the device at ``path`` cannot take an output, or None (no device, /dev/null, a tty).
+
+    Why: ``--json /dev/full`` was accepted and failed (no space left) only after the whole
+    run, and a block device (a disk) would have had a report written over its first bytes.
+    """
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    if stat.S_ISBLK(info.st_mode):
+        return "is a block device (a disk); refusing to write onto it"
+    if stat.S_ISSOCK(info.st_mode):
+        return "is a socket, not a file"
+    if stat.S_ISCHR(info.st_mode) and (os.major(info.st_rdev),
+                                       os.minor(info.st_rdev)) == _FULL_DEVICE:
+        return "is /dev/full, where every write fails (no space left)"
+    return None
+
+
 def check_output(path: str | Path, option: str, *, folder: bool = False,
                  replaces: tuple[str, Callable[[Path], bool]] | None = None) -> Path:
     """``path`` when an output can be written there; else exit with one line naming ``option``.
@@ -57,6 +81,8 @@ def check_output(path: str | Path, option: str, *, folder: bool = False,
                          "overwrite it (remove it or choose another path)")
     if not folder and path.is_fifo() and not _fifo_has_reader(path):
         raise SystemExit(f"{option} {path}: is a FIFO nobody reads (writing would block)")
+    if not folder and (problem := _device_problem(path)):
+        raise SystemExit(f"{option} {path}: {problem}")
     parent = next(p for p in path.absolute().parents if p.exists())
     try:
         tempfile.TemporaryFile(dir=parent).close()
