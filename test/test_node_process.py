@@ -154,8 +154,11 @@ def test_a_stop_while_the_executor_registers_the_node_is_a_clean_exit(ros_env, s
     (("-p", "stats_file:=/nonexistent/folder/stats.json"), "stats_file"),
     (("-p", "stats_file:=/"), "stats_file"),
     (("-p", "recall_endpoint:=tcp://127.0.0.1:*"), "recall_endpoint"),
+    (("-p", "consolidator_endpoint:=tcp://127.0.0.1:*"), "consolidator_endpoint"),
+    (("-p", "consolidator_endpoint:=tcp://127.0.0.1:5755", "-p", "spool_path:=/tmp"),
+     "spool_path '/tmp' cannot hold the spool"),
 ], ids=["range", "choice", "field", "thresholds", "bundle", "stats_missing", "stats_folder",
-        "recall_port"])
+        "recall_port", "consolidator_port", "spool_folder"])
 def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle):
     base = () if "bundle_path" in args[1] else ("-p", f"bundle_path:={source_bundle}")
     node = NodeProcess(node_cmd(*base, *args), ros_env)

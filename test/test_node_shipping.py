@@ -8,6 +8,8 @@ at a random port; what arrives is read back from the consolidator's SQLite store
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import threading
 import time
@@ -50,10 +52,45 @@ ROBOT = "ship-bot"
     ({"ship_every_n_frames": 0}, "ship_every_n_frames"),
     ({"feedback_topic": "/sensors/events"}, "feedback_topic"),
     ({"consolidator_endpoint": "tcp://127.0.0.1:5755", "robot_id": "bot 7"}, "robot_id"),
+    ({"consolidator_endpoint": "tcp://127.0.0.1:*"}, "consolidator_endpoint .*'\\*' only"),
+    ({"consolidator_endpoint": "tcp://127.0.0.1:5755,tcp://*:5755"}, "consolidator_endpoint"),
+    ({"consolidator_endpoint": "tcp://127.0.0.1:0"}, "consolidator_endpoint"),
 ])
 def test_shipping_parameters_are_validated_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         NodeConfig(**kwargs)
+
+
+def _spool_config(path) -> NodeConfig:
+    return NodeConfig(consolidator_endpoint="tcp://127.0.0.1:5755", spool_path=str(path))
+
+
+def test_a_spool_path_that_can_never_hold_a_spool_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    for path, says in ((tmp_path, "it is a folder"),
+                       ("/proc/x/spool.db", "No such file or directory"),
+                       (tmp_path / "fifo", "it is not a regular file")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"spool_path '{path}' cannot hold the spool: {says}")):
+            _spool_config(path).check_spool_path()
+    fresh = tmp_path / "new" / "spool.db"
+    _spool_config(fresh).check_spool_path()  # its folder is made, the file is not
+    assert fresh.parent.is_dir() and not fresh.exists()
+    fresh.write_bytes(b"")
+    _spool_config(fresh).check_spool_path()
+    assert fresh.read_bytes() == b""  # an existing spool is left as it is
+    NodeConfig(spool_path=str(tmp_path)).check_spool_path()  # not shipping: not checked
+
+
+def test_a_full_disk_at_start_is_left_to_the_spool(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    def full(*args, **kwargs):  # a full disk cannot be made here: injected
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    _spool_config(tmp_path / "spool.db").check_spool_path()
 
 
 def test_shipping_defaults_are_off_and_paths_live_in_the_state_dir(monkeypatch, tmp_path):

@@ -297,6 +297,7 @@ class ThinkingNode(Node):
         shipping hooks in here); a listener must not block and must not raise."""
         self.config = self._read_config()
         self.config.check_stats_file()
+        self.config.check_spool_path()
         self._verify_key = self._load_verify_key()
         self._artefacts: dict[tuple[str, str], GateArtefacts] = {}
         self._artefacts_lock = threading.Lock()

@@ -28,9 +28,11 @@ overrides that match no declared parameter (a typo must not be silently ignored)
 from __future__ import annotations
 
 import difflib
+import errno
 import math
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,10 +384,11 @@ class NodeConfig:
                              "letters, digits and _.:- (at most 128)")
         endpoints = [e.strip() for e in endpoint.split(",")]  # several receivers
         for one in endpoints:
-            scheme, sep, rest = one.partition("://")
-            if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest or " " in one:
-                raise ValueError(f"consolidator_endpoint must look like tcp://host:port (or "
-                                 f"several, comma-separated), got {endpoint!r}")
+            problem = connect_endpoint_problem(one)
+            if problem:
+                several = f" (one of {endpoint!r})" if len(endpoints) > 1 else ""
+                raise ValueError(f"consolidator_endpoint {problem}{several}; several "
+                                 "receivers are comma-separated")
         if len(set(endpoints)) != len(endpoints):
             raise ValueError(f"consolidator_endpoint names an endpoint twice: {endpoint!r}")
         have_keys = bool(self.server_public_key and self.client_secret_key)
@@ -413,6 +416,26 @@ class NodeConfig:
         """Return the pushed-bundle folder, or the per-robot default in the state dir."""
         return (Path(self.bundles_dir).expanduser() if self.bundles_dir
                 else state_dir(self.robot_id) / "bundles")
+
+    def check_spool_path(self) -> None:
+        """Refuse a spool location that can never hold a spool, before shipping starts.
+
+        A folder at the path, or a folder that cannot be created or written (a typo,
+        ``/proc``, a read-only mount, permissions), would leave the node running with every
+        experience dropped. A full disk is not refused: that is a runtime fault the spool
+        handles by shedding the oldest rows, and the node must keep thinking through it.
+        """
+        if not self.shipping:
+            return
+        path = self.spool_file()
+        try:
+            _check_writable_file(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                return
+            raise ValueError(f"spool_path {str(path)!r} cannot hold the spool: "
+                             f"{exc.strerror or exc}; set spool_path to a file in a "
+                             "writable folder") from None
 
     def check_stats_file(self) -> None:
         """Refuse a ``stats_file`` that cannot be written now, not at shutdown after a run.
@@ -531,6 +554,24 @@ def state_dir(robot_id: str) -> Path:
     """Return ``$XDG_STATE_HOME/thinkmem_ros/<robot_id>`` (default ``~/.local/state``)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "thinkmem_ros" / robot_id
+
+
+def _check_writable_file(path: Path) -> None:
+    """OSError unless ``path`` is (or can become) a regular file this process may write.
+
+    The file itself is left untouched: an existing one is opened for update and closed,
+    a new one is tried as an anonymous temporary file in its folder.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "it is a folder")
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "it is not a regular file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        with open(path, "r+b"):
+            return
+    with tempfile.TemporaryFile(dir=path.parent):
+        return
 
 
 def _positive(key: str, value: Any) -> None:
