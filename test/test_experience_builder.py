@@ -138,6 +138,21 @@ def test_pending_is_bounded_and_a_full_shipper_is_counted():
     assert stats["sink_refused"] == 2 and stats["pending"] == 0
 
 
+def test_feedback_waiting_for_its_frame_is_bounded_oldest_dropped_first():
+    builder, shipped = make(max_early_feedback=4)
+    for i in range(10):  # stamped ahead of every frame: none can match yet
+        assert not builder.add_feedback(Feedback(50.0 + i, ("hazard",), None), now=0.0)
+    stats = builder.stats()
+    assert stats["feedback_waiting"] == 4 and stats["feedback_dropped"] == 6
+    builder.add_frame(frame(50.0), now=0.1)  # its feedback was among the dropped
+    builder.add_frame(frame(59.0), now=0.1)  # the newest feedback is still waiting
+    builder.release(now=9.0)
+    assert [e.required for e in shipped] == [None, ["hazard"]]
+    stats = builder.stats()
+    assert stats["feedback_waiting"] == 0 and stats["feedback_unmatched"] == 3
+    assert stats["feedback_matched"] == 1
+
+
 @pytest.mark.parametrize("text, field", [
     ("not json", "not JSON"),
     ("[1]", "expected an object"),
@@ -167,6 +182,7 @@ def test_parse_feedback_accepts_the_documented_shape():
     ({"ship_every_n_frames": 0}, "ship_every_n_frames"),
     ({"episode_gap_s": float("nan")}, "episode_gap_s"),
     ({"max_events": 5000}, "max_events"),
+    ({"max_early_feedback": 0}, "max_early_feedback"),
 ])
 def test_config_names_the_bad_key(kw, key):
     args = dict(robot_id="bot", frame_period_s=PERIOD)

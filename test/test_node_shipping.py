@@ -128,6 +128,16 @@ def test_shipping_status_levels():
     assert values["acked"] == "5" and values["connected"] == "true"
 
 
+def test_shipping_status_warns_when_waiting_feedback_is_dropped():
+    builder = {"frames": 5, "feedback_waiting": 1024, "feedback_dropped": 30}
+    report = shipping_status(_ship_snap(builder=builder,
+                                        previous_builder=dict(builder, feedback_dropped=10)))
+    assert report.level == WARN and "20 feedback messages dropped" in report.message
+    values = dict(report.values)
+    assert values["experiences_feedback_waiting"] == "1024"
+    assert values["experiences_feedback_dropped"] == "30"
+
+
 def test_shipping_status_is_an_error_while_the_spool_disk_is_full():
     full = shipping_status(_ship_snap(shipper={"connected": True, "disk_full": True,
                                                "shed_disk_full": 7},

@@ -300,7 +300,7 @@ SHIPPING_VALUES = ("queue", "spool_rows", "spool_bytes", "inflight", "sent", "re
 
 BUILDER_VALUES = ("frames", "pending", "shipped", "skipped", "feedback", "feedback_matched",
                   "feedback_late", "feedback_unmatched", "feedback_invalid", "episodes",
-                  "build_errors", "events_invalid")
+                  "build_errors", "events_invalid", "feedback_waiting", "feedback_dropped")
 """Experience-builder counters reported (prefixed ``experiences_``) in the same status."""
 
 
@@ -356,6 +356,8 @@ def shipping_status(snap: ShippingSnapshot) -> StatusReport:
             warns.append(f"{delta(key)} {what}")
     for key, what in (("build_errors", "frames could not become experiences"),
                       ("feedback_invalid", "malformed feedback messages"),
+                      ("feedback_dropped", "feedback messages dropped while waiting for "
+                       "their frame (too many ahead of the frames: stamps in the future?)"),
                       ("events_invalid", "malformed event names")):
         count = int(snap.builder.get(key, 0)) - int(snap.previous_builder.get(key, 0))
         if count:

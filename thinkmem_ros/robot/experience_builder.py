@@ -14,7 +14,10 @@ low-rate thread. Nothing here touches disk or network.
 Feedback matching: a feedback's ``stamp`` names the activation it is about (the ``stamp``
 of ``/thinking/activation``, node clock). It attaches to the pending frame with the nearest
 stamp within half a frame period; feedback that arrives before its frame waits (up to
-``feedback_window_s``) for it. Several feedbacks on one frame merge: ``required`` labels are
+``feedback_window_s``) for it, at most ``max_early_feedback`` of it: beyond, the oldest
+waiting one is dropped and counted as ``feedback_dropped``, so a flood of feedback stamped
+in the future (a broken or hostile publisher) costs bounded memory and bounded matching
+work per frame. Several feedbacks on one frame merge: ``required`` labels are
 united (first-seen order), the latest non-null ``reward`` wins. Feedback for a frame that
 was already released is counted as ``feedback_late``; feedback that never finds its frame
 as ``feedback_unmatched``.
@@ -151,6 +154,9 @@ class BuilderConfig:
     ship_every_n_frames: int = 1
     episode_gap_s: float = 5.0
     max_pending: int = 20000  # frames waiting for feedback; beyond, the oldest is dropped
+    # feedback waiting for its frame (normally a handful: it overtook the frame's hand-off);
+    # beyond, the oldest is dropped. Each may hold 256 labels (~30 kB): ~30 MB at most.
+    max_early_feedback: int = 1024
     max_events: int = LIMITS["max_events"]
 
     def __post_init__(self) -> None:
@@ -162,7 +168,8 @@ class BuilderConfig:
                 and math.isfinite(self.feedback_window_s) and self.feedback_window_s >= 0):
             raise ValueError(f"feedback_window_s must be a number >= 0, "
                              f"got {self.feedback_window_s!r}")
-        for key, low in (("ship_every_n_frames", 1), ("max_pending", 1), ("max_events", 1)):
+        for key, low in (("ship_every_n_frames", 1), ("max_pending", 1), ("max_events", 1),
+                         ("max_early_feedback", 1)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{key} must be an integer >= {low}, got {value!r}")
@@ -197,6 +204,7 @@ class _Counters:
     feedback_matched: int = 0
     feedback_late: int = 0
     feedback_unmatched: int = 0
+    feedback_dropped: int = 0  # waited for its frame beyond max_early_feedback: oldest dropped
     feedback_invalid: int = 0
     events: int = 0
     events_invalid: int = 0
@@ -275,7 +283,7 @@ class ExperienceBuilder:
             if feedback.stamp <= self._released_until + 0.5 * self.config.frame_period_s:
                 self._counters.feedback_late += 1
             else:
-                self._early.append((now, feedback))  # its frame may still come
+                self._hold_early(feedback, now)  # its frame may still come
             return False
 
     def feedback_invalid(self) -> None:
@@ -328,6 +336,12 @@ class ExperienceBuilder:
             elif entry.result.stamp < stamp - tol:
                 break
         return best if best_gap <= tol else None
+
+    def _hold_early(self, feedback: Feedback, now: float) -> None:
+        if len(self._early) >= self.config.max_early_feedback:
+            self._early.popleft()
+            self._counters.feedback_dropped += 1
+        self._early.append((now, feedback))
 
     def _match_early(self, entry: _Pending) -> None:
         tol = 0.5 * self.config.frame_period_s
