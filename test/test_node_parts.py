@@ -49,6 +49,8 @@ def test_healthy_node_is_ok_with_numbers():
     ({"totals": dict(TOTALS, frames=110, invalid=3)}, WARN, "3 NaN/inf"),
     ({"totals": dict(TOTALS, frames=110, out_of_order=1)}, WARN, "out-of-order"),
     ({"totals": dict(TOTALS, frames=110, duplicate=2)}, WARN, "duplicate"),
+    ({"totals": dict(TOTALS, frames=110, stamp_restarts=1)}, WARN,
+     "1 signal stamp restarts taken as a new timeline"),
     ({"totals": dict(TOTALS, frames=108)}, WARN, "frame rate 8.0"),
     ({"totals": dict(TOTALS, frames=102)}, ERROR, "frame rate 2.0"),
     ({"totals": dict(TOTALS, frames=110, inference_errors=1)}, ERROR, "inference errors"),

@@ -75,6 +75,38 @@ def test_duplicate_and_out_of_order_stamps_never_move_the_window_back():
     assert counts == (1, 1, 2)
 
 
+def test_stamps_that_restart_without_a_clock_jump_start_a_new_timeline():
+    """A bag looped without --clock: wall-clock 'now' runs on, the stamps go back."""
+    buf = make(stale=0.5)
+    for i in range(10):  # first pass, stamps 1000.0 .. 1000.9
+        assert buf.offer(0, 1.0, now=5000.0 + 0.1 * i, stamp=1000.0 + 0.1 * i) \
+            is Verdict.ACCEPTED
+    verdicts = [buf.offer(0, 2.0, now=5001.0 + 0.1 * i, stamp=1000.0 + 0.1 * i)
+                for i in range(12)]  # second pass from 1000.0: refused while a is fresh
+    first = verdicts.index(Verdict.ACCEPTED)
+    assert set(verdicts[:first]) == {Verdict.OUT_OF_ORDER}
+    assert set(verdicts[first:]) == {Verdict.ACCEPTED}
+    assert 0.1 + 0.1 * first > 0.5  # taken only once the old timeline went stale
+    frame = buf.assemble(now=5002.2)
+    assert frame.mask[-1, 0] == 1.0 and frame.signals[-1, 0] == 2.0
+    counters = buf.snapshot()
+    assert counters.stamp_restarts == {"a": 1, "b": 0, "c": 0}
+    assert counters.out_of_order["a"] == first and counters.time_jumps == 0
+
+
+def test_stray_old_samples_never_restart_a_signals_timeline():
+    buf = make(stale=0.5)
+    assert buf.offer(0, 1.0, now=1000.0, stamp=100.0) is Verdict.ACCEPTED
+    # long after a went stale: two stray old samples, and three that do not move forward
+    assert buf.offer(0, 9.0, now=1010.0, stamp=50.0) is Verdict.OUT_OF_ORDER
+    assert buf.offer(0, 9.0, now=1010.1, stamp=50.1) is Verdict.OUT_OF_ORDER
+    for stamp in (49.0, 48.0, 47.0):
+        assert buf.offer(0, 9.0, now=1010.2, stamp=stamp) is Verdict.OUT_OF_ORDER
+    assert buf.offer(0, 3.0, now=1010.3, stamp=100.1) is Verdict.ACCEPTED  # the real one
+    assert buf.offer(0, 9.0, now=1010.4, stamp=99.0) is Verdict.OUT_OF_ORDER  # fresh again
+    assert buf.snapshot().stamp_restarts["a"] == 0
+
+
 def test_a_far_future_stamp_is_refused_and_never_blinds_the_signal():
     buf = make()
     assert buf.offer(0, 1.0, now=100.0, stamp=100.0) is Verdict.ACCEPTED

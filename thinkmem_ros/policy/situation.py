@@ -13,6 +13,12 @@ ROS, so every rule below is unit-tested without DDS:
   counted as invalid;
 - a stamped sample whose stamp is not newer than the signal's latest accepted stamp is
   dropped and counted as a duplicate or out-of-order: the window only moves forward;
+- except when a signal's stamps restarted without a clock jump (a bag looped without
+  ``--clock``, a driver whose clock restarts): once the signal has gone stale and at least
+  ``RESTART_RUN`` out-of-order samples in a row moved forward among themselves, the newest
+  of them is accepted as the start of a new timeline and counted in ``stamp_restarts``.
+  Refusing them forever would lock the signal out until a restart; a single stray old
+  sample is still refused, and so is any while the signal is fresh;
 - a stamp more than ``future_tolerance_s`` ahead of ``now`` is dropped and counted as
   ``future`` and never becomes the high-water mark, so one sample stamped in 2038 cannot
   make every later genuine sample "out of order"; old stamps (a recording played without
@@ -39,6 +45,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+RESTART_RUN = 3
+"""Out-of-order samples in a row, each newer than the one before, that (once the signal
+is stale) start a new timeline for it: one or two stray old samples never do."""
 JUMP_BACK_S = 0.1
 """A clock step backwards larger than this resets the window (smaller steps only delay
 stamps by at most that much, which the staleness limit already tolerates)."""
@@ -115,13 +124,14 @@ class BufferCounters:
     unknown_events: int = 0
     frames: int = 0
     time_jumps: int = 0
+    stamp_restarts: dict[str, int] = field(default_factory=dict)  # new timelines taken
 
     def copy(self) -> BufferCounters:
         """Independent snapshot for a reader on another thread."""
         return BufferCounters(dict(self.accepted), dict(self.invalid), dict(self.duplicate),
                               dict(self.out_of_order), dict(self.stale_frames),
                               dict(self.future), self.events_accepted, self.unknown_events,
-                              self.frames, self.time_jumps)
+                              self.frames, self.time_jumps, dict(self.stamp_restarts))
 
 
 class SituationBuffer:
@@ -135,6 +145,8 @@ class SituationBuffer:
         self._received_at = np.full(n, -math.inf)  # node clock of the latest accepted sample
         self._stamp = np.full(n, -math.inf)  # header stamp of the latest stamped sample
         self._has_stamp = np.zeros(n, dtype=bool)
+        self._behind_run = [0] * n  # out-of-order samples in a row, each newer than the last
+        self._behind_last = [-math.inf] * n  # stamp of the newest of them
         self._arrival = np.full(n, math.nan)
         self._updated = np.zeros(n, dtype=bool)  # new sample since the last frame
         self._n_updated = 0  # count of True in _updated (complete() runs once per sample)
@@ -149,7 +161,7 @@ class SituationBuffer:
         self.counters = BufferCounters(
             **{key: {s: 0 for s in config.signals}
                for key in ("accepted", "invalid", "duplicate", "out_of_order", "stale_frames",
-                           "future")})
+                           "future", "stamp_restarts")})
 
     @property
     def signals(self) -> tuple[str, ...]:
@@ -172,12 +184,13 @@ class SituationBuffer:
                 if stamp == self._stamp[index]:
                     self.counters.duplicate[name] += 1
                     return Verdict.DUPLICATE
-                if stamp < self._stamp[index]:
+                if stamp < self._stamp[index] and not self._restarted(index, stamp, now):
                     self.counters.out_of_order[name] += 1
                     return Verdict.OUT_OF_ORDER
             if stamp is not None:
                 self._stamp[index] = stamp
                 self._has_stamp[index] = True
+            self._behind_run[index] = 0
             self._value[index] = value
             self._received_at[index] = now
             self._arrival[index] = math.nan if arrival is None else arrival
@@ -186,6 +199,19 @@ class SituationBuffer:
                 self._n_updated += 1
             self.counters.accepted[name] += 1
             return Verdict.ACCEPTED
+
+    def _restarted(self, index: int, stamp: float, now: float) -> bool:
+        """Whether this out-of-order sample starts a new timeline (counted); see the module."""
+        if stamp > self._behind_last[index]:
+            self._behind_run[index] += 1
+        else:
+            self._behind_run[index] = 1  # not moving forward: a new run starts here
+        self._behind_last[index] = stamp
+        if (self._behind_run[index] < RESTART_RUN
+                or now - self._received_at[index] <= self.config.stale_after_s):
+            return False
+        self.counters.stamp_restarts[self.config.signals[index]] += 1
+        return True
 
     def offer_event(self, name: str, *, now: float, stamp: float | None = None) -> Verdict:
         """Append a discrete event; unknown names and exact repeats (same stamp) are dropped."""
@@ -216,6 +242,8 @@ class SituationBuffer:
         self._received_at[:] = -math.inf
         self._stamp[:] = -math.inf
         self._has_stamp[:] = False
+        self._behind_run = [0] * len(self._behind_run)
+        self._behind_last = [-math.inf] * len(self._behind_last)
         self._arrival[:] = math.nan
         self._updated[:] = False
         self._n_updated = 0

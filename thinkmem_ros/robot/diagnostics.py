@@ -29,7 +29,8 @@ LEVEL_NAMES = {OK: "OK", WARN: "WARN", ERROR: "ERROR"}
 COUNTERS = ("frames", "invalid", "duplicate", "out_of_order", "unknown_events",
             "frames_skipped", "inference_errors", "stale_frames", "samples", "future",
             "time_jumps", "invalid_events", "input_errors", "no_input_frames",
-            "rate_mismatch_frames", "qos_incompatible", "stamp_offset_samples")
+            "rate_mismatch_frames", "qos_incompatible", "stamp_offset_samples",
+            "stamp_restarts")
 """Cumulative counters the node reports, in the order they appear in the values.
 
 ``future``: samples refused because their stamp was further ahead of the node's clock
@@ -41,7 +42,9 @@ input messages whose handling raised (the node counts them and goes on);
 bundle's by more than ``RATE_TOLERANCE``; ``qos_incompatible``: publishers on signal
 topics whose QoS can never match the node's subscription (rclpy incompatible-QoS events);
 ``stamp_offset_samples``: samples whose header stamp was more than ``STAMP_NOTE_S`` behind
-the node's clock.
+the node's clock; ``stamp_restarts``: signals whose header stamps went back without a clock
+jump (a bag looped without ``--clock``, a restarted driver clock) and whose new timeline
+was taken once the old one had gone stale.
 """
 
 RATE_TOLERANCE = 0.05
@@ -229,6 +232,8 @@ def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
                       ("out_of_order", "out-of-order stamps dropped"),
                       ("future", "future stamps dropped (sensor clock ahead of ours?)"),
                       ("time_jumps", "backward clock jumps (window reset)"),
+                      ("stamp_restarts", "signal stamp restarts taken as a new timeline "
+                       "(a bag looped without --clock?)"),
                       ("invalid_events", "invalid event messages dropped"),
                       ("input_errors", "input messages that could not be handled"),
                       ("frames_skipped", "frames skipped (inference too slow)")):

@@ -820,6 +820,7 @@ class ThinkingNode(Node):
                     n for name, n in counters.stale_frames.items() if name not in absent),
                 "samples": sum(counters.accepted.values()),
                 "future": sum(counters.future.values()), "time_jumps": counters.time_jumps,
+                "stamp_restarts": sum(counters.stamp_restarts.values()),
                 "invalid_events": invalid_events, "input_errors": input_errors,
                 "no_input_frames": no_input}
 
