@@ -15,7 +15,15 @@ from thinkmem_ros.robot.activation import (
     active_labels,
     probabilities_layout,
 )
-from thinkmem_ros.robot.diagnostics import COUNTERS, ERROR, OK, WARN, HealthSnapshot, build_status
+from thinkmem_ros.robot.diagnostics import (
+    COUNTERS,
+    ERROR,
+    OK,
+    WARN,
+    ClockWatch,
+    HealthSnapshot,
+    build_status,
+)
 from thinkmem_ros.robot.hotswap import HotSwapper, PolicySlot, load_policy
 
 TOTALS = {key: 0 for key in COUNTERS}
@@ -62,6 +70,18 @@ def test_levels(kw, level, text):
     report = build_status(snapshot(**kw))
     assert report.level == level, report.message
     assert text in report.message
+
+
+def test_a_sim_clock_that_stands_still_is_reported():
+    watch = ClockWatch()
+    assert watch.still_for(0.0, steady_now=100.0) == 0.0  # no /clock yet: counted from here
+    assert watch.still_for(0.0, steady_now=103.0) == 3.0
+    assert watch.still_for(5.0, steady_now=104.0) == 0.0  # it moved
+    assert watch.still_for(5.0, steady_now=104.5) == 0.5
+    report = build_status(snapshot(ros_time_still_s=3.0), clock_still_warn_s=2.0)
+    assert report.level == WARN and "ROS time not advancing for 3 s" in report.message
+    assert values(report)["ros_time_still_s"] == "3.0"
+    assert build_status(snapshot(ros_time_still_s=1.0), clock_still_warn_s=2.0).level == OK
 
 
 def test_old_problems_do_not_keep_the_node_in_warn():

@@ -407,3 +407,29 @@ def test_two_robots_in_namespaces_read_only_their_own_sensors(ros_env, bundles):
         assert robots["robot2"].buffer.snapshot().accepted["current"] == 0
     finally:
         stop_ros(executor, spin, (*robots.values(), helper), context)
+
+
+def test_diagnostics_keep_coming_and_say_so_while_sim_time_stands_still(ros_env, bundles):
+    """use_sim_time and no /clock: ROS time stays 0, yet /diagnostics must not go silent."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    node = ThinkingNode(context=context, parameter_overrides=[
+        Parameter("bundle_path", value=str(bundles["v2"])), Parameter("use_sim_time", value=True),
+        Parameter("diagnostics_period_s", value=0.25), Parameter("watch_bundle", value=False)])
+    helper = rclpy.create_node("still_clock_listener", context=context)
+    seen: list[str] = []
+    helper.create_subscription(DiagnosticArray, "/diagnostics",
+                               lambda m: seen.append(m.status[0].message), 10)
+    executor = SingleThreadedExecutor(context=context)
+    for n in (node, helper):
+        executor.add_node(n)
+    spin = threading.Thread(target=executor.spin, daemon=True)
+    spin.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not any(
+                "ROS time not advancing" in m for m in seen):
+            time.sleep(0.05)
+    finally:
+        stop_ros(executor, spin, (node, helper), context)
+    assert any("ROS time not advancing for" in m and "/clock" in m for m in seen), seen

@@ -173,6 +173,7 @@ class HealthSnapshot:
     stamp_offset_s: float = float("nan")  # node clock minus the latest far-off header stamp
     wait_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sample -> frame
     compute_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # frame -> publish
+    ros_time_still_s: float = 0.0  # steady seconds sim time has not moved (0: it moves)
 
 
 @dataclass
@@ -193,8 +194,27 @@ def _pct(samples: np.ndarray, q: float) -> float:
     return float(np.percentile(samples, q)) if samples.size else float("nan")
 
 
+class ClockWatch:
+    """How long ROS time has stood still, measured on the steady clock.
+
+    With ``use_sim_time`` a paused bag, a stalled simulator or no ``/clock`` at all stops
+    ROS time, and with it every ROS-clock timer and frame: the node looks dead. The node's
+    diagnostics run on the steady clock and ask this, so they say why instead.
+    """
+
+    def __init__(self) -> None:
+        self._ros_now: float | None = None
+        self._since = 0.0
+
+    def still_for(self, ros_now: float, steady_now: float) -> float:
+        """Steady seconds since ROS time last moved (0.0 at the first reading or a move)."""
+        if ros_now != self._ros_now:
+            self._ros_now, self._since = ros_now, steady_now
+        return steady_now - self._since
+
+
 def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
-                 warmup_s: float = 2.0) -> StatusReport:
+                 warmup_s: float = 2.0, clock_still_warn_s: float = 2.0) -> StatusReport:
     """Judge the snapshot; each reason names what is wrong so the message is actionable."""
     delta = {k: snap.totals.get(k, 0) - snap.previous.get(k, 0) for k in COUNTERS}
     rate = delta["frames"] / snap.elapsed_s if snap.elapsed_s > 0 else 0.0
@@ -239,6 +259,9 @@ def build_status(snap: HealthSnapshot, *, rate_tolerance: float = 0.9,
                       ("frames_skipped", "frames skipped (inference too slow)")):
         if delta[key]:
             warns.append(f"{delta[key]} {what}")
+    if snap.ros_time_still_s >= clock_still_warn_s:
+        warns.append(f"ROS time not advancing for {snap.ros_time_still_s:.0f} s "
+                     "(use_sim_time: is /clock paused or not published?)")
     if snap.bundle_error:
         warns.append(f"bundle rejected, running version {snap.bundle_version}: "
                      f"{snap.bundle_error}")
@@ -285,7 +308,8 @@ def _values(snap: HealthSnapshot, rate: float) -> list[tuple[str, str]]:
             f"{name}={rate_hz:.2f}" for name, rate_hz in check.signal_rates_hz.items())),
         ("qos_incompatible_signals", ",".join(
             f"{name}={count}" for name, (count, _) in sorted(snap.qos_incompatible.items()))),
-        ("stamp_offset_s", f"{snap.stamp_offset_s:.3f}")]
+        ("stamp_offset_s", f"{snap.stamp_offset_s:.3f}"),
+        ("ros_time_still_s", f"{snap.ros_time_still_s:.1f}")]
     values += [("bundle_version", str(snap.bundle_version)),
                ("bundle_sha256", snap.bundle_sha256),
                ("bundle_path", snap.bundle_path),

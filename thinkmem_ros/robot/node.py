@@ -76,7 +76,7 @@ from rcl_interfaces.msg import (
     ParameterDescriptor,
     SetParametersResult,
 )
-from rclpy.clock import ClockChange, JumpThreshold, TimeJump
+from rclpy.clock import Clock, ClockChange, ClockType, JumpThreshold, TimeJump
 from rclpy.duration import Duration
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.exceptions import InvalidHandle, NameValidationException, ParameterException
@@ -111,6 +111,7 @@ from thinkmem_ros.robot.activation import (
 )
 from thinkmem_ros.robot.diagnostics import (
     STAMP_NOTE_S,
+    ClockWatch,
     GateSnapshot,
     HealthSnapshot,
     RateMonitor,
@@ -355,8 +356,13 @@ class ThinkingNode(Node):
         self.add_post_set_parameters_callback(self._apply_parameters)
         self._frame_timer = self.create_timer(1.0 / self.frame_rate_hz, self._on_timer)
         self.drain_queued = True  # take a topic's queued samples per callback (see _on_samples)
+        # On the steady clock: with use_sim_time and /clock paused or absent a ROS-clock
+        # timer never fires, and a silent node cannot be told from a dead one.
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._clock_watch = ClockWatch()
+        self._time_still(time.monotonic())  # counted from the start: /clock may never come
         self._diag_timer = self.create_timer(self.config.diagnostics_period_s,
-                                             self._publish_diagnostics)
+                                             self._publish_diagnostics, clock=self._steady)
         self.get_logger().info(
             f"ready: bundle v{policy.version} sha256 {policy.sha256[:12]} from {policy.path}; "
             f"K={policy.window} at {self.frame_rate_hz:g} Hz ({self.config.frame_trigger}); "
@@ -886,11 +892,18 @@ class ThinkingNode(Node):
             bundle_error=self._bundle_error, bundle_swaps=self._slot.swaps,
             absent=tuple(s for s in self.buffer.signals if s in self.config.absent_signals),
             rate=rate_check, qos_incompatible=dict(self._qos_incompatible),
-            stamp_offset_s=self._stats.stamp_offset_s)
+            stamp_offset_s=self._stats.stamp_offset_s, ros_time_still_s=self._time_still(now))
+
+    def _time_still(self, steady_now: float) -> float:
+        """Seconds sim time has stood still (0.0 when the node runs on the system clock)."""
+        if not self.get_clock().ros_time_is_active:
+            return 0.0
+        return self._clock_watch.still_for(self._now(), steady_now)
 
     def _publish_diagnostics(self) -> None:
-        report = build_status(self.health(), warmup_s=2.0 * self.config.diagnostics_period_s
-                              + self.config.stale_after_s)
+        period = self.config.diagnostics_period_s
+        report = build_status(self.health(), warmup_s=2.0 * period + self.config.stale_after_s,
+                              clock_still_warn_s=max(2.0, 2.0 * period))
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         reports = [(f"thinkmem: {self.get_name()}", report)]
