@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from thinkmem_ros.link.experience import decode_experience, encode_experience
 from thinkmem_ros.robot.activation import FrameResult
 from thinkmem_ros.robot.experience_builder import (
+    MAX_EPISODE_N_DIGITS,
+    MAX_ROBOT_ID_CHARS,
     BuilderConfig,
     ExperienceBuilder,
     Feedback,
@@ -55,6 +58,31 @@ def test_frames_wait_for_the_window_then_ship_as_valid_records():
     assert exp.mask[0, 1] == 0 and exp.window[0, 1] == 0.0 and exp.window[1, 1] == 14.0
     assert exp.required is None and exp.reward is None
     assert decode_experience(encode_experience(exp, seq=1)).stamp == 10.0
+
+
+def test_two_builders_of_one_robot_never_share_an_episode():
+    """Two processes under one robot_id started in the same second: distinct episodes."""
+    ids = []
+    for _ in range(2):
+        shipped: list = []
+        builder = ExperienceBuilder(BuilderConfig("robot", PERIOD),
+                                    lambda e, out=shipped: out.append(e) or True)
+        builder.add_frame(frame(10.0), now=0.0)
+        builder.release(now=0.0, everything=True)
+        ids.append(shipped[0].episode_id)
+    assert ids[0] != ids[1]
+    for episode in ids:
+        assert re.fullmatch(r"robot\.\d{10}-[0-9a-f]{6}\.1", episode), episode
+
+
+def test_the_longest_robot_id_still_names_valid_episodes():
+    shipped: list = []
+    builder = ExperienceBuilder(BuilderConfig("r" * MAX_ROBOT_ID_CHARS, PERIOD),
+                                lambda e: shipped.append(e) or True)  # a generated boot id
+    builder._episode_n = 10**MAX_EPISODE_N_DIGITS - 2  # a long-lived robot's episode count
+    builder.add_frame(frame(1.0), now=0.0)
+    builder.release(now=0.0, everything=True)
+    assert builder.stats()["build_errors"] == 0 and len(shipped[0].episode_id) <= 128
 
 
 def test_feedback_attaches_to_the_nearest_frame_within_half_a_period():

@@ -167,6 +167,26 @@ def test_invalid_parameter_refused_naming_it(args, named, ros_env, source_bundle
     assert "refusing to start" in node.output and named in node.output, node.output
 
 
+def test_a_second_node_with_the_same_robot_id_is_refused_with_one_line(ros_env, source_bundle,
+                                                                       tmp_path):
+    """Two namespaces, robot_id left at its default: one spool, so the second is refused."""
+    env = dict(ros_env, XDG_STATE_HOME=str(tmp_path / "state"))
+    args = ("-p", f"bundle_path:={source_bundle}", "-p", "watch_bundle:=false",
+            "-p", "consolidator_endpoint:=tcp://127.0.0.1:9")
+    first = NodeProcess(node_cmd(*args, "-r", "__ns:=/robot1"), env)
+    try:
+        first.wait_for("ready:")
+        second = NodeProcess(node_cmd(*args, "-r", "__ns:=/robot2"), env)
+        assert second.finish(timeout=30.0) == 2, second.output
+        refusal = [line for line in second.lines if "refusing to start" in line]
+        assert len(refusal) == 1 and "Traceback" not in second.output, second.output
+        assert f"in use by pid {first.proc.pid} (node /robot1/thinking_node, robot_id robot)" \
+            in refusal[0] and "give each robot its own robot_id" in refusal[0], refusal
+    finally:
+        first.proc.send_signal(signal.SIGINT)
+        assert first.finish() == 0, first.output
+
+
 # ---------------------------------------------------------------- hostile start-up input
 # The same probes `thinkmem bench faults` runs: each starts the real node as a process and
 # expects exit 2 with ONE line naming the problem, never a traceback or a silent start.

@@ -103,6 +103,43 @@ def test_shipping_defaults_are_off_and_paths_live_in_the_state_dir(monkeypatch, 
     assert loopback.shipping
 
 
+def test_a_second_node_on_the_same_spool_is_refused_naming_the_holder(source_bundle, tmp_path):
+    from types import SimpleNamespace
+
+    from thinkmem_ros.robot.hotswap import load_policy
+    from thinkmem_ros.robot.shipping_link import ShippingLink
+
+    config = NodeConfig(consolidator_endpoint="tcp://127.0.0.1:9", curve="off",
+                        spool_path=str(tmp_path / "spool.db"),
+                        bundles_dir=str(tmp_path / "bundles"))  # robot_id left at 'robot'
+    policy = load_policy(source_bundle)
+    log = SimpleNamespace(info=print, error=print, warning=print)
+
+    def link(ns: str) -> ShippingLink:
+        return ShippingLink(config, policy, 10.0, None, lambda path: None, log,
+                            holder=f"node /{ns}/thinking_node")
+
+    first = link("robot1")
+    try:
+        with pytest.raises(ValueError, match=re.escape(
+                f"is in use by pid {os.getpid()} (node /robot1/thinking_node, robot_id "
+                "robot) since ")) as refused:
+            link("robot2")
+        assert "give each robot its own robot_id (or its own spool_path)" in str(refused.value)
+    finally:
+        first.close()
+    link("robot2").close()  # free again once the holder is gone
+
+
+def test_a_robot_id_too_long_for_its_episode_ids_is_refused():
+    from thinkmem_ros.robot.experience_builder import MAX_ROBOT_ID_CHARS
+
+    endpoint = "tcp://127.0.0.1:5755"
+    NodeConfig(consolidator_endpoint=endpoint, robot_id="r" * MAX_ROBOT_ID_CHARS)
+    with pytest.raises(ValueError, match=f"robot_id .*at most {MAX_ROBOT_ID_CHARS}"):
+        NodeConfig(consolidator_endpoint=endpoint, robot_id="r" * (MAX_ROBOT_ID_CHARS + 1))
+
+
 def _ship_snap(**kw) -> ShippingSnapshot:
     base = dict(endpoint="tcp://h:1", curve=True,
                 shipper={"connected": True, "acked": 5, "spool_rows": 0},

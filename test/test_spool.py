@@ -1,8 +1,13 @@
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from thinkmem_ros.link.spool import Spool
+from thinkmem_ros.link.spool_lock import SpoolInUse, SpoolLock
 
 
 def rows(start, n, size=100):
@@ -99,3 +104,34 @@ def test_reserve_file_and_bad_reserve_config(tmp_path):
     spool.close()
     with pytest.raises(ValueError, match="reserve_bytes"):
         Spool(tmp_path / "t.db", max_bytes=10, reserve_bytes=-1)
+
+
+HOLD_LOCK = """
+import sys, time
+from thinkmem_ros.link.spool_lock import SpoolLock
+SpoolLock(sys.argv[1], "node /robot1/thinking_node").acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_spool_is_held_by_one_process_and_freed_when_it_dies(tmp_path):
+    spool = tmp_path / "spool.db"
+    child = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(spool)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(SpoolInUse, match=rf"in use by pid {child.pid} "
+                                             r"\(node /robot1/thinking_node\) since "):
+            SpoolLock(spool, "node /robot2/thinking_node").acquire()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # a crash: the kernel drops the lock
+        child.wait(timeout=10)
+    mine = SpoolLock(spool, "node /robot2/thinking_node").acquire()
+    assert mine.held and f"pid {os.getpid()} (node /robot2/thinking_node)" in \
+        (tmp_path / "spool.db.lock").read_text()
+    with pytest.raises(SpoolInUse):  # another holder in this very process is refused too
+        SpoolLock(spool, "other").acquire()
+    mine.release()
+    mine.release()  # idempotent
+    SpoolLock(spool, "again").acquire().release()

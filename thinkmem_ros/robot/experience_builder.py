@@ -28,11 +28,13 @@ received feedback is always shipped: hindsight is the scarce part.
 Episode rule: a new episode starts at the first frame, when an ``episode_start`` event
 arrives on the events topic, when frame stamps jump back (a restarted bag or sim clock)
 or when they leave a gap longer than ``episode_gap_s`` (the node was stopped or paused).
-Episode ids are ``<robot_id>.<boot_id>.<n>`` (``boot_id`` = wall-clock seconds when the
-builder was made), unique across restarts. Each experience carries its episode's event
-history up to its frame, oldest first, capped at the newest ``max_events`` names, which is
-what the consolidator's discovery reads; the ``episode_start`` marker itself is not
-recorded.
+Episode ids are ``<robot_id>.<boot_id>.<n>``; ``boot_id`` is the wall-clock seconds when
+the builder was made and six random hex digits (``1796185737-3fa9c1``): unique across
+restarts, and across processes started in the same second (two nodes launched together
+under one robot_id must never merge into one episode at the consolidator). Each experience
+carries its episode's event history up to its frame, oldest first, capped at the newest
+``max_events`` names, which is what the consolidator's discovery reads; the
+``episode_start`` marker itself is not recorded.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import json
 import logging
 import math
 import re
+import secrets
 import threading
 import time
 from collections import deque
@@ -56,6 +59,18 @@ from thinkmem_ros.robot.activation import FrameResult
 log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
+
+
+BOOT_ID_CHARS = 17
+"""Length of a generated boot id: 10 digits of seconds, '-', 6 hex digits."""
+MAX_EPISODE_N_DIGITS = 10
+MAX_ROBOT_ID_CHARS = LIMITS["max_id"] - (1 + BOOT_ID_CHARS + 1 + MAX_EPISODE_N_DIGITS)
+"""Longest robot id whose episode ids (``<robot_id>.<boot_id>.<n>``) stay valid ids."""
+
+
+def new_boot_id() -> str:
+    """``<wall-clock seconds>-<6 random hex digits>``: one per builder, never shared."""
+    return f"{int(time.time())}-{secrets.token_hex(3)}"
 
 
 class FeedbackError(ValueError):
@@ -218,7 +233,7 @@ class ExperienceBuilder:
                  boot_id: str | None = None) -> None:
         self.config = config
         self._sink = sink
-        self._boot = boot_id or str(int(time.time()))
+        self._boot = boot_id or new_boot_id()
         self._lock = threading.Lock()
         self._pending: deque[_Pending] = deque()
         self._early: deque[tuple[float, Feedback]] = deque()  # (arrived, feedback) w/o frame

@@ -463,7 +463,8 @@ class ThinkingNode(Node):
 
     def _start_shipping(self, policy: LoadedPolicy) -> None:
         link = ShippingLink(self.config, policy, self.frame_rate_hz, self._verify_key,
-                             self._swapper.request, self.get_logger())
+                             self._swapper.request, self.get_logger(),
+                             holder=f"node {self.get_fully_qualified_name()}")
         self._shipping = link
         self.frame_listeners.append(link.on_frame)
         if self.config.feedback_topic:

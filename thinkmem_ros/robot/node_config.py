@@ -45,6 +45,7 @@ from thinkmem_ros.core.signal_adapters import (
 )
 from thinkmem_ros.core.vocabulary import SIGNALS
 from thinkmem_ros.link.security import CURVE_MODES, SecurityError, curve_enabled
+from thinkmem_ros.robot.experience_builder import MAX_ROBOT_ID_CHARS
 from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message_class
 
 MIN_FRAME_RATE_HZ, MAX_FRAME_RATE_HZ = 0.01, 1000.0
@@ -379,9 +380,10 @@ class NodeConfig:
         endpoint = self.consolidator_endpoint
         if not endpoint:
             return
-        if not re.fullmatch(r"[A-Za-z0-9_.:\-]{1,128}", self.robot_id):
+        if not re.fullmatch(rf"[A-Za-z0-9_.:\-]{{1,{MAX_ROBOT_ID_CHARS}}}", self.robot_id):
             raise ValueError(f"robot_id {self.robot_id!r} cannot name experiences: use "
-                             "letters, digits and _.:- (at most 128)")
+                             f"letters, digits and _.:- (at most {MAX_ROBOT_ID_CHARS}, so "
+                             "its episode ids fit)")
         endpoints = [e.strip() for e in endpoint.split(",")]  # several receivers
         for one in endpoints:
             problem = connect_endpoint_problem(one)

@@ -27,6 +27,7 @@ from thinkmem_ros.link.security import (
 )
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.link.sockets import TransportError
+from thinkmem_ros.link.spool_lock import SpoolInUse, SpoolLock
 from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, read_manifest
 from thinkmem_ros.robot.activation import FrameResult
 from thinkmem_ros.robot.bundle_receiver import (
@@ -167,7 +168,8 @@ class ShippingLink:
     """
 
     def __init__(self, config: NodeConfig, policy: LoadedPolicy, frame_rate_hz: float,
-                 verify_key, request_swap: Callable[[Path], object], logger) -> None:
+                 verify_key, request_swap: Callable[[Path], object], logger, *,
+                 holder: str = "") -> None:
         self.config = config
         self.log = logger
         self.failure = ""
@@ -206,8 +208,11 @@ class ShippingLink:
                 except SecurityError as exc:
                     raise ValueError(f"{key}: {exc}") from None
         self.shipper: ExperienceShipper | None = None
+        self._spool_lock = SpoolLock(config.spool_file(),
+                                     f"{holder or 'a thinking node'}, robot_id {config.robot_id}")
         try:
             config.spool_file().parent.mkdir(parents=True, exist_ok=True)
+            self._lock_spool()
             self.shipper = ExperienceShipper(shipper_config).start()
         except (TransportError, OSError) as exc:  # the robot keeps thinking without shipping
             self.failure = str(exc)
@@ -217,6 +222,21 @@ class ShippingLink:
         self._thread = threading.Thread(target=self._release_loop, name="thinkmem-experience",
                                         daemon=True)
         self._thread.start()
+
+    def _lock_spool(self) -> None:
+        """Hold the spool for this node's life, or refuse: it belongs to another node.
+
+        Two nodes on one spool (two namespaces left at the default robot_id) would ship,
+        acknowledge and shed each other's rows under one robot id; one line says who holds
+        it and what to change.
+        """
+        try:
+            self._spool_lock.acquire()
+        except SpoolInUse as exc:
+            raise ValueError(
+                f"spool {str(self.config.spool_file())!r} is {exc}: two nodes cannot share "
+                f"one spool (robot_id {self.config.robot_id!r}); give each robot its own "
+                "robot_id (or its own spool_path)") from None
 
     # ---- inputs
     def on_frame(self, result: FrameResult) -> None:
@@ -316,3 +336,4 @@ class ShippingLink:
         self.builder.release(time.monotonic(), everything=True)
         if self.shipper is not None:
             self.shipper.close(timeout_s=5.0)
+        self._spool_lock.release()
