@@ -135,3 +135,21 @@ def test_a_spool_is_held_by_one_process_and_freed_when_it_dies(tmp_path):
     mine.release()
     mine.release()  # idempotent
     SpoolLock(spool, "again").acquire().release()
+
+
+def test_the_wal_stays_small_beside_a_small_cap(tmp_path):
+    """spool_max_mb counts payload bytes; the WAL must not add many times the cap on disk."""
+    cap = 1 << 20
+    spool = Spool(tmp_path / "s.db", max_bytes=cap, low_disk_bytes=0)
+    wal = tmp_path / "s.db-wal"
+    peak = 0
+    for batch in range(200):  # 28 MB through a 1 MB spool: put, ship, acknowledge, shed
+        spool.put(rows(batch * 100, 100, size=1400))
+        spool.remove(range(batch * 100, batch * 100 + 50))
+        peak = max(peak, wal.stat().st_size if wal.exists() else 0)
+    assert spool.bytes <= cap
+    assert peak <= cap, f"WAL reached {peak / 2**20:.1f} MB beside a 1 MB cap"
+    spool.close()
+    big = Spool(tmp_path / "big.db", max_bytes=256 << 20, low_disk_bytes=0)
+    assert big._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    big.close()

@@ -14,7 +14,10 @@ Shedding policy: the spool is bounded in bytes (payload sizes). When a new batch
 exceed ``max_bytes``, the OLDEST rows are deleted first until it fits; the newest
 experiences are never the ones dropped, because recent situations matter most to the
 consolidator and old ones are most likely already represented. Every dropped row is
-counted in ``shed`` (in memory and persisted in the spool's ``meta`` table).
+counted in ``shed`` (in memory and persisted in the spool's ``meta`` table). On disk the
+files take more than ``max_bytes``: SQLite's pages (about 1.25x the payload), the WAL
+(checkpointed every ``_WAL_PAGES`` pages, 16 MB, or at half the cap for a cap below 32 MB)
+and the reserve file (below); a 1 MB cap peaks near 3 MB, a 256 MB cap near 340 MB.
 
 A full filesystem is the same policy with a smaller, unplanned bound. SQLite needs free
 space even to delete (the WAL records the change before the database file does), so a
@@ -80,6 +83,10 @@ RESERVE_BYTES = 1 << 20
 LOW_DISK_BYTES = 64 << 20
 """Below this much free space the WAL is checkpointed after every write."""
 _LOW_DISK_WAL_PAGES = 16  # most WAL pages kept (and reused) in low-disk mode
+_WAL_PAGES = 1000
+"""SQLite's default checkpoint interval (16 MB of WAL at this page size). A spool whose cap
+is small checkpoints at half its cap instead: max_bytes counts payload bytes, and a 16 MB
+WAL beside a 1 MB cap would be most of what the spool costs on disk."""
 FULL_CHECK_AT_OPEN_BYTES = 32 << 20
 """Spool files up to this size get every page read (``quick_check``) before they open.
 
@@ -156,6 +163,8 @@ class Spool:
         self._txn_bytes = max(PAGE_SIZE, self.reserve_bytes // 4)
         # pages the WAL keeps (and reuses) on a low disk, and the free space kept for it
         self._wal_pages = max(4, min(_LOW_DISK_WAL_PAGES, self.reserve_bytes // PAGE_SIZE))
+        self._normal_wal_pages = max(self._wal_pages,
+                                     min(_WAL_PAGES, max_bytes // (2 * PAGE_SIZE)))
         self._headroom = 2 * self._txn_bytes + 4 * PAGE_SIZE
         self._check_same_thread = check_same_thread
         self.rows = self.bytes = 0
@@ -191,6 +200,7 @@ class Spool:
             self._conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # new files only
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._limit_wal()
             with self._conn:
                 self._conn.execute(
                     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER)")
@@ -610,11 +620,20 @@ class Spool:
         if low == self._low_disk:
             return
         self._low_disk = low
-        pages = self._wal_pages if low else 1000
-        limit = self._wal_pages * (PAGE_SIZE + 24) + 32 if low else -1
         with contextlib.suppress(sqlite3.Error):
-            self._conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
-            self._conn.execute(f"PRAGMA journal_size_limit={limit}")
+            self._limit_wal()
+
+    def _limit_wal(self) -> None:
+        """Checkpoint interval and WAL size for the disk's state and the spool's cap.
+
+        A bounded WAL is checkpointed every that many pages and truncated back to that size
+        (per connection, so every open sets it): kept small on a low disk, and below half
+        the cap for a small spool; SQLite's defaults otherwise.
+        """
+        pages = self._wal_pages if self._low_disk else self._normal_wal_pages
+        limit = pages * (PAGE_SIZE + 24) + 32 if pages < _WAL_PAGES else -1
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+        self._conn.execute(f"PRAGMA journal_size_limit={limit}")
 
     def _take_reserve(self) -> bool:
         """Make sure the reserve file holds ``reserve_bytes`` of real blocks; True if it does."""

@@ -195,8 +195,10 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("client_secret_key", "", "this robot's CURVE key pair file (.key_secret)"),
     ParamSpec("spool_path", "", "durable SQLite spool for unacknowledged experiences; '' = "
               "$XDG_STATE_HOME (~/.local/state)/thinkmem_ros/<robot_id>/spool.db"),
-    ParamSpec("spool_max_mb", 256, "spool size cap; beyond it the oldest rows are shed "
-              "(counted)", 1, 1_000_000),
+    ParamSpec("spool_max_mb", 256, "spool size cap in payload bytes; beyond it the oldest "
+              "rows are shed (counted). The files on disk add SQLite's page overhead, the "
+              "WAL (16 MB, or half the cap below 32 MB) and a 1 MB reserve file", 1,
+              1_000_000),
     ParamSpec("bundle_signing_public_key", "", "Ed25519 public key (.sign.pub file or hex) "
               "that pushed bundles must be signed with; '' = every push is refused"),
     ParamSpec("bundles_dir", "", "where verified pushed bundles are installed; '' = "
