@@ -67,7 +67,10 @@ def _spool_config(path) -> NodeConfig:
 
 def test_a_spool_path_that_can_never_hold_a_spool_is_refused(tmp_path):
     os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
     for path, says in ((tmp_path, "it is a folder"),
+                       (tmp_path / "file" / "sub" / "spool.db",
+                        f"{tmp_path / 'file'} is a file, not a folder"),
                        ("/proc/x/spool.db", "No such file or directory"),
                        (tmp_path / "fifo", "it is not a regular file")):
         with pytest.raises(ValueError, match=re.escape(

@@ -570,6 +570,9 @@ def _check_writable_file(path: Path) -> None:
         raise IsADirectoryError(errno.EISDIR, "it is a folder")
     if path.exists() and not path.is_file():
         raise OSError(errno.EINVAL, "it is not a regular file")
+    folder = next((p for p in path.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
         with open(path, "r+b"):
