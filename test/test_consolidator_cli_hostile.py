@@ -25,7 +25,12 @@ from conftest import copy_bundle
 
 from thinkmem_ros.consolidator import service
 from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
-from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
+from thinkmem_ros.consolidator.publish import (
+    ARTEFACT_FILES,
+    PublishConfig,
+    Publisher,
+    attach_artefacts,
+)
 from thinkmem_ros.consolidator.receive import ReceiveConfig
 from thinkmem_ros.consolidator.store import APPLICATION_ID, ExperienceStore, StoreError
 from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
@@ -221,10 +226,17 @@ def test_a_store_it_cannot_write_is_refused_at_start(tmp_path, keys, store, modu
 def published(tmp_path, keys, source_bundle, damage: str) -> Path:
     """A publish folder whose ``current`` is a signed v2, then damaged as ``damage`` says."""
     publisher = Publisher(PublishConfig(tmp_path / "pub", keys["sign"]), source_bundle)
-    publisher.publish(load_bundle(copy_bundle(source_bundle, tmp_path / "staged",
-                                              model_version=2)))
+    staged = copy_bundle(source_bundle, tmp_path / "staged", model_version=2)
+    if damage == "artefact":  # its files' contents do not matter until a robot reads them
+        (tmp_path / "memctl").mkdir()
+        for name in ARTEFACT_FILES["memctl"]:
+            (tmp_path / "memctl" / name).write_bytes(b"probes of " + name.encode())
+        attach_artefacts(staged, {"memctl": tmp_path / "memctl"})
+    publisher.publish(load_bundle(staged))
     v2, current = tmp_path / "pub" / "history" / "v000002", tmp_path / "pub" / "current"
-    if damage == "manifest":  # an edit after signing
+    if damage == "artefact":  # listed with its sha256 in the signed manifest, then changed
+        (v2 / ARTEFACT_FILES["memctl"][0]).write_bytes(b"other probes")
+    elif damage == "manifest":  # an edit after signing
         text = (v2 / "bundle.json").read_text()
         (v2 / "bundle.json").write_text(text.replace('"model_version": 2', '"model_version":2'))
     elif damage == "onnx":  # one byte of the model
@@ -239,7 +251,8 @@ def published(tmp_path, keys, source_bundle, damage: str) -> Path:
     return tmp_path / "pub"
 
 
-@pytest.mark.parametrize("damage", ["manifest", "onnx", "signature", "dangling-current"])
+@pytest.mark.parametrize("damage", ["manifest", "onnx", "signature", "dangling-current",
+                                    "artefact"])
 def test_a_published_bundle_that_does_not_verify_is_refused_at_start(tmp_path, keys, store,
                                                                      source_bundle, capsys,
                                                                      damage):

@@ -7,7 +7,13 @@ from conftest import copy_bundle
 from waiting import wait
 
 from thinkmem_ros.consolidator.ingest import open_receiver
-from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError
+from thinkmem_ros.consolidator.publish import (
+    ARTEFACT_FILES,
+    PublishConfig,
+    Publisher,
+    PublishError,
+    attach_artefacts,
+)
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.receiver import ReceiverConfig
 from thinkmem_ros.link.security import verify_signed_bundle, write_signing_keypair
@@ -45,6 +51,22 @@ def test_publish_signs_versions_links_and_prunes(publisher, source_bundle, tmp_p
     with pytest.raises(PublishError, match="next version is v5"):
         publisher.publish(load_bundle(copy_bundle(source_bundle, tmp_path / "old",
                                                   model_version=3)))
+
+
+def test_an_artefact_changed_after_it_was_listed_is_never_published(publisher, source_bundle,
+                                                                    tmp_path):
+    """The manifest lists each artefact's sha256 and the signature covers the manifest, so
+    only hashing the file catches one changed after it was attached: it was signed and
+    published as it was, and refused by every robot it was pushed to."""
+    bundle = staged(publisher, source_bundle, tmp_path)
+    (tmp_path / "memctl").mkdir()
+    for name in ARTEFACT_FILES["memctl"]:
+        (tmp_path / "memctl" / name).write_bytes(b"probes of " + name.encode())
+    attach_artefacts(bundle.path, {"memctl": tmp_path / "memctl"})
+    (bundle.path / ARTEFACT_FILES["memctl"][0]).write_bytes(b"other probes")
+    with pytest.raises(PublishError, match="sha256 does not match the manifest"):
+        publisher.publish(load_bundle(bundle.path))
+    assert publisher.versions() == [] and publisher.current().version == 1
 
 
 def test_restart_cleans_staging_and_never_reuses_a_version(publisher, source_bundle, tmp_path,

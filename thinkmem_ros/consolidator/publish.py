@@ -156,9 +156,11 @@ class Publisher:
         link = self.root / CURRENT
         if link.is_symlink() or link.exists():
             try:
-                return verify_bundle_with_any(link.resolve(), self.known_keys)
-            except BundleError as exc:
+                bundle = verify_bundle_with_any(link.resolve(), self.known_keys)
+                verified_artefacts(bundle)
+            except (BundleError, PublishError) as exc:
                 raise PublishError(f"{link}: published bundle does not verify: {exc}") from exc
+            return bundle
         return self.initial
 
     def versions(self) -> list[int]:
@@ -205,7 +207,7 @@ class Publisher:
             sign_bundle(staging, self.config.signing_key)
             for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE, *listed):
                 _fsync(staging / name)
-            verify_bundle_with_any(staging, (self.verify_key,))
+            verified_artefacts(verify_bundle_with_any(staging, (self.verify_key,)))
             staging.rename(target)
         except (OSError, BundleError) as exc:
             raise PublishError(f"cannot publish v{version}: {exc}") from exc
@@ -262,18 +264,31 @@ def push_frame(folder: Path | str) -> bytes:
     """
     folder = Path(folder)
     bundle = load_bundle(folder)
-    artefacts: dict[str, bytes] = {}
-    for name, want in _listed_artefacts(bundle).items():
-        try:
-            data = (folder / name).read_bytes()
-        except OSError as exc:
-            raise PublishError(f"{folder}: listed artefact {name} unreadable: {exc}") from exc
-        if hashlib.sha256(data).hexdigest() != str(want).lower():
-            raise PublishError(f"{folder / name}: sha256 does not match the manifest")
-        artefacts[name] = data
+    artefacts = verified_artefacts(bundle)
     return protocol.bundle_push(bundle.version, (folder / MANIFEST).read_bytes(),
                                 (folder / ONNX_FILE).read_bytes(),
                                 (folder / SIGNATURE_FILE).read_bytes(), artefacts)
+
+
+def verified_artefacts(bundle: Bundle) -> dict[str, bytes]:
+    """Each artefact the manifest lists, read and checked against its signed sha256.
+
+    The signature covers the manifest, the manifest lists each artefact's sha256, so a
+    file changed after signing is caught only by hashing it: done wherever a bundle is
+    published, taken as the running one, or pushed, not only by the robots that refuse it.
+    """
+    artefacts: dict[str, bytes] = {}
+    for name, want in _listed_artefacts(bundle).items():
+        try:
+            data = (bundle.path / name).read_bytes()
+        except OSError as exc:
+            raise PublishError(f"{bundle.path}: listed artefact {name} unreadable: "
+                               f"{exc}") from exc
+        if hashlib.sha256(data).hexdigest() != str(want).lower():
+            raise PublishError(f"{bundle.path / name}: sha256 does not match the manifest "
+                               "(changed after signing)")
+        artefacts[name] = data
+    return artefacts
 
 
 def _listed_artefacts(bundle: Bundle) -> dict[str, str]:
