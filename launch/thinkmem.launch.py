@@ -1,7 +1,8 @@
 """Launch the thinking node, optionally with bag playback and the consolidator.
 
     ros2 launch thinkmem_ros thinkmem.launch.py
-    ros2 launch thinkmem_ros thinkmem.launch.py bundle:=/path/to/bundle namespace:=robot1
+    ros2 launch thinkmem_ros thinkmem.launch.py bundle:=/path/to/bundle namespace:=robot1 \
+        robot_id:=robot1
     ros2 launch thinkmem_ros thinkmem.launch.py play_bag:=/data/run.mcap use_sim_time:=true
     ros2 launch thinkmem_ros thinkmem.launch.py consolidator:=true \
         signing_key:=keys/consolidator.sign.key signing_public_key:=keys/consolidator.sign.pub
@@ -56,7 +57,10 @@ def _shipping_overrides(context) -> dict[str, str]:
     endpoint = LaunchConfiguration("consolidator_endpoint").perform(context)
     local = LaunchConfiguration("consolidator").perform(context).lower() == "true"
     public_key = LaunchConfiguration("signing_public_key").perform(context)
+    robot_id = LaunchConfiguration("robot_id").perform(context)
     out = {}
+    if robot_id:  # robots sharing one graph (namespaces) must ship under ids of their own
+        out["robot_id"] = robot_id
     if endpoint or local:
         out["consolidator_endpoint"] = endpoint or LOCAL_CONSOLIDATOR
     if public_key:
@@ -154,6 +158,9 @@ def generate_launch_description() -> LaunchDescription:
         DeclareLaunchArgument("signing_key", default_value="",
                               description="the local consolidator's Ed25519 .sign.key "
                               "(required with consolidator:=true)"),
+        DeclareLaunchArgument("robot_id", default_value="",
+                              description="the id this robot ships experiences under; '' = "
+                              "the params file's robot_id"),
         DeclareLaunchArgument("signing_public_key", default_value="",
                               description="accept pushed bundles signed by this .sign.pub; "
                               "'' = the params file's bundle_signing_public_key"),

@@ -25,7 +25,8 @@ PREFIX = Path(sys.prefix)
 SHARE = PREFIX / "share" / "thinkmem_ros"
 LIB = PREFIX / "lib" / "thinkmem_ros"
 LAUNCH_FILE = "thinkmem.launch.py"
-LAUNCH_ARGS = {"bundle", "params_file", "namespace", "use_sim_time", "play_bag", "consolidator"}
+LAUNCH_ARGS = {"bundle", "params_file", "namespace", "use_sim_time", "play_bag", "consolidator",
+               "robot_id"}
 
 
 def _installed(relative: str) -> Path:
@@ -221,7 +222,7 @@ def _launch_module(monkeypatch):
 
 def _processes(module, **arguments):
     context = {"consolidator": "false", "consolidator_endpoint": "", "signing_key": "",
-               "signing_public_key": "", **arguments}
+               "signing_public_key": "", "robot_id": "", **arguments}
     description = module.generate_launch_description()
     opaque = [e for e in description.args[0] if type(e).__name__ == "OpaqueFunction"]
     assert len(opaque) == 1
@@ -243,6 +244,19 @@ def test_launch_ends_when_the_node_exits(monkeypatch):
     assert type(on_exit).__name__ == "OnProcessExit"
     assert on_exit.kwargs["target_action"] is node
     assert _kinds(on_exit.kwargs["on_exit"]) == ["Shutdown"]
+
+
+def test_launch_passes_a_robot_id_to_the_node_only_when_given(monkeypatch):
+    """Robots on one graph (namespaces) need ids of their own to ship: a second node on
+    the same spool is refused, and the consolidator tells robots apart by the id."""
+    module = _launch_module(monkeypatch)
+
+    def node_params(**arguments):
+        node = next(a for a in _processes(module, **arguments) if type(a).__name__ == "Node")
+        return [p for p in node.kwargs["parameters"] if isinstance(p, dict)]
+
+    assert not any("robot_id" in p for p in node_params())
+    assert {"robot_id": "robot1"} in node_params(robot_id="robot1")
 
 
 def test_launch_finds_executables_in_the_package_not_by_joined_paths(monkeypatch, tmp_path):
