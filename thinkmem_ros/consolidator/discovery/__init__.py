@@ -35,7 +35,11 @@ partitions can be scored from per-partition sums.
    Benjamini-Hochberg at q = ``alpha``, weighted (mean weight 1) by how much more often the
    code set co-occurs than independent codes would - a statistic of the multisets the null
    holds fixed, so the weights keep the FDR guarantee while bringing in the between-episode
-   evidence the within-episode test cannot see.
+   evidence the within-episode test cannot see. Once step 3 has run, the cutoff is worked
+   out again counting only the patterns that passed every check (a refused pattern's p
+   taken as 1 is still a valid p-value): riders and phase-ordered code sets reject the
+   within-episode null without being relations, and counted by BH they loosened the
+   cutoff for the chance sets that got through the checks.
 
 3. Per-pattern checks on the significant set, each an exact conditional test; Holm's
    step-down at ``alpha`` over that set on the largest of their p-values:
