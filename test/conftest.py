@@ -189,3 +189,20 @@ def receiver(tmp_path):
                          max_frame_bytes=1 << 20, poll_s=0.02)
     with open_receiver(cfg) as rx:
         yield rx
+
+
+def recorded_qos(depth: int):
+    """(volatile, latched) rosbags QoS offers, as a recorder stores them in metadata.yaml."""
+    from rosbags.interfaces import (
+        Qos,
+        QosDurability,
+        QosHistory,
+        QosLiveliness,
+        QosReliability,
+        QosTime,
+    )
+
+    zero = QosTime(0, 0)
+    volatile = Qos(QosHistory.KEEP_LAST, depth, QosReliability.RELIABLE,
+                   QosDurability.VOLATILE, zero, zero, QosLiveliness.AUTOMATIC, zero, False)
+    return volatile, volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)

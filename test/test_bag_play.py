@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import spinning_node
+from conftest import recorded_qos, spinning_node
 
 from thinkmem_ros.core.data import SignalStream
 from thinkmem_ros.core.vocabulary import SIGNALS, THINKING
@@ -225,21 +225,12 @@ def test_namespace_option_moves_topics_but_not_clock(ros, bags):
 def _qos_bag(path: Path) -> Path:
     """``/latched`` recorded TRANSIENT_LOCAL (5 messages), ``/lossy`` BEST_EFFORT, and
     ``/mixed`` from a latched and a volatile publisher."""
-    from rosbags.interfaces import (
-        Qos,
-        QosDurability,
-        QosHistory,
-        QosLiveliness,
-        QosReliability,
-        QosTime,
-    )
+    from rosbags.interfaces import QosReliability
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
 
-    store, zero = get_typestore(Stores.ROS2_KILTED), QosTime(0, 0)
-    volatile = Qos(QosHistory.KEEP_LAST, 1, QosReliability.RELIABLE, QosDurability.VOLATILE,
-                   zero, zero, QosLiveliness.AUTOMATIC, zero, False)
-    latched = volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)
+    store = get_typestore(Stores.ROS2_KILTED)
+    volatile, latched = recorded_qos(1)
     lossy = volatile._replace(reliability=QosReliability.BEST_EFFORT)
     string = store.types["std_msgs/msg/String"]
     with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import recorded_qos
 from test_bag_hostile import RATE, START_NS, float64, one_line_error, params, rules, speed, train
 
 from thinkmem_ros.playback.bag_files import BagError, BagStream, checked_bag_info
@@ -19,20 +20,6 @@ from thinkmem_ros.playback.bag_files import BagError, BagStream, checked_bag_inf
 N = int(40 * RATE)  # messages of a 40 s bag (training holds out a 15 s stretch)
 
 
-def _qos_pair():
-    from rosbags.interfaces import (
-        Qos,
-        QosDurability,
-        QosHistory,
-        QosLiveliness,
-        QosReliability,
-        QosTime,
-    )
-
-    zero = QosTime(0, 0)
-    volatile = Qos(QosHistory.KEEP_LAST, 10, QosReliability.RELIABLE, QosDurability.VOLATILE,
-                   zero, zero, QosLiveliness.AUTOMATIC, zero, False)
-    return volatile, volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)
 
 
 def two_connection_bag(path: Path, *, other_type: bool = False, storage: str = "mcap"):
@@ -42,7 +29,7 @@ def two_connection_bag(path: Path, *, other_type: bool = False, storage: str = "
 
     store = get_typestore(Stores.ROS2_KILTED)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
-    first, second = _qos_pair()
+    first, second = recorded_qos(10)
     with Writer(path, version=9, storage_plugin=plugin) as writer:
         a = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store,
                                   offered_qos_profiles=[first])
