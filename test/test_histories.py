@@ -15,7 +15,7 @@ from test_store import exp
 
 from thinkmem_ros.consolidator.discovery import EventLog
 from thinkmem_ros.consolidator.discovery_log import event_log, log_from_histories
-from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.consolidator.store import SCHEMA_VERSION, ExperienceStore
 
 
 def _batches(rng: np.random.Generator, n_batches: int = 6, per: int = 9):
@@ -470,7 +470,7 @@ def test_every_schema_8_this_project_wrote_upgrades_to_the_horizon(tmp_path, var
                 old._conn.execute(statement)
             old._conn.execute("INSERT INTO schema_version VALUES (8, ?)", (_time.time(),))
     with ExperienceStore(tmp_path / "c.db") as store:
-        assert store.schema_version == 9
+        assert store.schema_version == SCHEMA_VERSION
         got = dict(store._conn.execute(
             "SELECT episode_id, n_events || ',' || scan_cost FROM episode_histories"))
         rows, horizon = store.histories_within(5)

@@ -26,6 +26,27 @@ def test_insert_is_idempotent_per_robot_and_seq(tmp_path):
         assert store.get("r1", 2).seq == 2 and store.get("r1", 99) is None
 
 
+@pytest.mark.parametrize("flushed", [False, True], ids=["tail", "lake"])
+def test_a_second_robot_under_the_same_id_is_kept_apart_and_named(tmp_path, caplog, flushed):
+    """Same key, another episode: a clone counting the same seqs, not a re-send."""
+    with ExperienceStore(tmp_path / "x.db", flush_rows=2 if flushed else 0) as store:
+        assert store.insert_many([exp(1, episode="a-1"), exp(2, episode="a-1")]) == (2, 0)
+        assert (store.lake_dir.exists()) == flushed
+        with caplog.at_level("ERROR"):
+            # the clone's seq 2 and 3 plus the first robot's own re-send of seq 1
+            got = store.insert_many([exp(1, episode="a-1"), exp(2, episode="b-1"),
+                                     exp(3, episode="b-1")])
+        assert got == (1, 2) and store.conflicts == 1 and store.conflict_count("r1") == 1
+        kept = store._conn.execute("SELECT seq, episode_id, payload FROM conflicts").fetchall()
+        assert [(s, e) for s, e, _ in kept] == [(2, "b-1")]
+        assert kept[0][2] == exp(2, episode="b-1")[1]  # the whole record, nothing lost
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "'r1'" in errors[0] and "'b-1'" in errors[0]
+        # its re-send is kept once; the first robot's copy stays what the store serves
+        assert store.insert_many([exp(2, episode="b-1")]) == (0, 1)
+        assert store.conflict_count() == 1 and store.get("r1", 2).episode_id == "a-1"
+
+
 def test_whole_store_passes_go_page_by_page_from_a_mark(tmp_path):
     with ExperienceStore(tmp_path / "x.db") as store:
         assert store.last_id() == 0

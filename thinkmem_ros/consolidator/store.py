@@ -99,6 +99,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # from an index of what they cost the scan, then reads only the histories it chose;
     # without it every round read every carried history
     histories.HORIZON_MIGRATION,
+    (  # 10: a key that arrives again with another episode is not a re-send but a second
+        # robot under the same id (a cloned image, a copied config): its experience is
+        # kept here instead of dying as a duplicate (``insert_many``)
+        "CREATE TABLE conflicts (robot_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " episode_id TEXT NOT NULL, stamp REAL NOT NULL, payload BLOB NOT NULL,"
+        " received_at REAL NOT NULL, PRIMARY KEY (robot_id, seq, episode_id))"
+        " WITHOUT ROWID",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 APPLICATION_ID = 0x746D6D73  # b"tmms" in the header: "a thinkmem store", whatever it holds
@@ -214,6 +222,8 @@ class ExperienceStore:
         self.flush_rows = int(flush_rows)
         self._lake = ParquetLake(lake_dir_for(self.path))
         self._tail_rows: int | None = None
+        self.conflicts = 0  # records kept apart by ``_keep_conflicts`` since opening
+        self._conflict_said: dict[str, float] = {}  # robot id -> when its ERROR was logged
         try:
             input_file(self.path, "path")
         except ValueError as exc:  # a FIFO or a folder: SQLite's "disk I/O error" says less
@@ -379,8 +389,72 @@ class ExperienceStore:
                 stored = self._conn.total_changes - before
         except sqlite3.Error as exc:
             raise self._failure("insert failed", exc) from exc
+        if stored < len(rows):
+            self._keep_conflicts(records, now)
         self._maybe_flush(stored)
         return stored, len(rows) - stored
+
+    def _keep_conflicts(self, records: Sequence[tuple[Experience, bytes]], now: float
+                        ) -> None:
+        """Keep the batch's records whose key is stored with another episode, and say so.
+
+        Why: a re-send carries the episode it was stored with, so a key that comes back
+        with another episode is a second robot under the same id (a cloned image, a copied
+        config) counting the same sequence numbers. Ignoring it as a duplicate would ack
+        it, the robot would delete it from its spool, and that robot's experience would be
+        lost without a word. It is kept in ``conflicts`` (a re-send of it is stored once)
+        and an ERROR names the robot id, at most once a minute per id.
+        """
+        by_robot: dict[str, list[tuple[Experience, bytes]]] = {}
+        for experience, payload in records:
+            by_robot.setdefault(experience.robot_id, []).append((experience, payload))
+        for robot_id, batch in by_robot.items():
+            stored = self._stored_episodes(robot_id, sorted({e.seq for e, _ in batch}))
+            clashing = [(e, p) for e, p in batch
+                        if stored.get(e.seq, e.episode_id) != e.episode_id]
+            if not clashing:
+                continue
+            try:
+                with self._conn:
+                    before = self._conn.total_changes
+                    self._conn.executemany(
+                        "INSERT OR IGNORE INTO conflicts VALUES (?, ?, ?, ?, ?, ?)",
+                        [(e.robot_id, e.seq, e.episode_id, e.stamp, p, now)
+                         for e, p in clashing])
+                    kept = self._conn.total_changes - before
+            except sqlite3.Error as exc:
+                raise self._failure("keeping conflicting records failed", exc) from exc
+            self.conflicts += kept
+            self._say_conflict(robot_id, clashing[0][0], stored[clashing[0][0].seq])
+
+    def _stored_episodes(self, robot_id: str, seqs: list[int]) -> dict[int, str]:
+        """The episode each of ``seqs`` is stored under (tail or lake), by sequence number."""
+        found: dict[int, str] = {}
+        for at in range(0, len(seqs), 500):
+            chunk = seqs[at:at + 500]
+            marks = ", ".join("?" * len(chunk))
+            lake, tail = self._both(f"SELECT seq, episode_id FROM {{src}} WHERE robot_id = ?"
+                                    f" AND seq IN ({marks})", (robot_id, *chunk), robot_id)
+            found.update((int(seq), episode) for seq, episode in lake + tail)
+        return found
+
+    def _say_conflict(self, robot_id: str, incoming: Experience, stored_episode: str) -> None:
+        last = self._conflict_said.get(robot_id)
+        if last is not None and time.monotonic() - last < 60.0:
+            return
+        self._conflict_said[robot_id] = time.monotonic()
+        total = self.conflict_count(robot_id)
+        log.error("robot id %r: experience seq %d arrived from episode %r, but is stored from "
+                  "episode %r: two robots send under this id (a cloned image or copied "
+                  "config?); %d such experiences kept apart in the store's conflicts table "
+                  "so far; give each robot its own robot_id", robot_id[:64], incoming.seq,
+                  incoming.episode_id[:64], stored_episode[:64], total)
+
+    def conflict_count(self, robot_id: str | None = None) -> int:
+        """Experiences kept apart because their key is stored from another episode."""
+        where, params = ("", ()) if robot_id is None else (" WHERE robot_id = ?", (robot_id,))
+        return int(self._conn.execute(f"SELECT COUNT(*) FROM conflicts{where}",
+                                      params).fetchone()[0])
 
     def flush(self, chunk: int = 50_000) -> int:
         """Move every tail row into the lake, ``chunk`` rows per file set; returns rows moved.
