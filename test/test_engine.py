@@ -168,7 +168,7 @@ def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
          "--address", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "thinkmem consolidator: no Ray cluster answers at 127.0.0.1:1: [Errno 111] "
+        "thinkmem consolidator: error: no Ray cluster answers at 127.0.0.1:1: [Errno 111] "
         "Connection refused"]
     done = subprocess.run(
         [sys.executable, "-m", "thinkmem_ros.consolidator.service", "--once", "--db",
@@ -176,7 +176,7 @@ def test_an_address_nothing_listens_at_fails_in_seconds_with_one_line(tmp_path):
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "thinkmem consolidator: --threads must be >= 0, got -1"]
+        "thinkmem consolidator: error: --threads must be >= 0, got -1"]
 
 
 def test_the_engines_build_the_same_material(ray_engine):

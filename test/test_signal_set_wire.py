@@ -296,7 +296,7 @@ def test_a_store_of_the_previous_schema_opens_and_keeps_its_rows(tmp_path):
                 " payload, events, reward, received_at) VALUES (?, ?, ?, ?, ?, ?, '', NULL,"
                 " 0)", ("robot-1", 5, "ep.1", 3.0, 2, packed(v2)))
     with ExperienceStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 9
+        assert store.schema_version == SCHEMA_VERSION == 10
         assert store.get("robot-1", 5).signal_set == ""
         assert store.insert_many([(make(seq=5), encode_experience(make(seq=5)))]) == (0, 1)
         assert store.insert_many([(make(seq=6), encode_experience(make(seq=6)))]) == (1, 0)

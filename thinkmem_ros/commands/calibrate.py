@@ -198,12 +198,12 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.policy.bundle import BundleError
 
     if args.json:
-        check_output(args.json, "thinkmem calibrate: --json",
+        check_output(args.json, "thinkmem calibrate: error: --json",
                      replaces=json_report("bag", "signals"))
     try:
         report = calibrate(args.bag, args.params, args.bundle)
     except (ValueError, BagError, BundleError, FileNotFoundError) as exc:
-        print(f"thinkmem calibrate: {one_line(exc)}", file=sys.stderr)
+        print(f"thinkmem calibrate: error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(f"{report['bag']}: {report['duration_s']:.1f} s against {report['bundle']} "
           f"({report['bundle_frame_rate_hz']:g} Hz)")

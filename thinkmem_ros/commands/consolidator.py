@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         extra = [k for k, v in vars(args).items() if k not in ("mode", "verb",
                  *_RECEIVE_OPTIONS) and v != defaults.get_default(k)]
         if extra:  # a round option here would be silently ignored: say so instead
-            print(f"thinkmem consolidator receive: options for rounds only: "
+            print(f"thinkmem consolidator receive: error: options for rounds only: "
                   f"{', '.join('--' + k.replace('_', '-') for k in extra)}", file=sys.stderr)
             return 2
         return receive(args)

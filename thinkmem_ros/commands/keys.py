@@ -99,11 +99,16 @@ def main(args: argparse.Namespace) -> int:
         unused = [f"--{k.replace('_', '-')}" for k in ("signing_key", "chain", "serial")
                   if getattr(args, k, None) is not None]
         if unused:  # silently ignored, the user would believe a rotation happened
-            raise SystemExit(f"thinkmem keys: {', '.join(unused)} only with --rotate or "
+            raise _refusal(f"{', '.join(unused)} only with --rotate or "
                              f"--revoke")
         return _pairs(args)
     except (SecurityError, OSError) as exc:
-        raise SystemExit(f"thinkmem keys: {one_line(exc)}") from None
+        raise _refusal(f"{one_line(exc)}") from None
+
+
+def _refusal(message: str) -> SystemExit:
+    """The one-line exit of every refusal here, in the form argparse's own take."""
+    return SystemExit(f"thinkmem keys: error: {message}")
 
 
 def _out_folder(out: str) -> None:
@@ -113,11 +118,11 @@ def _out_folder(out: str) -> None:
     the option nor what is wrong.
     """
     if Path(out).is_symlink() and not Path(out).exists():
-        raise SystemExit(f"thinkmem keys: --out {out}: a symlink to nothing, not a folder")
+        raise _refusal(f"--out {out}: a symlink to nothing, not a folder")
     try:
         check_output(out, "--out", folder=True)
     except SystemExit as exc:
-        raise SystemExit(f"thinkmem keys: {exc.code}") from None
+        raise _refusal(f"{exc.code}") from None
 
 
 def _input(path: str | Path, option: str) -> str | Path:
@@ -125,7 +130,7 @@ def _input(path: str | Path, option: str) -> str | Path:
     try:
         input_file(path, option)
     except ValueError as exc:
-        raise SystemExit(f"thinkmem keys: {exc}") from None
+        raise _refusal(f"{exc}") from None
     return path
 
 
@@ -136,15 +141,15 @@ def _check_pair_options(args: argparse.Namespace, names: list[str], robots: list
     repeated name (or one given as --name and --robot) wrote and listed the same pair twice.
     """
     if args.no_sign and args.sign_name:
-        raise SystemExit(f"thinkmem keys: --sign-name {args.sign_name} names the signing pair "
+        raise _refusal(f"--sign-name {args.sign_name} names the signing pair "
                          "that --no-sign skips; give one of them")
     for option, values in (("--name", names), ("--robot", robots)):
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
-            raise SystemExit(f"thinkmem keys: {option} {', '.join(twice)} given more than once")
+            raise _refusal(f"{option} {', '.join(twice)} given more than once")
     both = sorted(set(names) & set(robots))
     if both:
-        raise SystemExit(f"thinkmem keys: {', '.join(both)} given as both --name and --robot; "
+        raise _refusal(f"{', '.join(both)} given as both --name and --robot; "
                          "give a robot's pair once, as --robot (which also allow-lists it)")
 
 
@@ -195,15 +200,15 @@ def _pairs(args: argparse.Namespace) -> int:
 def _rotation(args: argparse.Namespace) -> int:
     """``--rotate`` or ``--revoke``: one endorsement, appended to the key chain."""
     if args.rotate and args.revoke:
-        raise SystemExit("thinkmem keys: --rotate and --revoke are separate steps; give one")
+        raise _refusal("--rotate and --revoke are separate steps; give one")
     if getattr(args, "name", None) or getattr(args, "robot", None):
-        raise SystemExit("thinkmem keys: --name/--robot make CURVE pairs; not with "
+        raise _refusal("--name/--robot make CURVE pairs; not with "
                          "--rotate/--revoke")
     if getattr(args, "no_sign", False):
-        raise SystemExit("thinkmem keys: --no-sign skips the signing pair; --rotate and "
+        raise _refusal("--no-sign skips the signing pair; --rotate and "
                          "--revoke are about signing keys")
     if args.revoke and args.sign_name:
-        raise SystemExit("thinkmem keys: --sign-name names the pair --rotate writes; --revoke "
+        raise _refusal("--sign-name names the pair --rotate writes; --revoke "
                          "writes none")
     for option in ("rotate", "revoke", "signing_key"):
         if getattr(args, option, None):
@@ -213,19 +218,19 @@ def _rotation(args: argparse.Namespace) -> int:
                       else _input(out / CHAIN_FILE, "key chain"))
     chain = load_chain(chain_path) if chain_path.exists() else []
     if args.chain and not chain_path.exists():
-        raise SystemExit(f"thinkmem keys: --chain {chain_path}: no such file")
+        raise _refusal(f"--chain {chain_path}: no such file")
     if chain:
         check_chain(chain)  # a broken chain on disk must not be extended
     serial = _serial(args.serial, chain)
     if args.rotate:
         if args.signing_key:
-            raise SystemExit("thinkmem keys: --signing-key goes with --revoke (--rotate signs "
+            raise _refusal("--signing-key goes with --revoke (--rotate signs "
                              "with the OLD key it is given)")
         old = load_signing_key(args.rotate)
         _require_trusted(public_hex(old), chain, chain_path, "--rotate")
         name = args.sign_name or _next_name(Path(args.rotate))
         if not _NAME_RE.fullmatch(name):
-            raise SystemExit(f"thinkmem keys: --sign-name {name!r}: use letters, digits, "
+            raise _refusal(f"--sign-name {name!r}: use letters, digits, "
                              "'_', '.', '-' only, not starting with '.'")
         single = out / f"{name}.endorsement.json"
         planned = [out / f"{name}.sign.pub", out / f"{name}.sign.key", single]
@@ -236,13 +241,13 @@ def _rotation(args: argparse.Namespace) -> int:
         endorsement = endorse(old, new.verify_key, "add", serial)
     else:
         if not args.signing_key:
-            raise SystemExit("thinkmem keys: --revoke needs --signing-key NEW.sign.key (the "
+            raise _refusal("--revoke needs --signing-key NEW.sign.key (the "
                              "key that stays trusted)")
         if str(args.revoke).endswith(".sign.key"):
-            raise SystemExit(f"thinkmem keys: --revoke {args.revoke}: pass the public key "
+            raise _refusal(f"--revoke {args.revoke}: pass the public key "
                              "(.sign.pub), not the secret one")
         if not chain:
-            raise SystemExit(f"thinkmem keys: no key chain at {chain_path}: --revoke extends "
+            raise _refusal(f"no key chain at {chain_path}: --revoke extends "
                              "the chain that --rotate wrote (or give --chain)")
         retired = public_hex(Path(args.revoke))
         signer = load_signing_key(args.signing_key)
@@ -269,7 +274,7 @@ def _serial(requested: int | None, chain: list[KeyEndorsement]) -> int:
     if requested is None:
         return last + 1
     if requested <= last:
-        raise SystemExit(f"thinkmem keys: --serial {requested} must be above the chain's last "
+        raise _refusal(f"--serial {requested} must be above the chain's last "
                          f"serial {last} (robots refuse replays)")
     return requested
 
@@ -281,7 +286,7 @@ def _require_trusted(key_hex: str, chain: list[KeyEndorsement], chain_path: Path
         return
     trusted = check_chain(chain).keys
     if key_hex not in trusted:
-        raise SystemExit(f"thinkmem keys: {option} key {key_hex[:16]}.. is not trusted at the "
+        raise _refusal(f"{option} key {key_hex[:16]}.. is not trusted at the "
                          f"end of {chain_path} (trusted: {[k[:16] + '..' for k in trusted]})")
 
 
@@ -293,6 +298,7 @@ def _next_name(old: Path) -> str:
 def _refused(planned: list[Path], force: bool) -> bool:
     existing = [str(p) for p in planned if p.exists()]
     if existing and not force:
-        print(f"refusing to overwrite {existing} (use --force)", file=sys.stderr)
+        print(f"thinkmem keys: error: refusing to overwrite {existing} (use --force)",
+              file=sys.stderr)
         return True
     return False

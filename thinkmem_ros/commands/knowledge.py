@@ -38,21 +38,21 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
 
     if not Path(args.db).exists():  # sqlite would silently create an empty file
-        print(f"thinkmem knowledge: no database at {args.db}", file=sys.stderr)
+        print(f"thinkmem knowledge: error: no database at {args.db}", file=sys.stderr)
         return 2
     if Path(args.db).is_dir():  # read-only SQLite calls this a "disk I/O error"
-        print(f"thinkmem knowledge: {args.db} is a folder, not a database", file=sys.stderr)
+        print(f"thinkmem knowledge: error: {args.db} is a folder, not a database", file=sys.stderr)
         return 2
     try:  # SQLite's open of a FIFO waits for a writer forever
         input_file(args.db, "--db")
     except ValueError as exc:
-        print(f"thinkmem knowledge: {exc}", file=sys.stderr)
+        print(f"thinkmem knowledge: error: {exc}", file=sys.stderr)
         return 2
     try:  # a folder, a file that is not SQLite, a newer schema
         with KnowledgeStore(args.db, read_only=True) as store:  # looking writes nothing
             units = store.load(status=args.status)
     except KnowledgeStoreError as exc:
-        print(f"thinkmem knowledge: {one_line(exc)}", file=sys.stderr)
+        print(f"thinkmem knowledge: error: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps([_row(u) for u in units], indent=2))

@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
         recipe = StreamRecipe.from_args(args)
         data = recipe.windows()  # an unknown --scenario, too few frames for --window
     except ValueError as exc:
-        raise SystemExit(f"thinkmem train: {one_line(exc)}") from None
+        raise SystemExit(f"thinkmem train: error: {one_line(exc)}") from None
     print(f"training on {len(data)} situations from {args.streams} x {args.duration:g} s "
           f"of {args.scenario!r} at {args.rate:g} Hz", file=sys.stderr)
     start = time.perf_counter()
@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
                                batch_size=args.batch_size, lr=args.lr, patience=args.patience,
                                progress=not args.no_progress, signal_drop=args.signal_drop)
     except ValueError as exc:  # an unknown preset, too little data to split, ...
-        raise SystemExit(f"thinkmem train: {one_line(exc)}") from None
+        raise SystemExit(f"thinkmem train: error: {one_line(exc)}") from None
     wall = time.perf_counter() - start
     command = recorded_command(recipe, args)
     metrics = {"validation": trained.val_metrics,

@@ -1006,7 +1006,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except (ValueError, OSError, RuntimeError) as exc:  # bad options, keys, bundle: exit 2
         _close(made)
-        print(f"thinkmem consolidator: {option_message(exc, args)}", file=sys.stderr)
+        print(f"thinkmem consolidator: error: {option_message(exc, args)}", file=sys.stderr)
         return 2
     with lock:
         try:
@@ -1070,7 +1070,7 @@ def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
         service.start()
     except Exception as exc:  # noqa: BLE001 - a bind that fails (address in use), a bad store
         service.close()
-        print(f"thinkmem consolidator: {exc}".splitlines()[0], file=sys.stderr)
+        print(f"thinkmem consolidator: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     if not service.stop_event.is_set():
         print(f"READY {service.endpoint}", flush=True)
@@ -1095,7 +1095,7 @@ def _run_once(service: ConsolidatorService) -> int:
         if not is_fatal(exc):
             raise
         service.store_damaged(exc)
-        print(f"thinkmem consolidator: {service.failure}", file=sys.stderr)
+        print(f"thinkmem consolidator: error: {service.failure}", file=sys.stderr)
         return 2
     return 0
 
