@@ -63,6 +63,18 @@ def test_a_json_report_never_replaces_a_store(tmp_path):
     assert store.read_bytes() == before
 
 
+@pytest.mark.parametrize("argv", [
+    ("bench", "latency", "--quick", "--json", "/proc/nowhere/x.json"),
+    ("train", "--out", "/proc/nowhere"),
+    ("demo", "--offline", "--out", "/proc/nowhere")], ids=lambda a: a[0])
+def test_a_shared_output_check_names_the_command_that_refused(argv):
+    """The check knows only the option: its line used to start '--json /proc/...'."""
+    out = _cli(*argv)
+    _one_line_refusal(out, f"{argv[-2]} /proc/nowhere")
+    assert out.stderr.startswith(f"thinkmem {argv[0]}: error: {argv[-2]} /proc/nowhere"), \
+        out.stderr
+
+
 def test_an_output_on_a_device_that_cannot_take_it_is_refused_before_the_run():
     """--json /dev/full failed (no space left) only after the whole run; a disk would have
     had a report written over its first bytes. /dev/null still discards it."""

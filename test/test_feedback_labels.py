@@ -274,7 +274,8 @@ def test_cli_error_paths_are_one_line(tmp_path):
         (k / RATE, k / RATE + LATENCY_S, fb(["high"])) for k in (20, 30, 200)])
     with pytest.raises(SystemExit) as exc:
         _train(few, params, out)
-    assert str(exc.value).startswith("too few labelled frames to train: 3 frame(s)")
+    assert str(exc.value).startswith(
+        "thinkmem train: error: too few labelled frames to train: 3 frame(s)")
     assert f"at least {MIN_LABELLED_FRAMES}" in str(exc.value)
     bad = write_bag(tmp_path / "bad", seconds=5.0, feedback=[
         (1.0, 1.3, "nope"), (2.0, 2.3, '{"stamp": {stamp}, "reward": 1.0}')])

@@ -81,8 +81,22 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+    except SystemExit as exc:
+        raise _named(verb, exc) from None
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see below
         return _unexpected(verb, exc)
+
+
+def _named(verb: str | None, stop: SystemExit) -> SystemExit:
+    """A refusal's line, led by the command as argparse's own are (``thinkmem X: error:``).
+
+    Shared checks (an unwritable ``--json`` or ``--out``) know the option, not the
+    command, and exit with ``--json /proc/x: cannot write ...`` alone; whoever reads a
+    log of several commands cannot tell which one refused.
+    """
+    if not isinstance(stop.code, str) or stop.code.startswith("thinkmem"):
+        return stop
+    return SystemExit(f"{' '.join(filter(None, ('thinkmem', verb)))}: error: {stop.code}")
 
 
 def _reader_gone() -> int:

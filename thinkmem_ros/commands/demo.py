@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from thinkmem_ros.commands import one_line
+from thinkmem_ros.commands import check_output, one_line
 from thinkmem_ros.commands.bag import non_negative_float, positive_float
 from thinkmem_ros.core.arguments import non_negative_int
 
@@ -74,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
               f"{'--offline' if args.offline else '--no-consolidation'} does not run",
               file=sys.stderr)
         return 2
+    check_output(args.out, "--out", folder=True)  # before a minute of set-up, not after
     try:
         config = DemoConfig(out_dir=Path(args.out), scenario=args.scenario,
                             duration_s=args.duration, rate_hz=args.rate, seed=args.seed,
