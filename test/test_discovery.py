@@ -15,6 +15,7 @@ from thinkmem_ros.consolidator.discovery import (
     relation_f1,
     tarone_bh,
 )
+from thinkmem_ros.consolidator.discovery.episodes import _Episodes
 from thinkmem_ros.consolidator.discovery.scan import _parts
 from thinkmem_ros.consolidator.discovery.tails import (
     _frame_laws,
@@ -529,6 +530,53 @@ def test_other_gap_laws_and_sizes(overrides):
     w = generate_world(cfg, np.random.default_rng(17))
     score = score_triples(_found(w).accepted_patterns(3), w)
     assert score["fp"] == 0 and score["recall"] >= 2 / 3, score
+
+
+def _bursty_episodes(seed: int, rule_episodes: int = 8) -> tuple[list, list]:
+    """Background in bursts (3-6 distinct codes within 4 s, ~4.4 bursts in 30 minutes),
+    three rules whose steps fall between bursts (log-normal gaps, median 30 s, 2-300 s)."""
+    rng = np.random.default_rng(seed)
+    codes = [f"c{i:02d}" for i in range(48)]
+    picked = [codes[i] for i in rng.choice(48, 9, replace=False)]
+    rules = [tuple(picked[3 * k:3 * k + 3]) for k in range(3)]
+    holders = rng.choice(120, 3 * rule_episodes, replace=False).reshape(3, rule_episodes)
+    episodes = []
+    for e in range(120):
+        events = []
+        for start in rng.uniform(0, 1796, rng.poisson(20 / 4.5)):
+            for code in rng.choice(codes, rng.integers(3, 7), replace=False):
+                events.append((float(start + rng.uniform(0, 4)), str(code)))
+        for rule, held in zip(rules, holders, strict=True):
+            if e in held:
+                gaps = np.clip(np.exp(np.log(30) + rng.normal(size=2)), 2, 300)
+                t = rng.uniform(0, 1800 - gaps.sum())
+                events += [(t, rule[0]), (t + gaps[0], rule[1]), (t + gaps.sum(), rule[2])]
+        episodes.append(Episode(e, e * 4 // 120, 0.0, "bursty", -1, sorted(events)))
+    return episodes, rules
+
+
+def test_rules_between_bursts_are_graded_on_a_ladder_that_reaches_the_episode():
+    """Bursts make the median gap the gap inside one (~0.7 s), and a ladder of 64 of
+    those ended at 45 s: rules 30 s and more apart all fell on the last rung (anywhere
+    in the episode). Continued to the median episode span, they are found again."""
+    found = false = 0
+    for seed in (1, 2, 3):
+        episodes, rules = _bursty_episodes(seed)
+        log = EventLog.from_episodes(episodes)
+        ctx = _Episodes(log, CFG, pairs=False)
+        assert ctx.delta < 2.0 and ctx.scales[-2] > 900.0, (ctx.delta, ctx.scales)
+        accepted = discover(log, CFG, np.random.default_rng(0)).accepted_patterns(3)
+        found += len(accepted & set(rules))
+        false += len(accepted - set(rules))
+    assert false == 0 and found >= 5, (found, false)
+
+
+def test_the_ladder_goes_on_at_its_own_ratio_only_where_it_falls_short():
+    from thinkmem_ros.consolidator.discovery.episodes import _ladder
+
+    assert _ladder((0.5, 1.0, 2.0), 1.5) == (0.5, 1.0, 2.0)
+    assert _ladder((0.5, 1.0, 2.0), 9.0) == (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    assert _ladder((1.0,), 9.0) == (1.0,)  # no ratio to go on at
 
 
 # ------------------------------------------------------------------ the exact tails

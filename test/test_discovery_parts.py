@@ -21,6 +21,10 @@ def _world_log(name: str) -> EventLog:
     if name == "paper":
         h = generate_event_history(EventWorldConfig(), rng)
         return EventLog.from_episodes(h.episodes, h.codes)
+    if name == "bursty":  # a ladder continued past 64 median gaps, the whole log's
+        from test_discovery import _bursty_episodes
+
+        return EventLog.from_episodes(_bursty_episodes(1)[0])
     if name == "uniform_gaps_zipf":
         cfg = WorldConfig(code_law="zipf", gap_law="uniform", gap_min=5.0, gap_max=120.0,
                           repetitions=(8, 10, 12), n_episodes=100)
@@ -35,7 +39,8 @@ def _scored(result):
             for r in result.scored]
 
 
-@pytest.mark.parametrize("name", ["paper", "heartbeat", "shared", "uniform_gaps_zipf"])
+@pytest.mark.parametrize("name", ["paper", "heartbeat", "shared", "uniform_gaps_zipf",
+                                  "bursty"])
 def test_parts_give_the_whole_logs_relations(name):
     log = _world_log(name)
     whole = discover(log, DiscoveryConfig(part_events=0), np.random.default_rng(0))

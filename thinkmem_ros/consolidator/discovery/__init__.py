@@ -18,9 +18,10 @@ partitions can be scored from per-partition sums.
    holds the pattern at scale g with probability p_e(g) <= k_a k_b k_c T_e(g) / n(n-1)(n-2)
    (k_x copies of each code, T_e(g) slot triples whose two gaps fit in [min_gap, g]); at
    g = infinity with min_gap = 0 p_e is exact (a small dynamic programme over the copies).
-   Scales: ``scales`` times the median gap between consecutive events (a sqrt(2) ladder),
-   plus max_gap. An episode's level is the number of scales its tightest occurrence fits
-   in, P(level >= l) is p_e at the l-th largest scale, and the episode scores the surprise
+   Scales: ``scales`` times the median gap between consecutive events (a sqrt(2) ladder,
+   continued until it reaches the median episode span), plus max_gap. An episode's level
+   is the number of scales its tightest occurrence fits in, P(level >= l) is p_e at the
+   l-th largest scale, and the episode scores the surprise
    of its level in bits, Z_e = floor(-log2 P(level >= l)) (0 when absent): a tight, rare
    occurrence weighs far more than a chance frame that merely holds the pattern somewhere.
    The map from level to bits depends only on the null probabilities, episodes are

@@ -17,6 +17,33 @@ from thinkmem_ros.consolidator.discovery.arrays import _counts, _lookup
 from thinkmem_ros.consolidator.discovery.model import DiscoveryConfig, EventLog
 
 
+def _median_span(t: np.ndarray, start: np.ndarray) -> float:
+    """The median time from first to last event over the episodes of two events or more."""
+    first, last = start[:-1], start[1:] - 1
+    several = last > first
+    return float(np.median(t[last[several]] - t[first[several]])) if several.any() else 0.0
+
+
+def _ladder(multiples: tuple[float, ...], reach: float) -> tuple[float, ...]:
+    """``multiples`` of the median gap, continued at their last ratio until ``reach``.
+
+    Why: the median gap between consecutive events sets the ladder's unit, and where
+    events come in bursts it is the gap inside a burst (0.7 s between bursts of codes a
+    few seconds apart in 30-minute episodes), so the ladder's top (64 units: 45 s) sat far
+    below the gaps of rules between bursts, every such occurrence fell on the last rung
+    (anywhere in the episode) and rules were found in 4 of 36 cases. Continued up to the
+    median episode span, the same streams gave 21 of 36, none false. Where 64 units
+    already reach the span (every world here: the spans are ~30 units) nothing changes.
+    """
+    out = list(multiples)
+    if len(out) < 2 or out[-1] <= out[-2] or not reach > out[-1]:
+        return tuple(out)
+    ratio = out[-1] / out[-2]
+    while out[-1] < reach and len(out) < 64:
+        out.append(out[-1] * ratio)
+    return tuple(out)
+
+
 class _Episodes:
     """Per-episode slot structure: pairs within the gap window, presence, slot counts."""
 
@@ -45,13 +72,14 @@ class _Episodes:
             positive = gaps[gaps > 0]
             self.delta = float(np.median(positive)) if positive.size else 1.0
             del gaps, positive
+            multiples = _ladder(cfg.scales, _median_span(t, self.start) / self.delta)
+            self.scales = np.asarray(sorted(
+                {s * self.delta for s in multiples if s * self.delta < cfg.max_gap}
+                | {cfg.max_gap}), np.float64)
         else:
-            self.delta = whole.delta
+            self.delta, self.scales = whole.delta, np.asarray(whole.scales, np.float64)
         longest = int(self.n.max()) if self.n.size else 0
         self.complete = longest <= cfg.max_lookback if whole is None else whole.complete
-        scales = sorted({s * self.delta for s in cfg.scales if s * self.delta < cfg.max_gap}
-                        | {cfg.max_gap})
-        self.scales = np.asarray(scales, np.float64)
         self.t2 = np.zeros((self.n_ep, self.scales.size))
         self.t3 = np.zeros((self.n_ep, self.scales.size))
         if pairs:

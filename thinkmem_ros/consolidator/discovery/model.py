@@ -31,7 +31,8 @@ class DiscoveryConfig:
     max_partition_share: float = 0.75
     pairs: bool = True
     # x median gap: a sqrt(2) ladder from 1/8 to 64 (a coarser one loses a frame up to a
-    # factor 4 of evidence between two rungs; a finer one measured no better)
+    # factor 4 of evidence between two rungs; a finer one measured no better), continued
+    # at its last ratio up to the median episode span where 64 falls short (bursts)
     scales: tuple[float, ...] = tuple(2.0 ** (k / 2) for k in range(-6, 13))
     max_lookback: int = 256  # events between two steps of a pattern, at most
     max_checked: int = 2000  # significant patterns examined in step 3 (strongest first)

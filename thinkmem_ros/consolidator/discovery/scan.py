@@ -182,6 +182,7 @@ class _WholeScale:
 
     delta: float
     complete: bool
+    scales: tuple[float, ...]  # the ladder reaches the whole log's median episode span
 
 
 def _part(log: EventLog, cfg: DiscoveryConfig, whole: _WholeScale, first: int, last: int
@@ -250,7 +251,7 @@ def _scan_parts(log: EventLog, cfg: DiscoveryConfig, parts: list[tuple[int, int]
     engine = engine or EmbeddedEngine()
     threads = getattr(engine, "threads", 1)  # for the work that stays in this process
     ctx = _Episodes(log, cfg, pairs=False)
-    whole = _WholeScale(ctx.delta, ctx.complete)
+    whole = _WholeScale(ctx.delta, ctx.complete, tuple(ctx.scales.tolist()))
     lengths = (3, 2) if cfg.pairs else (3,)
     clock = _time.perf_counter
     started = clock()
