@@ -6,6 +6,10 @@ Runtime session, which takes milliseconds to seconds, so it runs on the ``HotSwa
 thread; the inference thread only calls ``PolicySlot.current()``, which picks up a
 verified candidate at the start of a frame. A bad bundle never reaches the slot: the old
 policy keeps running and the error is kept for the diagnostics until a good one arrives.
+
+On a robot configured with a bundle-signing key, loading cleanly is not enough: a
+``SwapGuard`` makes the watched bundle, and any bundle under ``bundles_dir``, pass the same
+signature check as a push before it is loaded, and keeps ``pin_bundle_version``.
 """
 
 from __future__ import annotations
@@ -99,11 +103,31 @@ def _probe(runtime, m, folder: Path) -> None:
 
     A graph can load and still fail its first run (a Reshape impossible at run time), or
     answer probabilities outside [0, 1] or a non-finite embedding: each would break every
-    frame, so such a bundle is refused here, before it can become the running policy.
+    frame, so such a bundle is refused here, before it can become the running policy. The
+    probe runs on zeros and on realistic windows (``_probe_windows``).
+    """
+    for signals in _probe_windows(m):
+        _probe_one(runtime, m, folder, signals)
+
+
+def _probe_windows(m) -> list[np.ndarray]:
+    """The probe's inputs: an all-zero window, then windows of realistic values.
+
+    Zeros alone let through a graph that answers zeros correctly and NaN for anything a
+    robot actually sends (hazard could then never fire); the training mean, and the mean
+    one standard deviation up, are what real frames look like, taken from the manifest.
     """
     k, f = m.window, len(m.signals)
+    mean = np.asarray(m.normalisation["mean"], np.float32)
+    std = np.asarray(m.normalisation["std"], np.float32)
+    return [np.zeros((k, f), np.float32), np.broadcast_to(mean, (k, f)).copy(),
+            np.broadcast_to(mean + std, (k, f)).copy()]
+
+
+def _probe_one(runtime, m, folder: Path, signals: np.ndarray) -> None:
+    """One probe inference; BundleError (one line) when it fails or its outputs lie."""
     try:
-        probe = runtime.predict_one(np.zeros((k, f), np.float32), np.ones((k, f), np.float32),
+        probe = runtime.predict_one(signals, np.ones_like(signals),
                                     np.zeros(m.max_events, np.int64))
         probs = np.asarray(probe.probabilities)
         embedding = np.asarray(probe.embedding)
@@ -115,12 +139,17 @@ def _probe(runtime, m, folder: Path) -> None:
             or probs.min() < 0.0 or probs.max() > 1.0:
         raise BundleError(f"{folder}: the load-time test inference gave probabilities of "
                           f"shape {probs.shape} (expected (1, {len(m.labels)})) or values "
-                          "outside [0, 1]")
+                          f"outside [0, 1] (NaN/inf included) for {_probe_name(signals)}")
     width = runtime.embedding_dim
     if embedding.shape != (1, width) or not np.isfinite(embedding).all():
         raise BundleError(f"{folder}: the load-time test inference gave an embedding of "
                           f"shape {embedding.shape} (expected (1, {width})) or with NaN/inf "
-                          "values")
+                          f"values for {_probe_name(signals)}")
+
+
+def _probe_name(signals: np.ndarray) -> str:
+    """Which probe input failed, in words (the operator's first question)."""
+    return "an all-zero window" if not signals.any() else "a window of realistic values"
 
 
 class PolicySlot:

@@ -218,6 +218,24 @@ class _Stats:
                 self.all_latency_us.append((inputs_stamp, latency_us, wait_us, compute_us))
 
 
+class NonFiniteOutput(ValueError):
+    """The policy answered NaN or inf for a frame."""
+
+
+def _finite(pred):
+    """Return ``pred``, or raise NonFiniteOutput when its outputs are not all finite.
+
+    NaN passes no threshold, so a model that answers NaN on real input would keep every
+    label, hazard included, silently off while the activation JSON carried the
+    non-standard token NaN. Such a frame is an inference error instead: counted, logged,
+    reported in /diagnostics, and not published. One ``isfinite`` per output array: the
+    normal path costs about a microsecond more.
+    """
+    if not (np.isfinite(pred.probabilities).all() and np.isfinite(pred.embedding).all()):
+        raise NonFiniteOutput("the policy answered NaN/inf probabilities or embedding")
+    return pred
+
+
 MAX_EVENT_CHARS = 256
 """Longest events-topic message handled; event names are short words, and anything longer
 is refused (counted as ``invalid_events``) before it is stripped, matched or shipped."""
@@ -707,9 +725,12 @@ class ThinkingNode(Node):
         try:
             # a streaming bundle steps the newest row; its state restarts (from this
             # window) on a swap, a backward stamp or a gap; a window bundle runs the window
-            pred = policy.runtime.predict_frame(frame.signals, frame.mask, events,
-                                                t=frame.stamp, seq=frame.seq)
+            pred = _finite(policy.runtime.predict_frame(frame.signals, frame.mask, events,
+                                                        t=frame.stamp, seq=frame.seq))
         except Exception as exc:  # noqa: BLE001 - a bad frame must not stop the node
+            if isinstance(exc, NonFiniteOutput):
+                # a streaming state gone NaN stays NaN: the next frame replays its window
+                policy.runtime.reset("requested")
             with self._stats.lock:
                 self._stats.inference_errors += 1
             self.get_logger().error(f"inference failed on frame {frame.seq}: {exc}",
