@@ -45,6 +45,7 @@ from thinkmem_ros.policy.streaming_runtime import (
     StreamingConfig,
     StreamingEngine,
     StreamingError,
+    refuse_external_data,
 )
 from thinkmem_ros.policy.streaming_runtime import InputError as StreamInputError
 
@@ -135,6 +136,8 @@ class PolicyRuntime:
         if actual != m.sha256:
             raise BundleError(f"{path}: sha256 {actual} does not match the expected sha256 "
                               f"{m.sha256}; the file is truncated, corrupted or tampered with")
+        # Only the hashed bytes may reach ONNX Runtime: no weights from another file.
+        refuse_external_data(model, str(path), m.sha256)
         try:
             self.session = ort.InferenceSession(
                 model, sess_options=session_options(threads, allow_spinning, optimization),

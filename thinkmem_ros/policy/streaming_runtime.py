@@ -46,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from thinkmem_ros.policy.bundle import BundleError
+
 LOG = logging.getLogger(__name__)
 
 SHAPE_EPS = 0.05
@@ -249,6 +251,100 @@ def onnx_initialisers(model: bytes) -> dict[str, np.ndarray]:
                     if array.size:
                         out[name] = array
     return out
+
+
+# -- external data: tensor values kept in another file than the ONNX one ----------------
+NESTED_TENSORS = {
+    "model": {7: "graph", 20: "training", 25: "function"},
+    "training": {1: "graph", 2: "graph"},
+    "function": {7: "node", 11: "attribute"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse",
+                  23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+}
+"""Every path from an ONNX ModelProto to a TensorProto (onnx.proto field numbers): graph
+initialisers, sparse initialisers, Constant and other attribute tensors, subgraphs of
+If/Loop/Scan, functions and training graphs. {message: {field: nested message}}."""
+
+MAX_NESTING = 100
+"""Deepest message nesting scanned (protobuf's own default parse limit)."""
+
+
+def external_data_tensors(model: bytes) -> list[str]:
+    """Each tensor of an ONNX model whose values live in another file, as 'name in location'.
+
+    Why: a bundle's sha256 and signature cover ``policy.onnx`` alone, and ONNX Runtime, given
+    the model as bytes, opens an external file relative to the process's working directory.
+    Weights kept outside the file could be swapped without any check noticing, so the
+    runtime refuses such a model before ONNX Runtime sees it. Read with this module's
+    protobuf reader: the robot has no ``onnx`` package. Raises StreamingError on bytes that
+    are not a well-formed protobuf.
+    """
+    found: list[str] = []
+    _scan_message(memoryview(model), "model", 0, found)
+    return found
+
+
+def refuse_external_data(model: bytes, source: str, sha256: str = "") -> None:
+    """Raise BundleError (one line naming ``source``) if any tensor lives in another file.
+
+    Called before an InferenceSession is built: once ONNX Runtime has the model it has
+    already read the outside file, from wherever the process happens to run.
+    """
+    tag = f" (sha256 {sha256})" if sha256 else ""
+    try:
+        found = external_data_tensors(model)
+    except StreamingError as exc:
+        raise BundleError(f"{source}: ONNX Runtime cannot load the model{tag}: not a "
+                          f"well-formed ONNX protobuf ({exc})") from None
+    if found:
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        raise BundleError(f"{source}: the model keeps tensor values in external data "
+                          f"files ({', '.join(found[:3])}{more}), which the bundle's sha256 "
+                          f"and signature do not cover; refused: embed the weights in the "
+                          f"ONNX file{tag}")
+
+
+def _scan_message(buf, kind: str, depth: int, found: list[str]) -> None:
+    """Walk one message along ``NESTED_TENSORS``, noting external tensors in ``found``."""
+    if depth > MAX_NESTING:
+        raise StreamingError(f"messages nested deeper than {MAX_NESTING}")
+    if kind == "tensor":
+        where = _external_location(buf)
+        if where is not None:
+            found.append(where)
+        return
+    nested = NESTED_TENSORS[kind]
+    for number, wire, value in _fields(buf):
+        child = nested.get(number)
+        if child is not None and wire == 2:
+            _scan_message(value, child, depth + 1, found)
+
+
+def _external_location(tensor) -> str | None:
+    """'name in location' when a TensorProto points outside the model, else None.
+
+    Either sign counts (external_data entries, or data_location other than DEFAULT): ONNX
+    Runtime reads the file on the second, and nothing legitimate writes the first alone.
+    """
+    name, locations, external = "", [], False
+    for number, wire, value in _fields(tensor):
+        if number == 8 and wire == 2:  # TensorProto.name
+            name = bytes(value).decode("utf-8", "replace")
+        elif number == 13 and wire == 2:  # TensorProto.external_data (key/value entries)
+            external = True
+            entry = {n: bytes(v).decode("utf-8", "replace") for n, w, v in _fields(value)
+                     if w == 2}
+            if entry.get(1) == "location":
+                locations.append(entry.get(2, ""))
+        elif number == 14 and wire == 0 and value != 0:  # TensorProto.data_location
+            external = True
+    if not external:
+        return None
+    where = repr(locations[0][:80]) if locations else "an unnamed file"
+    return f"{name[:80]!r} in {where}"
 
 
 def pack_params(config: StreamingConfig, weights: dict[str, np.ndarray]) -> np.ndarray:
@@ -579,6 +675,7 @@ class StreamingEngine:
 
     def __init__(self, model: bytes, config: StreamingConfig, session,
                  engine: str | None = None) -> None:
+        refuse_external_data(model, "streaming policy")
         self.config = c = config
         self.session = session
         f, h, lab = c.n_signals, c.hidden, c.n_labels
