@@ -34,7 +34,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +80,8 @@ ARTEFACT_FILES: dict[str, tuple[str, ...]] = {"values": (VALUES_NPZ, VALUES_JSON
                                               "rules": RULES_FILES}
 """Each artefact kind a bundle may carry and its files (data + sidecar)."""
 _VERSION_DIR = re.compile(r"v(\d{6,})")
+SIGNATURE_BYTES = 64
+"""Size of ``bundle.sig`` (an Ed25519 signature): counted before it is written."""
 
 
 class PublishError(RuntimeError):
@@ -204,6 +206,7 @@ class Publisher:
                 shutil.copyfile(staged.path / name, staging / name)
             if self.config.chain:  # the key chain rides in the manifest it signs
                 _write_chain(staging / MANIFEST, self.config.chain)
+            check_pushable(staging, version, (MANIFEST, ONNX_FILE, *listed), SIGNATURE_BYTES)
             sign_bundle(staging, self.config.signing_key)
             for name in (MANIFEST, ONNX_FILE, SIGNATURE_FILE, *listed):
                 _fsync(staging / name)
@@ -234,6 +237,8 @@ class Publisher:
         if version < self.current().version:
             raise PublishError(f"cannot promote v{version}: current is "
                                f"v{self.current().version}")
+        check_pushable(target, version, (MANIFEST, ONNX_FILE, SIGNATURE_FILE,
+                                         *_listed_artefacts(bundle)))
         self._link(target)
         log.info("promoted v%d to current", version)
         pushed = push(push_frame(target)) if push is not None else None
@@ -252,6 +257,26 @@ class Publisher:
         for version in self.versions()[:-self.config.keep_history]:
             if version != current:
                 shutil.rmtree(self.history / f"v{version:06d}", ignore_errors=True)
+
+
+def check_pushable(folder: Path, version: int, names: Iterable[str], unwritten: int = 0
+                   ) -> None:
+    """Refuse a bundle whose files (plus ``unwritten`` bytes to come) one push cannot carry.
+
+    Why before signing and linking: the push is the last step of a publication, so a bundle
+    past the wire's limit used to be signed and made ``current`` first and fail only then:
+    no robot could ever get that version and every receive-only process failed on it at
+    each check. Summing file sizes against ``protocol.MAX_BUNDLE_BYTES`` bounds the frame
+    without building it, so a normal bundle pays a few ``stat`` calls.
+    """
+    try:
+        size = sum((folder / name).stat().st_size for name in names) + unwritten
+    except OSError as exc:
+        raise PublishError(f"v{version} cannot be pushed: {exc}") from exc
+    if size > protocol.MAX_BUNDLE_BYTES:
+        raise PublishError(f"v{version} cannot be pushed: its files total {size} bytes, more "
+                           f"than the {protocol.MAX_BUNDLE_BYTES} one push can carry (frame "
+                           f"limit {protocol.MAX_FRAME_BYTES}); current and history untouched")
 
 
 def push_frame(folder: Path | str) -> bytes:

@@ -37,7 +37,8 @@ Kinds:
   again on the robot (the files against the signed manifest's hashes) and trusts nothing.
   Frames without ``artefacts`` (older consolidators, artefact-free bundles) still decode.
   Bundles can be MBs; they travel consolidator -> robot only, where the frame limit is
-  ``MAX_FRAME_BYTES`` (the receiver's own inbound limit stays small).
+  ``MAX_FRAME_BYTES`` (the receiver's own inbound limit stays small), so a bundle's files
+  may total at most ``MAX_BUNDLE_BYTES``.
 - RECALL_REQ, RECALL_REP: reserved for episodic recall; their bodies are maps checked only
   for shape until that feature defines them.
 """
@@ -57,7 +58,19 @@ PROTOCOL_VERSION = 1
 MAGIC = b"TM"
 HEADER_BYTES = 4
 MAX_FRAME_BYTES = 32 * 1024 * 1024
-"""Largest frame accepted; the receiver also sets ZMQ_MAXMSGSIZE a little above it."""
+"""Largest frame accepted; the receiver also sets ZMQ_MAXMSGSIZE a little above it. A
+BUNDLE_PUSH is the largest frame there is, so this is the one number every bundle size
+limit comes from (``MAX_BUNDLE_BYTES``): raising it alone would let robots that predate
+the change refuse what the consolidator sends."""
+PUSH_ENVELOPE_BYTES = 4096
+"""Most bytes a BUNDLE_PUSH adds to the files it carries: header, field names, byte-string
+lengths, a 64-bit version and ``MAX_ARTEFACTS`` names of ``MAX_ARTEFACT_NAME`` characters
+come to about 1.2 KB, so this bound holds with room to spare."""
+MAX_BUNDLE_BYTES = MAX_FRAME_BYTES - PUSH_ENVELOPE_BYTES
+"""Largest bundle one push can carry: manifest, ONNX, signature and artefacts together.
+The publisher refuses a bigger one before it is signed or linked (a version no robot can
+receive must never become ``current``) and the robot's receiver refuses one by default, so
+what one side sends the other accepts, by the same number."""
 MAX_BATCH_ITEMS = 8192
 """Most records in one EXPERIENCE_BATCH (msgpack refuses any list over twice this)."""
 MAX_REASON = 512

@@ -33,13 +33,14 @@ MANIFEST = "bundle.json"
 ONNX_FILE = "policy.onnx"
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 """Largest ``bundle.json`` read; real ones are a few kilobytes (metrics included)."""
-MAX_ARTEFACT_BYTES = 64 * 1024 * 1024
+MAX_ARTEFACT_BYTES = 32 * 1024 * 1024
 """Largest artefact file (values, memctl, rules and their sidecars) read from a bundle: the
-same bound as a whole push (``BundleReceiverConfig.max_bytes``), so no file a push could
+wire's frame limit (``link.protocol.MAX_FRAME_BYTES``, written out because policy sits
+below the link and may not import it; a test holds the two equal). No file a push could
 carry is refused, and a hand-placed huge file is refused instead of filling memory."""
-MAX_UNPACKED_BYTES = 4 * MAX_ARTEFACT_BYTES
-"""Largest total an artefact ``.npz`` may unpack to: a small compressed file must not
-expand into gigabytes (a zip bomb); real value tables unpack to a few megabytes."""
+MAX_UNPACKED_BYTES = 8 * MAX_ARTEFACT_BYTES
+"""Largest total an artefact ``.npz`` may unpack to (256 MiB): a small compressed file must
+not expand into gigabytes (a zip bomb); real value tables unpack to a few megabytes."""
 MAX_NAME_CHARS = 128
 """Longest signal, label or event name a manifest may hold; wire names are 64 at most."""
 NAME_KEYS = ("signals", "labels", "event_vocabulary")

@@ -47,7 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thinkmem_ros.link.protocol import ProtocolError, check_artefact_name, check_artefacts
+from thinkmem_ros.link.protocol import (
+    MAX_BUNDLE_BYTES,
+    ProtocolError,
+    check_artefact_name,
+    check_artefacts,
+)
 from thinkmem_ros.link.security import (
     SIGNATURE_FILE,
     SignatureError,
@@ -94,7 +99,7 @@ class BundleReceiverConfig:
     current_version: int = 0  # version the node runs now (its shipped bundle's)
     current_sha256: str = ""
     keep: int = 3  # installed versions kept on disk (older ones pruned)
-    max_bytes: int = 64 * 1024 * 1024
+    max_bytes: int = MAX_BUNDLE_BYTES  # the most one push can carry, as the publisher checks
     pin_version: int = 0  # > 0: refuse every push of another version (0 = off)
 
     def __post_init__(self) -> None:
