@@ -57,11 +57,21 @@ from zmq.utils import z85
 
 from thinkmem_ros.core.input_files import input_file, input_path
 from thinkmem_ros.link.experience import ExperienceError, check_robot_id
-from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, BundleManifest, load_bundle
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Bundle,
+    BundleError,
+    BundleManifest,
+    load_bundle,
+    read_bundle_file,
+)
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_FILE = "bundle.sig"
+SIGNATURE_BYTES = 64
+"""Size of a detached Ed25519 signature: ``bundle.sig`` is read to this cap and no further."""
 CURVE_MODES = ("auto", "on", "off")
 
 
@@ -499,13 +509,10 @@ def verify_bundle_signature(folder: Path | str,
     """
     folder = Path(folder)
     verify_key = load_verify_key(public_key)
-    try:
-        manifest = (folder / MANIFEST).read_bytes()
-        signature = (folder / SIGNATURE_FILE).read_bytes()
-    except OSError as exc:
-        raise SignatureError(f"{folder}: cannot read manifest or signature: {exc}") from exc
-    if len(signature) != 64:
-        raise SignatureError(f"{folder / SIGNATURE_FILE}: {len(signature)} bytes, expected 64")
+    manifest, signature = _signed_files(folder)
+    if len(signature) != SIGNATURE_BYTES:
+        raise SignatureError(f"{folder / SIGNATURE_FILE}: {len(signature)} bytes, expected "
+                             f"{SIGNATURE_BYTES}")
     try:
         verify_key.verify(manifest, signature)
     except nacl.exceptions.BadSignatureError as exc:
@@ -516,6 +523,21 @@ def verify_bundle_signature(folder: Path | str,
         return BundleManifest.from_dict(json.loads(manifest), source=str(folder / MANIFEST))
     except ValueError as exc:
         raise SignatureError(f"{folder / MANIFEST}: signed but unparsable: {exc}") from exc
+
+
+def _signed_files(folder: Path) -> tuple[bytes, bytes]:
+    """``bundle.json`` and ``bundle.sig`` as bytes, each capped; SignatureError otherwise.
+
+    Why: installed bundles are re-verified at every start and by the consolidator's
+    ``Publisher.current``; a FIFO there blocked the start forever and a link to /dev/zero
+    filled memory. ``read_bundle_file`` refuses special files without blocking and stops
+    one byte past the cap, so such a bundle is refused in one line like any bad signature.
+    """
+    try:
+        return (read_bundle_file(folder / MANIFEST, MAX_MANIFEST_BYTES),
+                read_bundle_file(folder / SIGNATURE_FILE, SIGNATURE_BYTES))
+    except OSError as exc:
+        raise SignatureError(f"{folder}: cannot read manifest or signature: {exc}") from exc
 
 
 def verify_signed_bundle(folder: Path | str,

@@ -28,7 +28,14 @@ from thinkmem_ros.link.security import (
 from thinkmem_ros.link.shipper import ExperienceShipper, ShipperConfig
 from thinkmem_ros.link.sockets import TransportError
 from thinkmem_ros.link.spool_lock import SpoolInUse, SpoolLock
-from thinkmem_ros.policy.bundle import MANIFEST, Bundle, BundleError, read_manifest
+from thinkmem_ros.policy.bundle import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    Bundle,
+    BundleError,
+    read_bundle_file,
+    read_manifest,
+)
 from thinkmem_ros.robot.activation import FrameResult
 from thinkmem_ros.robot.bundle_receiver import (
     CURRENT_LINK,
@@ -149,9 +156,11 @@ def _verified(trust: TrustStore, folder: Path) -> Bundle:
     """Verify an installed bundle as a push is verified (key chain first, then signature).
 
     A manifest that does not even parse was damaged, not tampered with: no signature was
-    ever checked on it, so it is reported as such.
+    ever checked on it, so it is reported as such. It is read capped and refused when it is
+    no regular file (OSError): a FIFO blocked the node's start forever and a link to
+    /dev/zero filled memory, where the caller falls back to another bundle instead.
     """
-    raw = (folder / MANIFEST).read_bytes()
+    raw = read_bundle_file(folder / MANIFEST, MAX_MANIFEST_BYTES)
     try:
         json.loads(raw)
     except (ValueError, RecursionError):

@@ -42,6 +42,7 @@ import nacl.signing
 
 from thinkmem_ros.link.key_endorsement import (
     ENDORSEMENTS_KEY,
+    MAX_CHAIN_FILE_BYTES,
     EndorsementError,
     KeyEndorsement,
     TrustList,
@@ -51,7 +52,7 @@ from thinkmem_ros.link.key_endorsement import (
     write_json_atomic,
 )
 from thinkmem_ros.link.security import SecurityError
-from thinkmem_ros.policy.bundle import MAX_MANIFEST_BYTES, Bundle
+from thinkmem_ros.policy.bundle import MAX_MANIFEST_BYTES, Bundle, read_bundle_file
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,8 @@ class TrustStore:
         where = f"trust list {self.path}"
         hint = ("; delete it to start over from bundle_signing_public_key (this trusts that "
                 "key again)")
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+        try:  # capped, no special files: a FIFO here blocked the start, /dev/zero filled memory
+            data = json.loads(read_bundle_file(self.path, MAX_CHAIN_FILE_BYTES).decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise TrustStoreError(f"{where}: cannot read: {exc}{hint}") from None
         except RecursionError:  # damage or a hostile file, not a bug: one line, no traceback

@@ -1,0 +1,206 @@
+"""Hostile signature and trust files under ``bundles_dir``: refused in one line, never a hang.
+
+Real signed bundles installed by the real ``BundleReceiver``, then one file replaced by a
+real FIFO or a real symlink to /dev/zero. These files are read at every start (the node's
+``newer_installed_bundle``) and by the consolidator's ``Publisher.current``: a FIFO blocked
+that read forever and /dev/zero filled memory until the process died, so the node never
+started. The promise: the bundle is refused with one ERROR line and the node runs
+``bundle_path``. Cases that blocked or filled memory run in a child process with a memory
+limit and a timeout, so the code before the fix fails the test instead of the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import copy_bundle
+
+from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError, push_frame
+from thinkmem_ros.link.protocol import decode_frame
+from thinkmem_ros.link.security import (
+    SIGNATURE_FILE,
+    SignatureError,
+    sign_bundle,
+    verify_bundle_signature,
+    write_signing_keypair,
+)
+from thinkmem_ros.policy.bundle import MANIFEST, load_bundle
+from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.robot.node_config import NodeConfig
+from thinkmem_ros.robot.shipping_link import newer_installed_bundle
+from thinkmem_ros.robot.trust_store import (
+    TRUST_FILE,
+    TrustStore,
+    TrustStoreConfig,
+    TrustStoreError,
+)
+
+NODE_LOG = logging.getLogger("test_trust_files_hostile.node")  # stands in for the node
+MEMORY_LIMIT = 2 << 30  # the child's address space: /dev/zero read whole ends in MemoryError
+CHILD_TIMEOUT_S = 60.0
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from thinkmem_ros.robot.node_config import NodeConfig
+from thinkmem_ros.robot.shipping_link import newer_installed_bundle
+bundles, bundle_path, pub = sys.argv[1:4]
+said = []
+class Log:
+    def info(self, m): pass
+    def warning(self, m): pass
+    def error(self, m): said.append(m)
+config = NodeConfig(bundle_path=bundle_path, bundles_dir=bundles)
+path = newer_installed_bundle(config, Path(pub), Log())
+print(json.dumps({"path": None if path is None else str(path), "errors": said}))
+"""
+
+
+@pytest.fixture
+def robot(source_bundle, tmp_path):
+    """bundles_dir with signed v2 installed by a push (current -> v2); bundle_path is v1."""
+    pub, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    folder = copy_bundle(source_bundle, tmp_path / "pub2", model_version=2)
+    sign_bundle(folder, key)
+    bundles = tmp_path / "bundles"
+    rx = BundleReceiver(BundleReceiverConfig(bundles, pub, current_version=1))
+    assert rx.handle_push(decode_frame(push_frame(folder)).body) is not None
+    v1 = copy_bundle(source_bundle, tmp_path / "v1", model_version=1)
+    config = NodeConfig(bundle_path=str(v1), bundles_dir=str(bundles))
+    return SimpleNamespace(pub=pub, key=key, bundles=bundles, v1=v1, config=config,
+                           installed=bundles / "v000002")
+
+
+def make_hostile(path: Path, kind: str) -> None:
+    """Replace ``path`` by a FIFO nobody writes, or by a symlink to /dev/zero."""
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        os.symlink("/dev/zero", path)
+
+
+def release_fifo(path: Path) -> None:
+    """Unblock a reader stuck on ``path`` (only the code before the fix ever is)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def run_bounded(fn, timeout: float = 10.0):
+    """Run ``fn`` on a daemon thread; (finished, result or exception)."""
+    box: list = []
+
+    def target():
+        try:
+            box.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return (not thread.is_alive()), (box[0] if box else None)
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def start_in_child(robot) -> dict:
+    """``newer_installed_bundle`` as the node's start calls it, in a bounded child process."""
+    argv = [sys.executable, "-c", CHILD, str(robot.bundles), str(robot.v1), str(robot.pub)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                              preexec_fn=_limit_memory, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the node's start blocked for {CHILD_TIMEOUT_S:.0f} s")
+    assert done.returncode == 0, done.stderr[-2000:]  # MemoryError: a traceback, exit 1
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------ special signature/manifest files
+@pytest.mark.parametrize("name", [SIGNATURE_FILE, MANIFEST])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_special_installed_file_is_refused_and_the_node_starts(robot, name, kind):
+    make_hostile(robot.installed / name, kind)
+    try:
+        outcome = start_in_child(robot)
+    finally:
+        release_fifo(robot.installed / name)
+    assert outcome["path"] is None, outcome  # bundle_path runs
+    assert len(outcome["errors"]) == 1, outcome
+    line = outcome["errors"][0]
+    assert name in line and "running bundle_path v1" in line, line
+    assert ("a FIFO" if kind == "fifo" else "a character device") in line, line
+
+
+def test_verify_bundle_signature_refuses_a_fifo_signature(robot):
+    """In this process: only a FIFO (the code before the fix read /dev/zero into memory)."""
+    make_hostile(robot.installed / SIGNATURE_FILE, "fifo")
+    try:
+        finished, result = run_bounded(lambda: verify_bundle_signature(robot.installed,
+                                                                       robot.pub))
+    finally:
+        release_fifo(robot.installed / SIGNATURE_FILE)
+    assert finished, "reading the signature blocked"
+    assert isinstance(result, SignatureError), result
+    assert "cannot read" in str(result) and "\n" not in str(result)
+
+
+def test_an_oversized_signature_is_refused_without_reading_it_whole(robot):
+    signature = robot.installed / SIGNATURE_FILE
+    signature.write_bytes(signature.read_bytes() + b"\0" * (1 << 20))
+    with pytest.raises(SignatureError, match="larger than 64 bytes"):
+        verify_bundle_signature(robot.installed, robot.pub)
+
+
+def test_the_publisher_refuses_a_fifo_signature_in_its_history(source_bundle, tmp_path):
+    """``Publisher.current`` verifies the published bundle the same way: a PublishError."""
+    _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    initial = copy_bundle(source_bundle, tmp_path / "initial", model_version=1)
+    publisher = Publisher(PublishConfig(tmp_path / "pub", key), initial)
+    staged = load_bundle(copy_bundle(source_bundle, tmp_path / "s2", model_version=2))
+    published = publisher.publish(staged).path
+    make_hostile(published / SIGNATURE_FILE, "fifo")
+    try:
+        finished, result = run_bounded(publisher.current)
+    finally:
+        release_fifo(published / SIGNATURE_FILE)
+    assert finished, "Publisher.current blocked on a FIFO bundle.sig"
+    assert isinstance(result, PublishError) and "FIFO" in str(result), result
+
+
+# ------------------------------------------------------------ special trust file
+def test_a_fifo_trust_file_is_a_trust_store_error_not_a_hang(robot, caplog):
+    make_hostile(robot.bundles / TRUST_FILE, "fifo")
+    try:
+        finished, result = run_bounded(
+            lambda: TrustStore(TrustStoreConfig(robot.bundles, robot.pub)))
+        assert finished, "reading the FIFO trust file blocked"
+        assert isinstance(result, TrustStoreError), result
+        assert TRUST_FILE in str(result) and "FIFO" in str(result), result
+        with caplog.at_level(logging.INFO):
+            finished, path = run_bounded(
+                lambda: newer_installed_bundle(robot.config, robot.pub, NODE_LOG))
+    finally:
+        release_fifo(robot.bundles / TRUST_FILE)
+    assert finished and path is None, path  # no installed bundle can be verified: bundle_path
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and TRUST_FILE in lines[0], lines
+
+
+def test_an_oversized_trust_file_is_refused_at_its_cap(robot):
+    (robot.bundles / TRUST_FILE).write_bytes(b" " * ((1 << 20) + 1))
+    with pytest.raises(TrustStoreError, match="larger than"):
+        TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
