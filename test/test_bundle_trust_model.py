@@ -17,8 +17,12 @@ import numpy as np
 import pytest
 
 from thinkmem_ros.policy.bundle import BundleError, load_bundle, read_manifest, write_bundle
+from thinkmem_ros.policy.memctl_heads import MEMCTL_JSON, MEMCTL_NPZ, MemctlHeads, ProbeHead
 from thinkmem_ros.policy.runtime import PolicyRuntime
 from thinkmem_ros.policy.streaming_runtime import StreamingConfig, StreamingEngine
+from thinkmem_ros.policy.value_table import VALUES_JSON, VALUES_NPZ, ValueTable
+from thinkmem_ros.robot import thinking_gates
+from thinkmem_ros.robot.thinking_gates import artefact_hashes, load_gate_artefacts
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -146,3 +150,75 @@ def test_a_self_contained_bundle_still_loads_and_runs(form, source_bundle, windo
     k, f = runtime.window, len(runtime.signals)
     probs = runtime.predict_one(np.zeros((k, f), np.float32)).probabilities
     assert probs.shape == (1, len(runtime.labels)) and np.isfinite(probs).all()
+
+
+# -- defect 2: the artefact bytes checked are the bytes loaded ------------------------------
+def _value_table(reward: float) -> ValueTable:
+    table = ValueTable(["a", "b"], dim=4)
+    s = table.assign(np.array([1.0, 0.0, 0.0, 0.0]))
+    for _ in range(3):
+        table.update(s, "a", reward)
+    return table
+
+
+def _heads(sign: float) -> MemctlHeads:
+    return MemctlHeads(ProbeHead(sign * np.ones(4), 0.0), ProbeHead(sign * np.ones(4), 0.0))
+
+
+@pytest.fixture
+def signed_and_forged(tmp_path):
+    """(bundle folder with genuine artefacts, its signed list, folder of forged ones).
+
+    The forgeries are self-consistent (each sidecar records its own npz's sha256), so only
+    the signed list can tell them apart.
+    """
+    genuine, forged = tmp_path / "bundle", tmp_path / "forged"
+    _value_table(1.0).save(genuine)
+    _heads(1.0).save(genuine)
+    _value_table(-5.0).save(forged)
+    _heads(-1.0).save(forged)
+    return genuine, artefact_hashes(genuine), forged
+
+
+def _swap_right_after_hashing(monkeypatch, folder: Path, forged: Path) -> None:
+    """Fault injection (a race made deterministic): once the gate has read both files of an
+    artefact to hash them, the forged pair replaces them on disk, as a local attacker
+    winning the race between the signature check and the load would."""
+    real = thinking_gates.read_bundle_file
+    pending = [{VALUES_NPZ, VALUES_JSON}, {MEMCTL_NPZ, MEMCTL_JSON}]
+    seen: set[str] = set()
+
+    def read_then_swap(path, *args, **kwargs):
+        raw = real(path, *args, **kwargs)
+        seen.add(Path(path).name)
+        for group in [g for g in pending if g <= seen]:
+            pending.remove(group)
+            for name in group:
+                shutil.copyfile(forged / name, folder / name)
+        return raw
+
+    monkeypatch.setattr(thinking_gates, "read_bundle_file", read_then_swap)
+
+
+def test_artefacts_swapped_after_the_signature_check_are_not_loaded(signed_and_forged,
+                                                                    monkeypatch):
+    folder, listed, forged = signed_and_forged
+    want_q, want_w = ValueTable.load(folder).q, MemctlHeads.load(folder).compress.weights
+    _swap_right_after_hashing(monkeypatch, folder, forged)
+    arts = load_gate_artefacts(folder, {"artefacts": listed}, embedding_dim=4)
+    assert arts.errors == [], arts.errors
+    np.testing.assert_array_equal(arts.table.q, want_q)
+    np.testing.assert_array_equal(arts.heads.compress.weights, want_w)
+    # the swap did happen: the files on disk now hold the forgeries
+    assert (ValueTable.load(folder).q < 0).any()
+    assert (MemctlHeads.load(folder).compress.weights < 0).all()
+
+
+def test_forged_artefacts_in_place_before_the_check_are_refused(signed_and_forged):
+    folder, listed, forged = signed_and_forged
+    for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON):
+        shutil.copyfile(forged / name, folder / name)
+    arts = load_gate_artefacts(folder, {"artefacts": listed}, embedding_dim=4)
+    assert arts.table is None and arts.heads is None
+    assert len(arts.errors) == 2 and all("does not match the manifest" in e
+                                         for e in arts.errors), arts.errors

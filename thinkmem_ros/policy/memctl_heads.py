@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.policy.bundle import read_hashed_artefact, read_npz
+from thinkmem_ros.policy.bundle import read_npz
+from thinkmem_ros.policy.value_table import read_artefact_files, verify_artefact
 
 MEMCTL_NPZ = "memctl.npz"
 MEMCTL_JSON = "memctl.json"
@@ -93,8 +94,21 @@ class MemctlHeads:
         the node skips the probes with one line instead of failing to start.
         """
         folder = Path(folder)
-        meta, raw = read_hashed_artefact(folder, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
-                                         MemctlArtefactError, "memctl")
+        files = read_artefact_files(folder, (MEMCTL_JSON, MEMCTL_NPZ), MemctlArtefactError,
+                                    "memctl")
+        return cls.from_files(folder, files)
+
+    @classmethod
+    def from_files(cls, folder: Path | str, files: dict[str, bytes]) -> MemctlHeads:
+        """Parse the probes from bytes already read: {memctl.json: ..., memctl.npz: ...}.
+
+        Why: a caller that checked these bytes (against a bundle's signed list) must get
+        the probes those bytes hold; reading the files again would load whatever replaced
+        them meanwhile. ``folder`` only names the files in errors (as ``load``).
+        """
+        folder = Path(folder)
+        meta, raw = verify_artefact(folder, files, MEMCTL_JSON, MEMCTL_NPZ, ARTEFACT_VERSION,
+                                    MemctlArtefactError, "memctl")
         thresholds = _thresholds(meta, folder / MEMCTL_JSON)
         try:
             heads = _heads(read_npz(raw), thresholds)

@@ -121,19 +121,32 @@ def attach_artefacts(bundle_folder: Path | str, artefact_folder: Path | str) -> 
     return hashes
 
 
-def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> None:
-    """Raise ValueError when the manifest lists artefact hashes and a file disagrees."""
-    if listed is None:
-        return
+def _read_signed(folder: Path, names: tuple[str, ...], listed: dict) -> dict[str, bytes]:
+    """{name: bytes} of each file, read once and matched against the manifest's signed list.
+
+    Why return the bytes: the loader must parse the very bytes that were hashed. Hashing the
+    files and letting the loader open them again let a file swapped in between pass the
+    signature. Raises ValueError for an unlisted or mismatching file, OSError when unreadable.
+    """
+    files = {}
     for name in names:
         want = listed.get(name)
         if want is None:
             raise ValueError(f"{folder / name}: not listed in the manifest's "
                              f"extras.{ARTEFACTS_KEY}; refusing an unsigned artefact")
-        got = hashlib.sha256(read_bundle_file(folder / name)).hexdigest()
+        raw = read_bundle_file(folder / name)
+        got = hashlib.sha256(raw).hexdigest()
         if got != want:
             raise ValueError(f"{folder / name}: sha256 {got[:12]} does not match the "
                              f"manifest's {str(want)[:12]}")
+        files[name] = raw
+    return files
+
+
+def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> None:
+    """Raise ValueError when the manifest lists artefact hashes and a file disagrees."""
+    if listed is not None:
+        _read_signed(folder, names, listed)
 
 
 @dataclass
@@ -182,9 +195,11 @@ def _load_one(out: GateArtefacts, kind: str, load: Callable[[], object]) -> obje
 
 def _load_keyed(kind, names: tuple[str, str], folder: Path, listed: dict | None,
                 width: int | None):
-    """Load a value table or probes (``kind.load``) keyed on embeddings of ``width``."""
-    _check_listed(folder, names, listed)
-    loaded = kind.load(folder)
+    """Load a value table or probes (``kind``) keyed on embeddings of ``width``."""
+    if listed is None:
+        loaded = kind.load(folder)
+    else:  # parse the bytes the signed list was checked on, never a second read
+        loaded = kind.from_files(folder, _read_signed(folder, names, listed))
     if width is not None and loaded.dim != width:
         raise ValueError(f"{folder / names[0]}: keyed on embeddings of width {loaded.dim}, "
                          f"the policy's are {width}")
