@@ -28,6 +28,7 @@ from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.policy.bundle import (
     MANIFEST,
     ONNX_FILE,
+    Bundle,
     BundleError,
     load_bundle,
     signal_set_fingerprint,
@@ -186,6 +187,47 @@ class PolicySlot:
             return self._pending or self._current
 
 
+@dataclass(frozen=True)
+class SwapGuard:
+    """What a bundle must prove, beyond loading cleanly, before it may be swapped in.
+
+    The receiver verifies each push, but the installed files stay writable afterwards: an
+    edited ``bundles_dir/v<N>/bundle.json`` (thresholds at 1.0, so nothing, hazard
+    included, can fire) was swapped in by the watcher as if pushed. On a robot configured
+    with a signing key (``verify`` set), a watched bundle and any bundle under
+    ``bundles_dir`` must therefore pass the push's signature check, and the loaded
+    manifest must be the verified one. Without a key (a developer's local, unsigned
+    bundle) nothing can be verified and nothing is, as before. ``pin`` > 0 refuses every
+    other version, as the receiver refuses a push of one.
+    """
+
+    verify: Callable[[Path], Bundle] | None = None  # raises when the signature fails
+    bundles_dir: Path | None = None
+    pin: int = 0
+
+    def check_signature(self, path: Path, *, watched: bool) -> Bundle | None:
+        """The verified bundle when ``path`` needs a signature, else None; raises if bad."""
+        if self.verify is None or not (watched or self._installed(path)):
+            return None
+        return self.verify(path)
+
+    def check_loaded(self, policy: LoadedPolicy, signed: Bundle | None) -> None:
+        """Refuse a loaded policy that is not the signed one, or not the pinned version."""
+        if signed is not None and policy.runtime.manifest != signed.manifest:
+            raise BundleError(f"{policy.path}: bundle.json changed while it was being "
+                              "verified; not swapping in a manifest whose signature was "
+                              "not checked")
+        if self.pin and policy.version != self.pin:
+            raise BundleError(f"{policy.path}: v{policy.version} is not the pinned "
+                              f"v{self.pin} (pin_bundle_version)")
+
+    def _installed(self, path: Path) -> bool:
+        """True when ``path`` lies under ``bundles_dir`` (links resolved on both sides)."""
+        if self.bundles_dir is None:
+            return False
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(self.bundles_dir))
+
+
 def fingerprint(folder: Path) -> tuple:
     """(inode, size, mtime_ns) of both bundle files; changes when either is replaced."""
     out = []
@@ -203,10 +245,12 @@ class HotSwapper(threading.Thread):
 
     def __init__(self, slot: PolicySlot, load: Callable[..., LoadedPolicy], *,
                  watch: bool, period_s: float,
-                 on_result: Callable[[LoadedPolicy | None, str], None]) -> None:
+                 on_result: Callable[[LoadedPolicy | None, str], None],
+                 guard: SwapGuard | None = None) -> None:
         super().__init__(name="thinkmem-hotswap", daemon=True)
         self._slot = slot
         self._load = load
+        self._guard = guard or SwapGuard()
         self._watch = watch
         self._period = period_s
         self._on_result = on_result  # (policy, '') on success, (None, error) on refusal
@@ -237,18 +281,21 @@ class HotSwapper(threading.Thread):
             if self._stop_event.is_set():
                 return
             if path is not None:
-                self._attempt(path, pushed=False)
+                self._attempt(path, watched=False)
             elif self._watch:
                 current = fingerprint(self._path)
                 if current != self._seen:
                     self._seen = current
-                    self._attempt(self._path, pushed=True)
+                    self._attempt(self._path, watched=True)
 
-    def _attempt(self, path: Path, *, pushed: bool) -> None:
+    def _attempt(self, path: Path, *, watched: bool) -> None:
         running = self._slot.peek()
         try:
+            # the signature before the graph: an unverified ONNX file is never parsed
+            signed = self._guard.check_signature(path, watched=watched)
             policy = self._load(path, like=running)
-            if pushed and policy.version < running.version:
+            self._guard.check_loaded(policy, signed)
+            if watched and policy.version < running.version:
                 raise BundleError(f"{path}: version {policy.version} is older than the "
                                   f"running version {running.version}")
         except Exception as exc:  # noqa: BLE001 - any failure must leave the old policy running
@@ -259,7 +306,7 @@ class HotSwapper(threading.Thread):
         self._path = path
         self._seen = fingerprint(path)
         self.error = ""
-        if policy.sha256 == running.sha256 and policy.version == running.version and pushed:
+        if policy.sha256 == running.sha256 and policy.version == running.version and watched:
             self._on_result(None, "")  # same model touched on disk: nothing to swap
             return
         self._slot.offer(policy)

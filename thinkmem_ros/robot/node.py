@@ -22,7 +22,10 @@ Bundles the consolidator pushes over the same connection are verified by the
 ``BundleReceiver`` on the shipper's thread (signature with ``bundle_signing_public_key``,
 sha256, a version above the running one) and installed under ``bundles_dir``; its
 ``on_install`` hands the folder to the hot-swap, which checks shapes/labels/format and
-swaps between frames. Without a signing key every push is refused and counted. At start,
+swaps between frames. With a signing key configured the hot-swap also verifies the
+signature of the watched bundle and of any bundle under ``bundles_dir`` (files on disk
+can change after a push) and keeps ``pin_bundle_version`` (``hotswap.SwapGuard``).
+Without a signing key every push is refused and counted. At start,
 a signed bundle installed under ``bundles_dir`` that is newer than ``bundle_path``'s is
 used instead (a robot restarted after a push keeps the pushed model). Both paths report
 in ``/diagnostics`` as their own statuses ("shipping", "bundle push").
@@ -94,7 +97,7 @@ from thinkmem_ros.link.security import (
     SecurityError,
     load_verify_key,
 )
-from thinkmem_ros.policy.bundle import ONNX_FILE, BundleError, read_manifest
+from thinkmem_ros.policy.bundle import ONNX_FILE, Bundle, BundleError, read_manifest
 from thinkmem_ros.policy.situation import (
     JUMP_BACK_S,
     BufferConfig,
@@ -119,7 +122,13 @@ from thinkmem_ros.robot.diagnostics import (
     build_status,
     gate_status,
 )
-from thinkmem_ros.robot.hotswap import HotSwapper, LoadedPolicy, PolicySlot, load_policy
+from thinkmem_ros.robot.hotswap import (
+    HotSwapper,
+    LoadedPolicy,
+    PolicySlot,
+    SwapGuard,
+    load_policy,
+)
 from thinkmem_ros.robot.msg_fields import extract_stamp, message_class
 from thinkmem_ros.robot.node_config import (
     ACTIVATION_TOPIC,
@@ -137,6 +146,7 @@ from thinkmem_ros.robot.node_config import (
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
 from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
+from thinkmem_ros.robot.shipping_link import _verified as verified_like_a_push
 from thinkmem_ros.robot.spinning import StopSignals, make_executor, spin
 from thinkmem_ros.robot.thinking_gates import (
     GateArtefacts,
@@ -144,6 +154,7 @@ from thinkmem_ros.robot.thinking_gates import (
     ThinkingGates,
     load_gate_artefacts,
 )
+from thinkmem_ros.robot.trust_store import TrustStore, TrustStoreConfig
 
 FrameListener = Callable[[FrameResult], None]
 
@@ -234,6 +245,15 @@ def _finite(pred):
     if not (np.isfinite(pred.probabilities).all() and np.isfinite(pred.embedding).all()):
         raise NonFiniteOutput("the policy answered NaN/inf probabilities or embedding")
     return pred
+
+
+def _verify_installed(bundles_dir: Path, key, folder: Path) -> Bundle:
+    """Verify ``folder`` exactly as a push and a restart verify an installed bundle.
+
+    The trust list is read afresh each time, not kept from the start: pushes may have
+    rotated the signing key since.
+    """
+    return verified_like_a_push(TrustStore(TrustStoreConfig(bundles_dir, key)), folder)
 
 
 MAX_EVENT_CHARS = 256
@@ -366,7 +386,7 @@ class ThinkingNode(Node):
             thresholds=self.config.thresholds, threads=self.config.inference_threads)
         self._swapper = HotSwapper(self._slot, loader, watch=self.config.watch_bundle,
                                    period_s=self.config.watch_period_s,
-                                   on_result=self._on_swap_result)
+                                   on_result=self._on_swap_result, guard=self._swap_guard())
         self._swapper.start()
         if self.config.shipping:
             self._start_shipping(policy)
@@ -424,6 +444,14 @@ class ThinkingNode(Node):
             return load_verify_key(key)
         except SecurityError as exc:
             raise ValueError(f"bundle_signing_public_key: {exc}") from None
+
+    def _swap_guard(self) -> SwapGuard:
+        """Hot-swaps checked as pushes are: signed (with a key configured) and pinned."""
+        verify = None
+        if self._verify_key is not None:
+            verify = functools.partial(_verify_installed, self.config.bundles_folder(),
+                                       self._verify_key)
+        return SwapGuard(verify, self.config.bundles_folder(), self.config.pin_bundle_version)
 
     def _load_with_artefacts(self, path, **kwargs) -> LoadedPolicy:
         """Load a bundle (hot-swap thread) and the value/memctl artefacts beside it."""
