@@ -5,8 +5,11 @@ real FIFO or a real symlink to /dev/zero. These files are read at every start (t
 ``newer_installed_bundle``) and by the consolidator's ``Publisher.current``: a FIFO blocked
 that read forever and /dev/zero filled memory until the process died, so the node never
 started. The promise: the bundle is refused with one ERROR line and the node runs
-``bundle_path``. Cases that blocked or filled memory run in a child process with a memory
-limit and a timeout, so the code before the fix fails the test instead of the machine.
+``bundle_path``. A trust file that is well formed but cannot be this robot's own (a symlink,
+writable by others, or a list no applied endorsement leads to from the configured key) is
+refused with one ERROR line and the configured key alone is trusted. Cases that blocked
+or filled memory run in a child process with a memory limit and a timeout, so the code
+before the fix fails the test instead of the machine.
 """
 
 from __future__ import annotations
@@ -15,26 +18,34 @@ import json
 import logging
 import os
 import resource
+import stat
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import nacl.signing
 import pytest
 from conftest import copy_bundle
 
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError, push_frame
+from thinkmem_ros.link.key_endorsement import endorse, public_hex
 from thinkmem_ros.link.protocol import decode_frame
 from thinkmem_ros.link.security import (
     SIGNATURE_FILE,
     SignatureError,
+    load_signing_key,
     sign_bundle,
     verify_bundle_signature,
     write_signing_keypair,
 )
 from thinkmem_ros.policy.bundle import MANIFEST, load_bundle
-from thinkmem_ros.robot.bundle_receiver import BundleReceiver, BundleReceiverConfig
+from thinkmem_ros.robot.bundle_receiver import (
+    BundleReceiver,
+    BundleReceiverConfig,
+    point_current,
+)
 from thinkmem_ros.robot.node_config import NodeConfig
 from thinkmem_ros.robot.shipping_link import newer_installed_bundle
 from thinkmem_ros.robot.trust_store import (
@@ -204,3 +215,149 @@ def test_an_oversized_trust_file_is_refused_at_its_cap(robot):
     (robot.bundles / TRUST_FILE).write_bytes(b" " * ((1 << 20) + 1))
     with pytest.raises(TrustStoreError, match="larger than"):
         TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
+
+
+# ------------------------------------------------------------ a trust file that is not ours
+def errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def write_trust(bundles: Path, data: dict, mode: int = 0o644) -> Path:
+    path = bundles / TRUST_FILE
+    path.write_text(json.dumps(data))
+    os.chmod(path, mode)
+    return path
+
+
+def rotated(robot) -> tuple[TrustStore, str]:
+    """The trust file as a real rotation writes it: K1 endorses a new key (serial 1)."""
+    new = nacl.signing.SigningKey.generate()
+    store = TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
+    endorsement = endorse(load_signing_key(robot.key), new.verify_key, "add", 1)
+    assert store.apply_chain([endorsement.to_dict()]).applied
+    return store, public_hex(new.verify_key)
+
+
+def load_refused(robot, caplog) -> TrustStore:
+    """Load the store; it must trust the configured key alone and say why in one ERROR line."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        store = TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
+    assert store.trust.keys == (public_hex(robot.pub),) and store.serial == 0
+    lines = errors(caplog)
+    assert len(lines) == 1 and TRUST_FILE in lines[0] and "REFUSED" in lines[0], lines
+    assert store.refused and store.refused in lines[0]
+    assert warnings(caplog) == []  # no "rotated away by endorsement #0"
+    return store
+
+
+def test_a_rotated_trust_file_written_here_is_loaded(robot, caplog):
+    _, new = rotated(robot)
+    assert stat.S_IMODE(os.stat(robot.bundles / TRUST_FILE).st_mode) == 0o644
+    with caplog.at_level(logging.INFO):
+        again = TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
+    assert again.trust.keys == (public_hex(robot.pub), new) and again.serial == 1
+    assert again.refused == "" and errors(caplog) == []
+
+
+@pytest.mark.parametrize("mode, who", [(0o664, "group"), (0o646, "others"),
+                                       (0o666, "group and others")],
+                         ids=["group", "others", "both"])
+def test_a_trust_file_others_may_write_is_refused(robot, caplog, mode, who):
+    rotated(robot)
+    os.chmod(robot.bundles / TRUST_FILE, mode)
+    store = load_refused(robot, caplog)
+    assert f"writable by {who} (mode {mode:o})" in store.refused, store.refused
+    assert f"chmod 644 {robot.bundles / TRUST_FILE}" in store.refused
+
+
+def test_a_symlinked_trust_file_is_refused_and_the_next_endorsement_replaces_it(robot,
+                                                                                caplog):
+    rotated(robot)
+    elsewhere = robot.bundles.parent / "elsewhere.json"
+    (robot.bundles / TRUST_FILE).rename(elsewhere)
+    (robot.bundles / TRUST_FILE).symlink_to(elsewhere)
+    store = load_refused(robot, caplog)
+    assert "symlink" in store.refused and str(elsewhere) in store.refused
+    # an endorsement applied now writes a file of its own over the link, not through it
+    before = elsewhere.read_bytes()
+    other = nacl.signing.SigningKey.generate()
+    assert store.apply_chain([endorse(load_signing_key(robot.key), other.verify_key, "add",
+                                      1).to_dict()]).applied
+    assert not (robot.bundles / TRUST_FILE).is_symlink() and elsewhere.read_bytes() == before
+    assert TrustStore(TrustStoreConfig(robot.bundles, robot.pub)).refused == ""
+
+
+def test_a_trust_file_linked_to_dev_zero_is_refused_and_the_pushed_bundle_runs(robot):
+    """Unread: the configured key still verifies the installed v2, so the node runs it."""
+    (robot.bundles / TRUST_FILE).symlink_to("/dev/zero")
+    argv = [sys.executable, "-c", CHILD, str(robot.bundles), str(robot.v1), str(robot.pub)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                              preexec_fn=_limit_memory, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the node's start blocked for {CHILD_TIMEOUT_S:.0f} s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome == {"path": str(robot.installed.resolve()), "errors": []}, outcome
+    refusals = [line for line in done.stderr.splitlines() if "REFUSED trust list" in line]
+    assert len(refusals) == 1 and "/dev/zero" in refusals[0], done.stderr
+
+
+def unreachable_cases(configured: str, outsider: str) -> dict[str, tuple[dict, str]]:
+    """name: (file contents, words of the refusal) for lists no endorsement leads to."""
+    base = {"format": 1, "configured_key": configured}
+    digest = "ab" * 32
+    return {
+        "serial 0 without the configured key": (
+            {**base, "keys": [outsider], "serial": 0}, "serial 0"),
+        "serial 0 with an extra key": (
+            {**base, "keys": [configured, outsider], "serial": 0}, "serial 0"),
+        "no configured_key recorded": (
+            {"format": 1, "keys": [outsider], "serial": 0}, "does not record the key"),
+        "started from another key": (
+            {**base, "configured_key": outsider, "keys": [outsider], "serial": 1,
+             "applied": [[1, digest]]}, "started from key"),
+        "serial without endorsements": (
+            {**base, "keys": [outsider], "serial": 3, "applied": []}, "do not rise"),
+        "serials that do not rise": (
+            {**base, "keys": [outsider], "serial": 2, "applied": [[2, digest], [2, digest]]},
+            "do not rise"),
+        "more keys than endorsements": (
+            {**base, "keys": [configured, outsider, "cd" * 32], "serial": 1,
+             "applied": [[1, digest]]}, "at most one new key"),
+    }
+
+
+CASES = list(unreachable_cases("a", "b"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_trust_list_no_endorsement_leads_to_is_refused(robot, caplog, case):
+    outsider = public_hex(nacl.signing.SigningKey.generate().verify_key)
+    data, words = unreachable_cases(public_hex(robot.pub), outsider)[case]
+    write_trust(robot.bundles, data)
+    store = load_refused(robot, caplog)
+    assert words in store.refused, store.refused
+
+
+def test_an_outsider_listed_in_a_writable_trust_file_cannot_sign_what_the_node_runs(
+        robot, source_bundle, caplog):
+    """The attack: list your key in a world-writable trust file, install a bundle it signed."""
+    outsider = nacl.signing.SigningKey.generate()
+    evil = copy_bundle(source_bundle, robot.bundles / "v000003", model_version=3)
+    sign_bundle(evil, outsider)
+    point_current(robot.bundles, evil.name)
+    write_trust(robot.bundles, {"format": 1, "keys": [public_hex(outsider.verify_key)],
+                                "serial": 0, "configured_key": public_hex(robot.pub)},
+                mode=0o666)
+    with caplog.at_level(logging.INFO):
+        path = newer_installed_bundle(robot.config, robot.pub, NODE_LOG)
+    assert path == robot.installed.resolve(), path  # v2, signed by the configured key
+    lines = errors(caplog)
+    assert len(lines) == 2, lines  # the refused trust file, then the refused v3
+    assert "writable by group and others" in lines[0] and "does not verify" in lines[1]

@@ -27,13 +27,19 @@ A chain is applied in serial order; each endorsement is
 
 A corrupt trust file raises ``TrustStoreError`` (a ValueError, so the node refuses to
 start naming the file) instead of silently falling back to the configured key, which
-might be one that was revoked. No torch here: this runs on the robot.
+might be one that was revoked. A file that is well formed but cannot be this robot's own
+list is refused with one ERROR line and the configured key alone is trusted (the next
+applied endorsement rewrites the file): a symlink or a file group or others may write
+(anyone could list their own key), and a state no applied endorsements lead to from the
+configured key (``_unreachable``). No torch here: this runs on the robot.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,6 +102,7 @@ class TrustStore:
     def __init__(self, config: TrustStoreConfig) -> None:
         self.config = config
         self.path: Path = config.folder / TRUST_FILE
+        self.refused = ""  # why the trust file was not used ('' when it was, or is absent)
         self.trust = self._load()
         if config.initial_hex not in self.trust.keys:
             log.warning("bundle_signing_public_key %s.. is not in the trust list %s (rotated "
@@ -173,26 +180,52 @@ class TrustStore:
 
     # ---- the file
     def _load(self) -> TrustList:
-        if not self.path.exists():
+        """The saved list; the configured key alone when there is none or it is refused."""
+        try:
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
             return TrustList.starting_with(self.config.initial_hex)
+        except OSError as exc:
+            raise TrustStoreError(f"trust list {self.path}: cannot read: {exc}{_HINT}") from None
+        problem = _unsafe(self.path, mode)
+        if problem:
+            return self._refuse(problem)
+        data, trust = self._read()
+        problem = _unreachable(data, trust, self.config.initial_hex)
+        if problem:
+            return self._refuse(f"{self.path}: {problem}")
+        return trust
+
+    def _read(self) -> tuple[dict, TrustList]:
+        """Parse the file; TrustStoreError naming it when it is unreadable or malformed."""
         where = f"trust list {self.path}"
-        hint = ("; delete it to start over from bundle_signing_public_key (this trusts that "
-                "key again)")
         try:  # capped, no special files: a FIFO here blocked the start, /dev/zero filled memory
             data = json.loads(read_bundle_file(self.path, MAX_CHAIN_FILE_BYTES).decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise TrustStoreError(f"{where}: cannot read: {exc}{hint}") from None
+            raise TrustStoreError(f"{where}: cannot read: {exc}{_HINT}") from None
         except RecursionError:  # damage or a hostile file, not a bug: one line, no traceback
-            raise TrustStoreError(f"{where}: cannot read: JSON nested too deeply{hint}") from None
+            raise TrustStoreError(f"{where}: cannot read: JSON nested too deeply{_HINT}") from None
         if not isinstance(data, dict) or data.get("format") != STORE_FORMAT:
-            raise TrustStoreError(f"{where}: not a format-{STORE_FORMAT} trust list{hint}")
+            raise TrustStoreError(f"{where}: not a format-{STORE_FORMAT} trust list{_HINT}")
         try:
             applied = tuple((int(serial), str(digest))
                             for serial, digest in data.get("applied", []))
-            return TrustList(tuple(str(k).lower() for k in data["keys"]), data["serial"],
-                             applied)
+            return data, TrustList(tuple(str(k).lower() for k in data["keys"]), data["serial"],
+                                   applied)
         except (KeyError, TypeError, ValueError) as exc:
-            raise TrustStoreError(f"{where}: malformed: {exc}{hint}") from None
+            raise TrustStoreError(f"{where}: malformed: {exc}{_HINT}") from None
+
+    def _refuse(self, problem: str) -> TrustList:
+        """Trust the configured key alone and say so once, instead of refusing to start.
+
+        Why not raise as for a corrupt file: this file was not damaged but cannot be ours,
+        and the configured key is the one trust that does not come from it. A push whose
+        chain applies rewrites the file (a regular 0644 file, replacing a link).
+        """
+        self.refused = problem
+        log.error("REFUSED trust list %s; trusting only bundle_signing_public_key %s.. "
+                  "until an endorsement is applied", problem, self.config.initial_hex[:16])
+        return TrustList.starting_with(self.config.initial_hex)
 
     def _save(self, trust: TrustList) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,6 +234,66 @@ class TrustStore:
             "applied": [list(pair) for pair in trust.applied],
             "configured_key": self.config.initial_hex,
             "updated": datetime.now(UTC).isoformat(timespec="seconds")})
+
+
+_HINT = "; delete it to start over from bundle_signing_public_key (this trusts that key again)"
+
+
+def _unsafe(path: Path, mode: int) -> str:
+    """Why the trust file's kind or mode lets others choose the trusted keys ('' if not).
+
+    Why: whoever can write the file, or the file a symlink names, decides which keys sign
+    the bundles this robot runs, with no endorsement at all. ``_save`` writes it 0644.
+    """
+    if stat.S_ISLNK(mode):
+        return (f"{path}: the trust list is a symlink (to {_link_target(path)!r}), so "
+                f"whoever controls its target chooses the signing keys; replace it with a "
+                f"file or delete it")
+    if mode & 0o022:
+        who = " and ".join(w for w, bit in (("group", 0o020), ("others", 0o002)) if mode & bit)
+        return (f"{path}: the trust list file is writable by {who} (mode {mode & 0o777:o}), "
+                f"so it could be replaced; make it 644 (chmod 644 {path})")
+    return ""
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # replaced since the lstat: the message still says it was a link
+        return "?"
+
+
+def _unreachable(data: dict, trust: TrustList, initial_hex: str) -> str:
+    """Why no applied endorsements lead from the configured key to ``trust`` ('' if some may).
+
+    The file records the key it started from, the keys, the serial and the (serial,
+    digest) of each endorsement applied, not the endorsements themselves, so this checks
+    what those allow: the same starting key; with serial 0 (none applied) that key alone;
+    otherwise applied serials that rise to ``serial`` and no more keys than one per
+    endorsement. Why: a serial-0 list naming another key replaced the configured key
+    without any endorsement, and the only sign was a warning that it had been rotated away.
+    """
+    started = data.get("configured_key")
+    if not isinstance(started, str):
+        return "it does not record the key it was started from (configured_key)"
+    if started.lower() != initial_hex:
+        return (f"it was started from key {started[:16]}.., not from "
+                f"bundle_signing_public_key {initial_hex[:16]}..")
+    if trust.serial == 0:
+        if trust.keys != (initial_hex,) or trust.applied:
+            return (f"with serial 0 (no endorsement applied) it must list "
+                    f"bundle_signing_public_key alone, but lists {len(trust.keys)} key(s) "
+                    f"and {len(trust.applied)} applied endorsement(s)")
+        return ""
+    serials = [serial for serial, _ in trust.applied]
+    if (not serials or serials[0] < 1 or serials[-1] != trust.serial
+            or any(b <= a for a, b in zip(serials, serials[1:], strict=False))):
+        return (f"its applied endorsement serials {serials[:8]} do not rise to its serial "
+                f"{trust.serial}")
+    if len(set(trust.keys)) != len(trust.keys) or len(trust.keys) > 1 + len(serials):
+        return (f"it lists {len(trust.keys)} key(s) after {len(serials)} endorsement(s); "
+                f"each adds at most one new key")
+    return ""
 
 
 def log_outcome(outcome: ChainOutcome, logger: logging.Logger | None = None) -> None:
