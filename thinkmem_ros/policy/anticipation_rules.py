@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thinkmem_ros.policy.bundle import read_hashed_artefact
+from thinkmem_ros.policy.bundle import read_artefact_files, verify_artefact
 
 RULES_JSON = "rules.json"
 RULES_META = "rules.meta.json"
@@ -195,8 +195,10 @@ class RuleSet:
     def load(cls, folder: Path | str) -> RuleSet:
         """Read and validate the rules, verifying ``rules.json`` against the recorded sha256."""
         folder = Path(folder)
-        _, raw = read_hashed_artefact(folder, RULES_META, RULES_JSON, ARTEFACT_VERSION,
-                                      RulesArtefactError, "anticipation rules")
+        files = read_artefact_files(folder, (RULES_META, RULES_JSON), RulesArtefactError,
+                                    "anticipation rules")
+        _, raw = verify_artefact(folder, files, RULES_META, RULES_JSON, ARTEFACT_VERSION,
+                                 RulesArtefactError, "anticipation rules")
         try:  # the verified bytes, not a second read of a file that may have changed
             data = json.loads(raw.decode("utf-8"))
         except RecursionError:

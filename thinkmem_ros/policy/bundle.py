@@ -370,30 +370,48 @@ def read_bundle_file(path: Path | str, limit: int = MAX_ARTEFACT_BYTES) -> bytes
     return b"".join(chunks)
 
 
-def read_hashed_artefact(folder: Path | str, meta_name: str, data_name: str, version: int,
-                         error: type[Exception], what: str) -> tuple[dict, bytes]:
-    """Read an artefact's json sidecar and data file, checking its version and sha256.
+def read_artefact_files(folder: Path | str, names: tuple[str, ...], error: type[Exception],
+                        what: str) -> dict[str, bytes]:
+    """{name: bytes} of an artefact's files, each read exactly once.
+
+    Why once: whatever checks the bytes (the sidecar's sha256, a bundle's signed list) must
+    check the bytes that get parsed. ``read_bundle_file`` keeps the size cap and refuses
+    FIFOs and devices; a failure is ``error`` naming the file.
+    """
+    folder = Path(folder)
+    files = {}
+    for name in names:
+        try:
+            files[name] = read_bundle_file(folder / name)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise error(f"{folder / name}: cannot read {what} artefact: {why}") from exc
+    return files
+
+
+def verify_artefact(folder: Path | str, files: dict[str, bytes], meta_name: str,
+                    data_name: str, version: int, error: type[Exception],
+                    what: str) -> tuple[dict, bytes]:
+    """(sidecar, data bytes) of an artefact read into memory, after its version and hash checks.
 
     Value tables, memory-control heads and rules ship beside the ONNX graph as a data file
-    plus a json sidecar (which records the data's hash); every loader must refuse a
-    corrupted, tampered, special or oversized file the same way, so the check lives here.
-    Returns (sidecar, data bytes): loaders parse these verified bytes, never the file
-    again. Raises ``error`` naming the file otherwise.
+    plus a json sidecar that records the data's sha256; every loader must refuse a
+    corrupted or tampered artefact the same way, so the check lives here, once. Both are
+    taken from ``files``, never from disk, so the checked data is the parsed data. Raises
+    ``error`` naming the file otherwise.
     """
     folder = Path(folder)
     path = folder / meta_name
     try:
-        meta = json.loads(read_bundle_file(path).decode("utf-8"))
-        path = folder / data_name
-        raw = read_bundle_file(path)
+        meta = json.loads(files[meta_name].decode("utf-8"))
     except RecursionError:
         raise error(f"{path}: cannot parse JSON: nested too deeply") from None
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError included
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise error(f"{path}: cannot read {what} artefact: {why}") from exc
+    except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError included
+        raise error(f"{path}: cannot read {what} artefact: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("artefact_version") != version:
         found = meta.get("artefact_version") if isinstance(meta, dict) else None
-        raise error(f"{folder / meta_name}: artefact_version {found!r} is not {version}")
+        raise error(f"{path}: artefact_version {found!r} is not {version}")
+    raw = files[data_name]
     if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
         raise error(f"{folder / data_name}: sha256 does not match {meta_name}; "
                     "corrupted or tampered with")

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from thinkmem_ros.policy.bundle import read_npz
-from thinkmem_ros.policy.value_table import read_artefact_files, verify_artefact
+from thinkmem_ros.policy.bundle import read_artefact_files, read_npz, verify_artefact
 
 MEMCTL_NPZ = "memctl.npz"
 MEMCTL_JSON = "memctl.json"

@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.core.vocabulary import SAFETY_LABELS
-from thinkmem_ros.policy.bundle import read_bundle_file, read_npz
+from thinkmem_ros.policy.bundle import read_artefact_files, read_npz, verify_artefact
 
 VALUES_NPZ = "values.npz"
 VALUES_JSON = "values.json"
@@ -577,48 +577,6 @@ class ValueTable:
         self.archived = np.zeros(self.q.shape, dtype=bool)
         self._grace = np.zeros(self.q.shape, dtype=np.int64)
         self.archived[tuple(_archive_pairs(data["archived"], self.q.shape).T)] = True
-
-
-def read_artefact_files(folder: Path, names: tuple[str, ...], error: type[Exception],
-                        what: str) -> dict[str, bytes]:
-    """{name: bytes} of an artefact's files, each read exactly once.
-
-    Why once: whatever checks the bytes (the sidecar's sha256, a bundle's signed list) must
-    check the bytes that get parsed. ``read_bundle_file`` keeps the size cap and refuses
-    FIFOs and devices; a failure is ``error`` naming the file.
-    """
-    files = {}
-    for name in names:
-        try:
-            files[name] = read_bundle_file(folder / name)
-        except OSError as exc:
-            why = exc.strerror or exc
-            raise error(f"{folder / name}: cannot read {what} artefact: {why}") from exc
-    return files
-
-
-def verify_artefact(folder: Path, files: dict[str, bytes], meta_name: str, data_name: str,
-                    version: int, error: type[Exception], what: str) -> tuple[dict, bytes]:
-    """(sidecar, data bytes) of an artefact read into memory, after its version and hash checks.
-
-    The sidecar records the data's sha256; both are taken from ``files``, never from disk,
-    so the checked data is the parsed data. Raises ``error`` naming the file otherwise.
-    """
-    path = folder / meta_name
-    try:
-        meta = json.loads(files[meta_name].decode("utf-8"))
-    except RecursionError:
-        raise error(f"{path}: cannot parse JSON: nested too deeply") from None
-    except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError included
-        raise error(f"{path}: cannot read {what} artefact: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("artefact_version") != version:
-        found = meta.get("artefact_version") if isinstance(meta, dict) else None
-        raise error(f"{path}: artefact_version {found!r} is not {version}")
-    raw = files[data_name]
-    if hashlib.sha256(raw).hexdigest() != meta.get("sha256"):
-        raise error(f"{folder / data_name}: sha256 does not match {meta_name}; "
-                    "corrupted or tampered with")
-    return meta, raw
 
 
 def _archive_pairs(pairs: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
