@@ -145,8 +145,11 @@ from thinkmem_ros.robot.node_config import (
     validate_ros_args,
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
-from thinkmem_ros.robot.shipping_link import ShippingLink, newer_installed_bundle
-from thinkmem_ros.robot.shipping_link import _verified as verified_like_a_push
+from thinkmem_ros.robot.shipping_link import (
+    ShippingLink,
+    newer_installed_bundle,
+    verified_like_a_push,
+)
 from thinkmem_ros.robot.spinning import StopSignals, make_executor, spin
 from thinkmem_ros.robot.thinking_gates import (
     GateArtefacts,

@@ -107,7 +107,7 @@ def _pinned_bundle(folder: Path, pin: int, verify_key, logger) -> Bundle | None:
         return None
     try:
         trust = TrustStore(TrustStoreConfig(folder, verify_key))
-        return _verified(trust, candidate.resolve())
+        return verified_like_a_push(trust, candidate.resolve())
     except (BundleError, ValueError, OSError) as exc:
         logger.error(f"ignoring the installed bundle {candidate}: {exc}")
         return None
@@ -130,7 +130,7 @@ def _current_bundle(folder: Path, verify_key, configured: int, logger) -> Bundle
     except ValueError as exc:  # a corrupt trust file: no installed bundle can be verified
         logger.error(f"ignoring the installed bundle {link}: {exc}")
         return None
-    bundle, problem = intact_installed(folder, functools.partial(_verified, trust))
+    bundle, problem = intact_installed(folder, functools.partial(verified_like_a_push, trust))
     if problem:
         logger.error(f"installed bundle {link} {problem}; "
                      f"{_fallback(folder, bundle, configured)}")
@@ -152,7 +152,7 @@ def _fallback(folder: Path, bundle: Bundle | None, configured: int) -> str:
     return f"{runs}; {CURRENT_LINK} now points to {bundle.path.name}{moved}"
 
 
-def _verified(trust: TrustStore, folder: Path) -> Bundle:
+def verified_like_a_push(trust: TrustStore, folder: Path) -> Bundle:
     """Verify an installed bundle as a push is verified (key chain first, then signature).
 
     A manifest that does not even parse was damaged, not tampered with: no signature was
