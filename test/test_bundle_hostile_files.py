@@ -194,7 +194,7 @@ def test_a_dev_zero_artefact_is_refused_without_reading_it(with_artefacts):
 
 
 def test_a_signed_listing_does_not_read_a_special_file(with_artefacts):
-    """_check_listed hashes the files before the loaders run: the same refusal there."""
+    """_read_signed reads the files it checks against the list: the same refusal there."""
     (with_artefacts / "values.npz").unlink()
     os.symlink("/dev/zero", with_artefacts / "values.npz")
     extras = {"artefacts": {"values.npz": "0" * 64, "values.json": "0" * 64}}

@@ -3,9 +3,9 @@
 Two gaps closed here. An ONNX model may keep tensor values in *external data* files,
 which neither the manifest's sha256 nor the signature covers, and which ONNX Runtime opens
 relative to the process's working directory: such a model is refused before ONNX Runtime
-sees it. And the gate artefacts (values, memory-control probes) are parsed from the very
-bytes that were checked against the signed list, so a file swapped after the check is
-never what gets loaded.
+sees it. And the gate artefacts (values, memory-control probes, anticipation rules) are
+parsed from the very bytes that were checked against the signed list, so a file swapped
+after the check is never what gets loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from thinkmem_ros.policy.anticipation_rules import (
+    RULES_JSON,
+    RULES_META,
+    AnticipationRule,
+    RuleSet,
+)
 from thinkmem_ros.policy.bundle import BundleError, load_bundle, read_manifest, write_bundle
 from thinkmem_ros.policy.memctl_heads import MEMCTL_JSON, MEMCTL_NPZ, MemctlHeads, ProbeHead
 from thinkmem_ros.policy.runtime import PolicyRuntime
@@ -165,6 +171,10 @@ def _heads(sign: float) -> MemctlHeads:
     return MemctlHeads(ProbeHead(sign * np.ones(4), 0.0), ProbeHead(sign * np.ones(4), 0.0))
 
 
+def _rules(thinking: str) -> RuleSet:
+    return RuleSet((AnticipationRule(("A", "B"), "C", thinking, (30.0,), 60.0),))
+
+
 @pytest.fixture
 def signed_and_forged(tmp_path):
     """(bundle folder with genuine artefacts, its signed list, folder of forged ones).
@@ -175,8 +185,10 @@ def signed_and_forged(tmp_path):
     genuine, forged = tmp_path / "bundle", tmp_path / "forged"
     _value_table(1.0).save(genuine)
     _heads(1.0).save(genuine)
+    _rules("consider:C").save(genuine)
     _value_table(-5.0).save(forged)
     _heads(-1.0).save(forged)
+    _rules("consider:forged").save(forged)
     return genuine, artefact_hashes(genuine), forged
 
 
@@ -185,7 +197,7 @@ def _swap_right_after_hashing(monkeypatch, folder: Path, forged: Path) -> None:
     artefact to hash them, the forged pair replaces them on disk, as a local attacker
     winning the race between the signature check and the load would."""
     real = thinking_gates.read_bundle_file
-    pending = [{VALUES_NPZ, VALUES_JSON}, {MEMCTL_NPZ, MEMCTL_JSON}]
+    pending = [{VALUES_NPZ, VALUES_JSON}, {MEMCTL_NPZ, MEMCTL_JSON}, {RULES_JSON, RULES_META}]
     seen: set[str] = set()
 
     def read_then_swap(path, *args, **kwargs):
@@ -214,11 +226,33 @@ def test_artefacts_swapped_after_the_signature_check_are_not_loaded(signed_and_f
     assert (MemctlHeads.load(folder).compress.weights < 0).all()
 
 
+def test_rules_swapped_after_the_signature_check_are_not_loaded(signed_and_forged,
+                                                                monkeypatch):
+    """The rules decide which consider:C labels the robot adds and drops: before the fix
+    the gate hashed rules.json and rules.meta.json, then RuleSet.load read them again and
+    ran a self-consistent forgery swapped in between."""
+    folder, listed, forged = signed_and_forged
+    _swap_right_after_hashing(monkeypatch, folder, forged)
+    arts = load_gate_artefacts(folder, {"artefacts": listed}, embedding_dim=4)
+    assert arts.errors == [], arts.errors
+    assert arts.rules == _rules("consider:C")
+    assert RuleSet.load(folder).labels == ("consider:forged",)  # the swap did happen
+
+
+def test_rules_parse_from_the_bytes_given_not_from_disk(signed_and_forged, tmp_path):
+    folder, _, forged = signed_and_forged
+    files = {name: (folder / name).read_bytes() for name in (RULES_JSON, RULES_META)}
+    for name in files:
+        shutil.copyfile(forged / name, folder / name)
+    assert RuleSet.from_files(folder, files) == _rules("consider:C")
+    assert RuleSet.from_files(tmp_path / "nowhere", files) == _rules("consider:C")
+
+
 def test_forged_artefacts_in_place_before_the_check_are_refused(signed_and_forged):
     folder, listed, forged = signed_and_forged
-    for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON):
+    for name in (VALUES_NPZ, VALUES_JSON, MEMCTL_NPZ, MEMCTL_JSON, RULES_JSON, RULES_META):
         shutil.copyfile(forged / name, folder / name)
     arts = load_gate_artefacts(folder, {"artefacts": listed}, embedding_dim=4)
-    assert arts.table is None and arts.heads is None
-    assert len(arts.errors) == 2 and all("does not match the manifest" in e
+    assert arts.table is None and arts.heads is None and arts.rules is None
+    assert len(arts.errors) == 3 and all("does not match the manifest" in e
                                          for e in arts.errors), arts.errors

@@ -197,19 +197,20 @@ class RuleSet:
         folder = Path(folder)
         files = read_artefact_files(folder, (RULES_META, RULES_JSON), RulesArtefactError,
                                     "anticipation rules")
+        return cls.from_files(folder, files)
+
+    @classmethod
+    def from_files(cls, folder: Path | str, files: dict[str, bytes]) -> RuleSet:
+        """Parse the rules from bytes already read: {rules.meta.json: ..., rules.json: ...}.
+
+        Why: a caller that checked these bytes (against a bundle's signed list) must get
+        the rules those bytes hold; reading the files again would load whatever replaced
+        them meanwhile. ``folder`` only names the files in errors (as ``load``).
+        """
+        folder = Path(folder)
         _, raw = verify_artefact(folder, files, RULES_META, RULES_JSON, ARTEFACT_VERSION,
                                  RulesArtefactError, "anticipation rules")
-        try:  # the verified bytes, not a second read of a file that may have changed
-            data = json.loads(raw.decode("utf-8"))
-        except RecursionError:
-            raise RulesArtefactError(f"{folder / RULES_JSON}: nested too deeply") from None
-        except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
-            raise RulesArtefactError(f"{folder / RULES_JSON}: {exc}") from exc
-        if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
-            raise RulesArtefactError(f"{folder / RULES_JSON}: expected {{'rules': [...]}}")
-        if len(data["rules"]) > MAX_RULES:
-            raise RulesArtefactError(f"{folder / RULES_JSON}: {len(data['rules'])} rules "
-                                     f"exceed {MAX_RULES}")
+        data = _rules_document(raw, folder / RULES_JSON)
         rules = []
         for i, item in enumerate(data["rules"]):
             try:
@@ -221,6 +222,25 @@ class RuleSet:
             return cls(tuple(rules), info if isinstance(info, dict) else {})
         except RulesArtefactError as exc:
             raise RulesArtefactError(f"{folder / RULES_JSON}: {exc}") from None
+
+
+def _rules_document(raw: bytes, source: Path) -> dict:
+    """``{'rules': [...], ...}`` parsed from verified bytes; RulesArtefactError naming ``source``.
+
+    Why the length check before any rule is built: the count bound must hold however large
+    the list, so a file of a million rules is refused without constructing them.
+    """
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise RulesArtefactError(f"{source}: nested too deeply") from None
+    except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError
+        raise RulesArtefactError(f"{source}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise RulesArtefactError(f"{source}: expected {{'rules': [...]}}")
+    if len(data["rules"]) > MAX_RULES:
+        raise RulesArtefactError(f"{source}: {len(data['rules'])} rules exceed {MAX_RULES}")
+    return data
 
 
 class RuleProgress:

@@ -143,12 +143,6 @@ def _read_signed(folder: Path, names: tuple[str, ...], listed: dict) -> dict[str
     return files
 
 
-def _check_listed(folder: Path, names: tuple[str, ...], listed: dict | None) -> None:
-    """Raise ValueError when the manifest lists artefact hashes and a file disagrees."""
-    if listed is not None:
-        _read_signed(folder, names, listed)
-
-
 @dataclass
 class GateArtefacts:
     """What one bundle folder carries besides the policy (any may be None)."""
@@ -193,13 +187,21 @@ def _load_one(out: GateArtefacts, kind: str, load: Callable[[], object]) -> obje
     return None
 
 
+def _load_checked(kind, names: tuple[str, ...], folder: Path, listed: dict | None):
+    """``kind.load(folder)``, or with a signed list ``kind.from_files`` on the checked bytes.
+
+    Why never ``load`` after the check: it would open the files a second time, and a file
+    swapped in between would be loaded although the signature covered the one before it.
+    """
+    if listed is None:
+        return kind.load(folder)
+    return kind.from_files(folder, _read_signed(folder, names, listed))
+
+
 def _load_keyed(kind, names: tuple[str, str], folder: Path, listed: dict | None,
                 width: int | None):
     """Load a value table or probes (``kind``) keyed on embeddings of ``width``."""
-    if listed is None:
-        loaded = kind.load(folder)
-    else:  # parse the bytes the signed list was checked on, never a second read
-        loaded = kind.from_files(folder, _read_signed(folder, names, listed))
+    loaded = _load_checked(kind, names, folder, listed)
     if width is not None and loaded.dim != width:
         raise ValueError(f"{folder / names[0]}: keyed on embeddings of width {loaded.dim}, "
                          f"the policy's are {width}")
@@ -215,8 +217,7 @@ def _load_heads(folder: Path, listed: dict | None, width: int | None) -> MemctlH
 
 
 def _load_rules(folder: Path, listed: dict | None) -> RuleSet:
-    _check_listed(folder, RULES_FILES, listed)
-    return RuleSet.load(folder)
+    return _load_checked(RuleSet, RULES_FILES, folder, listed)
 
 
 def merge_anticipation(active: list[str], held: list[str], covered: frozenset[str] | set[str],
