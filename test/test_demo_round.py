@@ -121,12 +121,15 @@ def test_consolidator_process_start_failure_names_the_reason(tmp_path):
 
 @pytest.fixture(scope="module")
 def round_demo(ros_env, source_bundle, tmp_path_factory):
-    """One short round: 6 + 8 plain missions x 5 s before, 2 x 5 s after, a 2-epoch
+    """One short round: 10 + 8 plain missions x 5 s before, 2 x 5 s after, a 2-epoch
     retrain (with 6 missions alone the rule's first code is in all of them and waits; with
     4 plain ones it was judged in most runs, not all: a clean-clone run on 2026-12-04 had
-    neither its contrast nor its binding testable, and the rule waited)."""
-    config = DemoConfig(out_dir=tmp_path_factory.mktemp("round") / "out", duration_s=70.0,
-                        missions=6, plain_missions=8, after_duration_s=10.0, after_missions=2,
+    neither its contrast nor its binding testable, and the rule waited). 10 rule missions,
+    not 6: the rule's codes keep fixed phases of the mission, so its evidence beyond them
+    is that C comes with A...B, and with 4 rule missions among 14 (C in 4 of the 8 that
+    hold A and B) that is p 0.07, which chance sets of phased codes reach too."""
+    config = DemoConfig(out_dir=tmp_path_factory.mktemp("round") / "out", duration_s=90.0,
+                        missions=10, plain_missions=8, after_duration_s=10.0, after_missions=2,
                         retrain_epochs=2,
                         seed=5, bundle=source_bundle, quiet=True, settle_s=1.0,
                         gate={"f1_tolerance": 1.0, "label_f1_tolerance": 1.0,
