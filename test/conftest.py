@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -206,3 +207,33 @@ def recorded_qos(depth: int):
     volatile = Qos(QosHistory.KEEP_LAST, depth, QosReliability.RELIABLE,
                    QosDurability.VOLATILE, zero, zero, QosLiveliness.AUTOMATIC, zero, False)
     return volatile, volatile._replace(durability=QosDurability.TRANSIENT_LOCAL)
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "the condition"):
+    """Poll ``predicate`` until it returns something truthy and return that; fail the
+    test naming ``what`` when ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_bounded(fn, timeout: float = 10.0):
+    """Run ``fn`` on a daemon thread: (finished, its result or exception). A read that
+    blocks for ever (a FIFO) leaves the thread behind instead of the test."""
+    box: list = []
+
+    def target():
+        try:
+            box.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return (not thread.is_alive()), (box[0] if box else None)
+

@@ -13,13 +13,12 @@ import io
 import json
 import os
 import signal
-import threading
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, run_bounded
 
 from thinkmem_ros.bench.hostile_graphs import hostile_bundle
 from thinkmem_ros.policy import bundle as bundle_module
@@ -78,21 +77,6 @@ def with_artefacts(window_bundle, tmp_path) -> Path:
                 ).save(folder)
     return folder
 
-
-def run_bounded(fn, timeout: float = 10.0):
-    """Run ``fn`` on a daemon thread; (finished, result or exception)."""
-    box: list = []
-
-    def target():
-        try:
-            box.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return (not thread.is_alive()), (box[0] if box else None)
 
 
 def release_fifo(path: Path) -> None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, wait_for
 
 from thinkmem_ros.consolidator.publish import push_frame
 from thinkmem_ros.link.protocol import decode_frame
@@ -26,15 +26,6 @@ rclpy = pytest.importorskip("rclpy")
 from rclpy.parameter import Parameter  # noqa: E402
 
 from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture

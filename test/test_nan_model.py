@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import SpinningPair
+from conftest import SpinningPair, wait_for
 from onnx import helper
 
 from thinkmem_ros.policy.bundle import BundleError
@@ -144,14 +144,6 @@ class Rig(SpinningPair):
         with self.lock:
             return len(self.raw)
 
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := predicate():
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.mark.ros

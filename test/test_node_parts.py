@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, wait_for
 
 from thinkmem_ros.core.vocabulary import SIGNALS
 from thinkmem_ros.policy.bundle import BundleError
@@ -152,14 +152,6 @@ def test_slot_swaps_only_between_frames(source_bundle):
     assert slot.current() == (second, False) and slot.swaps == 1
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
 
 def test_watcher_swaps_replaced_files_and_keeps_old_on_tamper(source_bundle, tmp_path):
     live = copy_bundle(source_bundle, tmp_path / "live")
@@ -209,7 +201,6 @@ def test_diagnostics_report_wait_and_compute_percentiles():
 
 
 def test_frames_carry_their_assembly_time_after_the_newest_sample():
-    import time
 
     from thinkmem_ros.policy.situation import BufferConfig, SituationBuffer
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SpinningPair, copy_bundle
+from conftest import SpinningPair, copy_bundle, wait_for
 
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, push_frame
@@ -214,17 +214,6 @@ from sensor_msgs.msg import Range, Temperature  # noqa: E402
 from std_msgs.msg import Float32, String  # noqa: E402
 
 from thinkmem_ros.robot.node import ThinkingNode  # noqa: E402
-
-
-def wait_for(predicate, timeout: float, what: str):
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def free_port() -> int:

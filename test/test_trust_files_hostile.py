@@ -21,13 +21,12 @@ import resource
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import nacl.signing
 import pytest
-from conftest import copy_bundle
+from conftest import copy_bundle, run_bounded
 
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, PublishError, push_frame
 from thinkmem_ros.link.key_endorsement import endorse, public_hex
@@ -107,21 +106,6 @@ def release_fifo(path: Path) -> None:
     except OSError:
         pass
 
-
-def run_bounded(fn, timeout: float = 10.0):
-    """Run ``fn`` on a daemon thread; (finished, result or exception)."""
-    box: list = []
-
-    def target():
-        try:
-            box.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return (not thread.is_alive()), (box[0] if box else None)
 
 
 def _limit_memory() -> None:
