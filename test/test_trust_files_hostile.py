@@ -112,8 +112,9 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-def start_in_child(robot) -> dict:
-    """``newer_installed_bundle`` as the node's start calls it, in a bounded child process."""
+def start_in_child(robot) -> tuple[dict, str]:
+    """``newer_installed_bundle`` as the node's start calls it, in a bounded child process:
+    its outcome and what it logged."""
     argv = [sys.executable, "-c", CHILD, str(robot.bundles), str(robot.v1), str(robot.pub)]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
@@ -121,7 +122,7 @@ def start_in_child(robot) -> dict:
     except subprocess.TimeoutExpired:
         pytest.fail(f"the node's start blocked for {CHILD_TIMEOUT_S:.0f} s")
     assert done.returncode == 0, done.stderr[-2000:]  # MemoryError: a traceback, exit 1
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 # ------------------------------------------------------------ special signature/manifest files
@@ -130,7 +131,7 @@ def start_in_child(robot) -> dict:
 def test_a_special_installed_file_is_refused_and_the_node_starts(robot, name, kind):
     make_hostile(robot.installed / name, kind)
     try:
-        outcome = start_in_child(robot)
+        outcome, _ = start_in_child(robot)
     finally:
         release_fifo(robot.installed / name)
     assert outcome["path"] is None, outcome  # bundle_path runs
@@ -279,17 +280,10 @@ def test_a_symlinked_trust_file_is_refused_and_the_next_endorsement_replaces_it(
 def test_a_trust_file_linked_to_dev_zero_is_refused_and_the_pushed_bundle_runs(robot):
     """Unread: the configured key still verifies the installed v2, so the node runs it."""
     (robot.bundles / TRUST_FILE).symlink_to("/dev/zero")
-    argv = [sys.executable, "-c", CHILD, str(robot.bundles), str(robot.v1), str(robot.pub)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-                              preexec_fn=_limit_memory, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the node's start blocked for {CHILD_TIMEOUT_S:.0f} s")
-    assert done.returncode == 0, done.stderr[-2000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    outcome, logged = start_in_child(robot)
     assert outcome == {"path": str(robot.installed.resolve()), "errors": []}, outcome
-    refusals = [line for line in done.stderr.splitlines() if "REFUSED trust list" in line]
-    assert len(refusals) == 1 and "/dev/zero" in refusals[0], done.stderr
+    refusals = [line for line in logged.splitlines() if "REFUSED trust list" in line]
+    assert len(refusals) == 1 and "/dev/zero" in refusals[0], logged
 
 
 def unreachable_cases(configured: str, outsider: str) -> dict[str, tuple[dict, str]]:
