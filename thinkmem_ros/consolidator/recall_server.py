@@ -81,8 +81,7 @@ class RecallIndex:
             raise ValueError(f"{e.shape[0]} embeddings for {len(refs)} references")
         if not np.isfinite(e).all():
             raise ValueError("embeddings contain NaN or inf")
-        norms = np.linalg.norm(e, axis=1, keepdims=True)
-        self._pending.append(e / np.maximum(norms, 1e-12))
+        self._pending.append(unit_rows(e))
         self.refs.extend(refs)
 
     def matrix(self) -> np.ndarray:
@@ -100,11 +99,36 @@ class RecallIndex:
             raise ValueError(f"query must be {self.dim} finite values, got shape {q.shape}")
         if not len(self.refs) or k < 1:
             return []
-        scores = self.matrix() @ (q / max(float(np.linalg.norm(q)), 1e-12))
+        scores = self.matrix() @ unit_query(q)
         k = min(k, scores.size)
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
         return [self.refs[i].as_evidence(scores[i]) for i in top]
+
+
+def unit_rows(e: np.ndarray) -> np.ndarray:
+    """Each row of ``e`` scaled to unit length (float64 inside, as ``unit_query``)."""
+    e64 = e.astype(np.float64)
+    peak = np.max(np.abs(e64), axis=1, keepdims=True) if e64.size else np.ones((0, 1))
+    e64 /= np.where(peak > 0, peak, 1.0)
+    norms = np.linalg.norm(e64, axis=1, keepdims=True)
+    return (e64 / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+
+def unit_query(q: np.ndarray) -> np.ndarray:
+    """``q`` scaled to unit length, as float32; zeros stay zeros.
+
+    Why float64: cosine ignores scale, but a float32 norm of a query scaled by 1e20
+    overflows to inf (every score 0, arbitrary rows returned) and one scaled by 1e-25
+    underflows to 0. Dividing by the largest magnitude first keeps every finite float32
+    query within float64's range before the norm is taken.
+    """
+    q64 = q.astype(np.float64)
+    peak = float(np.max(np.abs(q64))) if q64.size else 0.0
+    if peak == 0.0:
+        return np.zeros_like(q, dtype=np.float32)
+    q64 /= peak
+    return (q64 / np.linalg.norm(q64)).astype(np.float32)
 
 
 def index_experiences(experiences: Iterable[Experience], embed: Callable[[list[Experience]],
