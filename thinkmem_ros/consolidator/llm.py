@@ -11,9 +11,12 @@ result unchanged.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -29,6 +32,12 @@ SYSTEM_PROMPT = (
     "consider a possible C') and say whether to keep it. Treat relations as predictive "
     "regularities, not causes. Answer with JSON only: "
     '{"units": [{"pattern": ["A", "B", "C"], "keep": true, "statement": "..."}]}')
+
+# Why 4 MiB: the answer for at most ``max_relations`` relations of <= 500-character statements
+# is tens of KiB even with a verbose model; an endpoint sending more is broken or hostile, and
+# reading it whole held as much memory as it chose to send in the consolidator's process.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+_CHUNK_BYTES = 64 * 1024
 
 
 class LLMError(RuntimeError):
@@ -119,6 +128,8 @@ def _json_object(text: str) -> dict:
         value = json.loads(candidate)
     except json.JSONDecodeError as err:
         raise LLMResponseError(f"response JSON does not parse: {err}") from None
+    except RecursionError:
+        raise LLMResponseError("response JSON is nested too deeply") from None
     if not isinstance(value, dict):
         raise LLMResponseError("response JSON is not an object")
     return value
@@ -150,25 +161,103 @@ def parse_response(response: dict, offered: Sequence[Relation]) -> list[LLMUnit]
 
 
 def chat(messages: list[dict], cfg: LLMConfig) -> dict:
-    """POST to ``{base_url}/chat/completions`` with a timeout; returns the decoded JSON."""
+    """POST to ``{base_url}/chat/completions``; returns the decoded JSON.
+
+    Any failure is an :class:`LLMError` (no complete HTTP answer in time) or an
+    :class:`LLMResponseError` (an answer, but not JSON), so the caller's fallback to the
+    statistics result always applies. ``cfg.timeout_s`` bounds the whole call: urllib's
+    timeout applies to each socket operation, so a server sending its reply one byte at a
+    time kept a 1 s call going for 7 s.
+    """
+    deadline = time.monotonic() + cfg.timeout_s
+    request = _request(messages, cfg)
+    return _decode(_within(deadline, cfg.timeout_s, lambda: _fetch(request, deadline)))
+
+
+def _request(messages: list[dict], cfg: LLMConfig) -> urllib.request.Request:
     payload = json.dumps({"model": cfg.model, "messages": messages,
                           "temperature": cfg.temperature}).encode("utf-8")
     headers = {"Content-Type": "application/json"}
     if cfg.key():
         headers["Authorization"] = f"Bearer {cfg.key()}"
-    request = urllib.request.Request(cfg.base_url.rstrip("/") + "/chat/completions",
-                                     data=payload, headers=headers, method="POST")
+    return urllib.request.Request(cfg.base_url.rstrip("/") + "/chat/completions",
+                                  data=payload, headers=headers, method="POST")
+
+
+def _within(deadline: float, timeout_s: float, fetch):
+    """Run ``fetch`` in a helper thread and wait for it no longer than ``deadline``.
+
+    Why a thread: the status line and headers are read inside ``urlopen``, out of reach of
+    a deadline check, and name resolution has no timeout at all. A helper left behind ends
+    at its own next deadline check or socket timeout; it is a daemon, so it never holds up
+    the process's exit.
+    """
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["raw"] = fetch()
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=work, name="thinkmem-llm", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        raise LLMError(f"LLM endpoint gave no complete answer within {timeout_s} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["raw"]
+
+
+def _fetch(request: urllib.request.Request, deadline: float) -> bytes:
+    """The reply body, with every transport failure turned into an :class:`LLMError`."""
     try:
-        with urllib.request.urlopen(request, timeout=cfg.timeout_s) as reply:
-            raw = reply.read()
+        reply = urllib.request.urlopen(request, timeout=max(0.001, deadline - time.monotonic()))
     except urllib.error.HTTPError as err:
         raise LLMError(f"LLM endpoint answered HTTP {err.code}") from err
-    except (urllib.error.URLError, TimeoutError, OSError) as err:
-        raise LLMError(f"LLM endpoint unreachable: {err}") from err
+    except (urllib.error.URLError, OSError) as err:
+        raise LLMError(f"LLM endpoint unreachable: {_said(err)}") from err
+    except (http.client.HTTPException, ValueError) as err:  # a garbage status line, a bad URL
+        raise LLMError(f"LLM endpoint failed: {_said(err)}") from err
+    with reply:
+        try:
+            return _read_capped(reply, deadline)
+        except (http.client.HTTPException, OSError) as err:  # cut off, reset mid-body
+            raise LLMError(f"LLM endpoint reply broke off: {_said(err)}") from err
+
+
+def _said(err: BaseException) -> str:
+    """The error's type and text on one line: a server's garbage status line ends in CRLF."""
+    return " ".join(f"{type(err).__name__}: {err}".split())[:200]
+
+
+def _read_capped(reply: http.client.HTTPResponse, deadline: float) -> bytes:
+    """Read the body as it arrives, stopping at the deadline or past the size cap.
+
+    ``read1`` returns what one receive brought, so a trickling server is checked against
+    the deadline between arrivals instead of after the whole body.
+    """
+    body = bytearray()
+    while chunk := reply.read1(_CHUNK_BYTES):
+        body += chunk
+        if len(body) > MAX_REPLY_BYTES:
+            raise LLMResponseError(f"endpoint reply exceeds {MAX_REPLY_BYTES} bytes")
+        if time.monotonic() > deadline:
+            raise LLMError("LLM endpoint reply still arriving at the deadline")
+    if reply.length:  # read1 ends quietly where a Content-Length body is cut short
+        raise LLMError(f"LLM endpoint reply ended {reply.length} bytes short of its "
+                       f"Content-Length")
+    return bytes(body)
+
+
+def _decode(raw: bytes) -> dict:
     try:
         return json.loads(raw)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise LLMResponseError(f"endpoint reply is not JSON: {err}") from None
+    except RecursionError:
+        raise LLMResponseError("endpoint reply is JSON nested too deeply") from None
 
 
 def consolidate_with_llm(relations: Sequence[Relation], cfg: LLMConfig,
