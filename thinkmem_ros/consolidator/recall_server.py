@@ -8,7 +8,8 @@ on a ROUTER socket (``RecallServer``); the robot asks through ``robot.recall``.
 Wire (protocol.py kinds RECALL_REQ / RECALL_REP, msgpack maps):
 - RECALL_REQ ``{"id": int, "robot_id": str, "k": int, "embedding": bytes (<f4, d values)}``
 - RECALL_REP ``{"id": int, "items": [{"robot_id", "episode_id", "seq", "stamp", "score",
-  "labels", "reward"}]}``; a bad request gets REFUSED with the reason.
+  "labels", "reward"}]}``; a bad request gets REFUSED ``{"reason": str, "id": int}`` (the
+  id when the request carried one, so the robot can tell which request it answers).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import zmq
 
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.protocol import (
+    MAX_REASON,
     MAX_RECALL_K,
     MAX_RECALL_REQUEST_BYTES,
     Kind,
@@ -211,6 +213,17 @@ def _probe_inputs(runtime) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.zeros((1, runtime.max_events), np.int64))
 
 
+def refusal(reason: str, req_id: object) -> bytes:
+    """A REFUSED frame that names the request it answers (when it had an int id).
+
+    Why: the robot asks again while an earlier request may still be answered, so a
+    refusal without an id that arrived late failed the next request instead of its own.
+    """
+    if type(req_id) is not int:
+        return refused(reason)
+    return encode_frame(Kind.REFUSED, {"reason": reason[:MAX_REASON], "id": req_id})
+
+
 class RecallServer:
     """Answers RECALL_REQ on a ROUTER socket from a background thread."""
 
@@ -244,6 +257,7 @@ class RecallServer:
             self.index = index
 
     def _answer(self, data: bytes) -> bytes:
+        req_id = None
         try:
             frame = decode_frame(data)
             if frame.kind is not Kind.RECALL_REQ:
@@ -260,7 +274,7 @@ class RecallServer:
         except (ProtocolError, ValueError) as exc:
             self.refused += 1
             self._refusal_log(logging.WARNING, "recall request refused: %s", exc)
-            return refused(str(exc))
+            return refusal(str(exc), req_id)
         self.served += 1
         return encode_frame(Kind.RECALL_REP, {"id": req_id, "items": items})
 

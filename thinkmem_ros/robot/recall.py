@@ -60,6 +60,7 @@ class RecallClient:
         self._next_id = 0
         self.timeouts = 0
         self.bad_frames = 0
+        self.stale = 0  # replies and refusals that answered another request (skipped)
 
     def recall(self, embedding: np.ndarray, robot_id: str | None = None) -> list[dict]:
         """Top-k evidence for ``embedding`` within the deadline; raises RecallError otherwise."""
@@ -87,17 +88,31 @@ class RecallClient:
                 log.debug("recall: undecodable frame skipped: %s", exc)
                 remaining_ms = clock.remaining_ms()
                 continue
-            if reply.kind is Kind.REFUSED:
-                raise RecallError(f"recall refused: {reply.body.get('reason')}")
-            if reply.kind is Kind.RECALL_REP and reply.body.get("id") == req_id:
+            if _answers(reply, req_id):
+                if reply.kind is Kind.REFUSED:
+                    raise RecallError(f"recall refused: {reply.body.get('reason')}")
                 return checked_evidence(reply.body.get("items"), self.k)
-            remaining_ms = clock.remaining_ms()  # a stale reply to an earlier request
+            self.stale += 1  # a late answer (or refusal) to an earlier request
+            remaining_ms = clock.remaining_ms()
         self.timeouts += 1
         raise RecallError(f"recall timed out after {self.deadline_s * 1000:.0f} ms")
 
     def close(self) -> None:
         """Close the socket without lingering."""
         self._socket.close(0)
+
+
+def _answers(reply, req_id: int) -> bool:
+    """Tell whether ``reply`` answers request ``req_id`` (a reply or a refusal naming it).
+
+    Why: a refusal of an earlier, timed-out request arriving late failed the request
+    after it; a refusal that names no request cannot be attributed, so it is skipped too
+    (the request then times out, as if that server had not answered).
+    """
+    if reply.kind not in (Kind.RECALL_REP, Kind.REFUSED):
+        return False
+    rid = reply.body.get("id")
+    return type(rid) is int and rid == req_id
 
 
 _EVIDENCE_FIELDS = {"robot_id": str, "episode_id": str, "seq": int, "stamp": float,
