@@ -33,6 +33,22 @@ def _row(unit) -> dict:
             "statement": unit.statement}
 
 
+def _print_json(units, db) -> int:
+    """Print the units as JSON, or refuse in one line what strict JSON cannot carry.
+
+    Why ``allow_nan=False``: json.dumps writes NaN and Infinity, which JSON parsers reject,
+    and the listing would then be unreadable while the exit status said it succeeded.
+    """
+    try:
+        text = json.dumps([_row(u) for u in units], indent=2, allow_nan=False)
+    except ValueError as exc:
+        print(f"thinkmem knowledge: error: {db}: a unit cannot be written as JSON: "
+              f"{one_line(exc)}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the units; exit 2 when the database is missing or cannot be read as one."""
     from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
@@ -55,8 +71,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"thinkmem knowledge: error: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([_row(u) for u in units], indent=2))
-        return 0
+        return _print_json(units, args.db)
     if not units:
         print("no knowledge units")
         return 0

@@ -32,6 +32,7 @@ with the experience store without touching its schema.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -390,9 +391,25 @@ def _json(text: object, name: str, kind: type, item: type | None = None):
     """Decode a JSON column and check its shape: a list of ``item`` or a ``kind``."""
     if not isinstance(text, str):
         raise TypeError(f"{name} is {type(text).__name__}, not JSON text")
-    value = json.loads(text)
+    value = _strict_json(text, name)
     if not isinstance(value, kind) or (item is not None and any(
             isinstance(v, bool) or not isinstance(v, item) for v in value)):
         what = f"a JSON {kind.__name__}" + (f" of {item.__name__}" if item else "")
         raise TypeError(f"{name} must be {what}, got {text[:40]!r}")
     return value
+
+
+def _strict_json(text: str, name: str):
+    """Parse JSON as the standard has it: NaN, Infinity and numbers past a float refused.
+
+    Why: Python's decoder takes the non-standard constants (and reads 1e400 as infinity),
+    and ``thinkmem knowledge list --json`` printed them back as invalid JSON with exit 0.
+    """
+    def refuse(token: str):
+        raise ValueError(f"{name} holds {token}, not a finite JSON number")
+
+    def finite(token: str) -> float:
+        number = float(token)
+        return number if math.isfinite(number) else refuse(token)
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)

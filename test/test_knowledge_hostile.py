@@ -1,0 +1,72 @@
+"""Knowledge rows another program damaged: refused as a malformed unit, never passed on.
+
+Each case writes one real unit into a real SQLite store, overwrites one column, and reads
+it back through the store and through ``thinkmem knowledge list`` in-process: the store
+raises :class:`KnowledgeStoreError` naming the file, the command prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from cli_checks import assert_one_line, run
+
+from thinkmem_ros import cli
+from thinkmem_ros.consolidator.knowledge import (
+    KnowledgeStore,
+    KnowledgeStoreError,
+    KnowledgeUnit,
+)
+
+
+def _knowledge_db(path: Path, **column) -> Path:
+    """A store with one knowledge unit, one column overwritten with a damaged value."""
+    with KnowledgeStore(path) as store:
+        store.save([KnowledgeUnit(pattern=("a", "b", "c"), relation="sequence3",
+                                  constraints={"min_gap": 0.0}, thinking="consider:c",
+                                  confidence=0.9, status="promoted")])
+    with sqlite3.connect(path) as conn:
+        for name, value in column.items():
+            conn.execute(f"UPDATE knowledge_units SET {name} = ?", (value,))
+    return path
+
+
+def _refused(db: Path, capsys, *names: str) -> None:
+    """The store names the file and the problem; both listings are one line with exit 2."""
+    with KnowledgeStore(db, read_only=True) as store, \
+            pytest.raises(KnowledgeStoreError, match="malformed knowledge unit") as caught:
+        store.load()
+    for name in (db.name, *names):
+        assert name in str(caught.value)
+    for extra in ([], ["--json"]):
+        code, err = run(capsys, "knowledge", "list", "--db", db, *extra)
+        assert code == 2, err
+        assert_one_line(code, err, "thinkmem knowledge:", db.name, *names)
+
+
+def test_an_intact_unit_lists_as_strict_json(tmp_path, capsys):
+    db = _knowledge_db(tmp_path / "k.db")
+    assert cli.main(["knowledge", "list", "--db", str(db), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out, parse_constant=_no_constant)
+    assert listed[0]["constraints"] == {"min_gap": 0.0}
+
+
+def _no_constant(token):
+    raise AssertionError(f"the listing holds {token}")
+
+
+# ------------------------------------------------------------------ non-standard numbers
+
+@pytest.mark.parametrize("column", [
+    {"constraints": '{"min_gap": NaN, "max_gap": Infinity}'},
+    {"constraints": '{"max_gap": -Infinity}'},
+    {"constraints": '{"max_gap": 1e400}'},
+    {"history": '[[1, NaN, 0.5, "candidate"]]'},
+], ids=["nan", "minus-infinity", "float-overflow", "history-nan"])
+def test_nan_and_infinity_are_a_malformed_unit(tmp_path, capsys, column):
+    """Python's decoder took them, and ``--json`` printed invalid JSON with exit 0."""
+    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, next(iter(column)),
+             "finite")
