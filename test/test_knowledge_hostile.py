@@ -70,3 +70,33 @@ def test_nan_and_infinity_are_a_malformed_unit(tmp_path, capsys, column):
     """Python's decoder took them, and ``--json`` printed invalid JSON with exit 0."""
     _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, next(iter(column)),
              "finite")
+
+
+# ------------------------------------------------------------------ nesting past the stack
+
+@pytest.mark.parametrize("column", [
+    {"pattern": "[" * 100_000 + "]" * 100_000},
+    {"constraints": '{"a":' * 5_000 + "1" + "}" * 5_000},
+    {"history": "[" * 100_000 + "]" * 100_000},
+], ids=["pattern", "constraints", "history"])
+def test_json_nested_past_the_stack_is_a_malformed_unit(tmp_path, capsys, column):
+    """It was a RecursionError at the command's last net: exit 1, no file or column."""
+    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, next(iter(column)),
+             "nested too deeply")
+
+
+@pytest.fixture
+def signing_key(tmp_path, capsys):
+    assert cli.main(["keys", "--out", str(tmp_path / "keys"), "--name", "c"]) == 0
+    capsys.readouterr()
+    return tmp_path / "keys" / "c.sign.key"
+
+
+def test_consolidator_once_names_the_store_with_deeply_nested_knowledge(tmp_path, capsys,
+                                                                        signing_key):
+    db = _knowledge_db(tmp_path / "deep.db", pattern="[" * 100_000 + "]" * 100_000)
+    code, err = run(capsys, "consolidator", "--once", "--signing-key", signing_key,
+                    "--db", db, "--publish-dir", tmp_path / "pub")
+    assert code == 2, err
+    assert_one_line(code, err, "thinkmem consolidator:", str(db), "pattern",
+                    "nested too deeply")

@@ -412,4 +412,7 @@ def _strict_json(text: str, name: str):
         number = float(token)
         return number if math.isfinite(number) else refuse(token)
 
-    return json.loads(text, parse_constant=refuse, parse_float=finite)
+    try:
+        return json.loads(text, parse_constant=refuse, parse_float=finite)
+    except RecursionError:  # it reached the command's last net, naming no file or column
+        raise ValueError(f"{name} is JSON nested too deeply") from None
