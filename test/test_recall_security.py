@@ -6,8 +6,10 @@ checked) against a ``RecallServer`` over a synthetic index; no model is needed.
 
 from __future__ import annotations
 
+import shutil
 import threading
 
+import consolidator_world as world
 import numpy as np
 import pytest
 import zmq
@@ -17,7 +19,9 @@ from thinkmem_ros.consolidator.recall_server import (
     RecallIndex,
     RecallServer,
 )
+from thinkmem_ros.consolidator.service import ConsolidatorConfig, ConsolidatorService
 from thinkmem_ros.link.protocol import Kind, decode_frame, encode_frame
+from thinkmem_ros.link.security import write_curve_keypair, write_signing_keypair
 from thinkmem_ros.link.sockets import context
 from thinkmem_ros.robot.recall import RecallClient, RecallError
 
@@ -96,3 +100,93 @@ def test_a_late_refusal_of_an_earlier_request_does_not_fail_the_next():
         client.close()
         worker.join(5.0)
         router.close(0)
+
+
+@pytest.fixture
+def fleet_keys(tmp_path):
+    """The consolidator's key pair and an allow-list folder binding r1 and r2 to their keys."""
+    keys = tmp_path / "keys"
+    write_curve_keypair(keys, "server")
+    for robot in ("r1", "r2", "stranger"):
+        public, _ = write_curve_keypair(keys, robot)
+        if robot != "stranger":
+            (keys / "allowed").mkdir(exist_ok=True)
+            shutil.copy(public, keys / "allowed" / f"{robot}.key")
+    return keys
+
+
+def _curve_client(endpoint: str, keys, robot: str, as_robot: str | None = None,
+                  deadline_s: float = 2.0) -> RecallClient:
+    return RecallClient(endpoint, as_robot or robot, deadline_s=deadline_s, k=2, curve="on",
+                        server_public_key=keys / "server.key",
+                        client_secret_file=keys / f"{robot}.key_secret")
+
+
+def test_with_keys_only_allow_listed_robots_asking_in_their_own_name_are_answered(fleet_keys):
+    index, emb = _index(20)
+    with RecallServer(index, server_secret_file=fleet_keys / "server.key_secret",
+                      allowed_clients=fleet_keys / "allowed") as server:
+        assert server.authenticated
+        own = _curve_client(server.endpoint, fleet_keys, "r1")
+        posing = _curve_client(server.endpoint, fleet_keys, "r1", as_robot="r2")
+        stranger = _curve_client(server.endpoint, fleet_keys, "stranger", deadline_s=0.5)
+        plain = RecallClient(server.endpoint, "r1", deadline_s=0.5, k=2, curve="off")
+        try:
+            assert own.recall(emb[4])[0]["seq"] == 4
+            with pytest.raises(RecallError, match="speaks for robot 'r1'"):
+                posing.recall(emb[4])
+            with pytest.raises(RecallError, match="timed out|unreachable"):
+                stranger.recall(emb[4])  # its handshake is refused by ZAP
+            with pytest.raises(RecallError, match="timed out|unreachable"):
+                plain.recall(emb[4])  # no CURVE: no handshake at all
+        finally:
+            for client in (own, posing, stranger, plain):
+                client.close()
+    assert server.served == 1
+
+
+def test_the_consolidator_serves_recall_with_its_receivers_keys(tmp_path, fleet_keys):
+    _, signing = write_signing_keypair(tmp_path / "sign", "c")
+    config = ConsolidatorConfig(db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub",
+                                signing_key=signing, initial_bundle=world.running_bundle(
+                                    tmp_path / "running"),
+                                bind="tcp://127.0.0.1:*", recall_bind="tcp://127.0.0.1:*",
+                                server_secret_file=fleet_keys / "server.key_secret",
+                                allowed_clients=fleet_keys / "allowed")
+    with ConsolidatorService(config) as service:
+        assert service.recall.authenticated
+        dim = service.recall.index.dim
+        client = _curve_client(service.recall.endpoint, fleet_keys, "r2", as_robot="r1")
+        try:
+            with pytest.raises(RecallError, match="speaks for robot 'r2'"):
+                client.recall(np.ones(dim))
+        finally:
+            client.close()
+
+
+def test_a_reachable_recall_endpoint_without_keys_is_refused_at_both_ends(tmp_path):
+    _, signing = write_signing_keypair(tmp_path / "sign", "c")
+    with pytest.raises(ValueError, match="recall_bind"):
+        ConsolidatorConfig(db_path=tmp_path / "c.db", signing_key=signing,
+                           recall_bind="tcp://0.0.0.0:5757")
+    with pytest.raises(RecallError, match="CURVE is required"):
+        RecallClient("tcp://10.0.0.5:5757", "r1")
+
+
+def test_the_robot_asks_with_its_shipping_keys_and_refuses_a_reachable_endpoint_without(
+        fleet_keys):
+    from thinkmem_ros.robot.node_config import NodeConfig
+
+    with pytest.raises(ValueError, match="recall_endpoint: CURVE is required"):
+        NodeConfig(recall_endpoint="tcp://10.0.0.5:5757")
+    with pytest.raises(ValueError, match="go together"):
+        NodeConfig(recall_endpoint="tcp://127.0.0.1:5757",
+                   client_secret_key=str(fleet_keys / "r1.key_secret"))
+    config = NodeConfig(recall_endpoint="tcp://10.0.0.5:5757", robot_id="r1",
+                        server_public_key=str(fleet_keys / "server.key"),
+                        client_secret_key=str(fleet_keys / "r1.key_secret"))
+    client = RecallClient(config.recall_endpoint, config.robot_id, **config.recall_keys())
+    try:
+        assert client.curve
+    finally:
+        client.close()

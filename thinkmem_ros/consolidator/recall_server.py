@@ -34,6 +34,13 @@ from thinkmem_ros.link.protocol import (
     encode_frame,
     refused,
 )
+from thinkmem_ros.link.security import (
+    SecurityError,
+    authorise_clients,
+    load_allow_list,
+    load_curve_keypair,
+    release_domain,
+)
 from thinkmem_ros.link.sockets import RateLimitedLog, context
 
 log = logging.getLogger(__name__)
@@ -225,26 +232,74 @@ def refusal(reason: str, req_id: object) -> bytes:
 
 
 class RecallServer:
-    """Answers RECALL_REQ on a ROUTER socket from a background thread."""
+    """Answers RECALL_REQ on a ROUTER socket from a background thread.
+
+    With ``server_secret_file`` and ``allowed_clients`` the socket is a CURVE server
+    whose ZAP handler admits only the allow-list's keys (``link.security``, as the
+    receiver), and a request is answered only when its ``robot_id`` is the robot its
+    sender's key is bound to: the answers name the fleet's robots, episodes, labels and
+    rewards. ``allowed_clients`` is anything ``load_allow_list`` reads, or a callable
+    returning the allow-list in force (the service passes the receiver's, so an edit the
+    receiver picks up revokes recall too). Without keys nothing is authenticated.
+    """
 
     def __init__(self, index: RecallIndex, endpoint: str = "tcp://127.0.0.1:*",
-                 poll_ms: int = 50) -> None:
+                 poll_ms: int = 50, *, server_secret_file: Path | str | None = None,
+                 allowed_clients: object = None) -> None:
+        if (server_secret_file is None) != (allowed_clients is None):
+            raise SecurityError("recall: CURVE needs both the server key pair and the "
+                                "allow-list")
         self.index = index
         self._lock = threading.Lock()
         # a flood of bad requests must not flood the log: the first, then every 100th
         self._refusal_log = RateLimitedLog(log, 100)
-        self._socket = context().socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        # a request is an embedding and a few ints: anything far bigger is not one, and
-        # ZeroMQ drops its connection before the frame is in memory
-        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REQUEST_BYTES)
-        self._socket.bind(endpoint)
+        self._allow_source = allowed_clients if callable(allowed_clients) else None
+        self._domain = f"thinkmem-recall-{id(self):x}"
+        self._auth = None
+        self._socket = self._bind(endpoint, server_secret_file, allowed_clients)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poll_ms = poll_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="recall-server", daemon=True)
         self.served = 0
         self.refused = 0
+
+    @property
+    def authenticated(self) -> bool:
+        """True when only allow-listed CURVE keys are answered."""
+        return self._auth is not None
+
+    def _bind(self, endpoint: str, secret_file: Path | str | None,
+              allowed: object) -> zmq.Socket:
+        sock = context().socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            # a request is an embedding and a few ints: anything far bigger is not one, and
+            # ZeroMQ drops its connection before the frame is in memory
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REQUEST_BYTES)
+            if secret_file is not None:
+                self._curve_server(sock, secret_file, allowed)
+            sock.bind(endpoint)
+        except BaseException:
+            sock.close(0)
+            self._release()
+            raise
+        return sock
+
+    def _curve_server(self, sock: zmq.Socket, secret_file: Path | str,
+                      allowed: object) -> None:
+        allow = load_allow_list(allowed() if callable(allowed) else allowed)
+        public, secret = load_curve_keypair(secret_file)
+        self._auth = authorise_clients(context(), self._domain, allow, "recall")
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.zap_domain = self._domain.encode()
+        log.info("recall: CURVE on, %d client keys allowed", len(allow.robots))
+
+    def _release(self) -> None:
+        if self._auth is not None:
+            release_domain(context(), self._domain)
 
     def start(self) -> RecallServer:
         """Start serving; returns self."""
@@ -256,7 +311,26 @@ class RecallServer:
         with self._lock:
             self.index = index
 
-    def _answer(self, data: bytes) -> bytes:
+    def _follow_allow_list(self) -> None:
+        """Take the allow-list now in force from the source (a reload revokes keys here too)."""
+        if self._allow_source is None or self._auth is None:
+            return
+        fresh = self._allow_source()
+        if fresh is not None and fresh is not self._auth.allow:
+            self._auth.allow = load_allow_list(fresh)
+
+    def _identity_problem(self, claimed: object, user: str | None) -> str | None:
+        """Why the sender may not ask as ``claimed`` (None: it may, or nothing is checked)."""
+        if self._auth is None:
+            return None
+        bound = self._auth.allow.robot_of(user)
+        if bound is None:
+            return "this key is not (or no longer) on the allow-list"
+        if claimed != bound:
+            return f"this key speaks for robot {bound!r}, not {str(claimed)[:64]!r}"
+        return None
+
+    def _answer(self, data: bytes, user: str | None = None) -> bytes:
         req_id = None
         try:
             frame = decode_frame(data)
@@ -264,6 +338,9 @@ class RecallServer:
                 raise ProtocolError(f"expected RECALL_REQ, got {frame.kind.name}")
             body = frame.body
             req_id, k, raw = body.get("id"), body.get("k"), body.get("embedding")
+            problem = self._identity_problem(body.get("robot_id"), user)
+            if problem:
+                raise ProtocolError(f"RECALL_REQ refused: {problem}")
             if type(req_id) is not int or type(k) is not int or type(raw) is not bytes:
                 raise ProtocolError("RECALL_REQ needs int id, int k, bytes embedding")
             if not 1 <= k <= MAX_RECALL_K or len(raw) % 4:
@@ -281,19 +358,23 @@ class RecallServer:
     def _serve(self) -> None:
         sock = self._socket
         while not self._stop.is_set():
+            self._follow_allow_list()
             if not sock.poll(self._poll_ms, zmq.POLLIN):
                 continue
-            parts = sock.recv_multipart()
+            parts = sock.recv_multipart(copy=False)
             if len(parts) < 2:
                 continue
-            sock.send_multipart([parts[0], self._answer(parts[-1])])
+            # ZAP's User-Id (the sender's Z85 key) travels with every message
+            user = parts[-1].get("User-Id") if self._auth is not None else None
+            sock.send_multipart([parts[0].bytes, self._answer(parts[-1].bytes, user)])
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Stop the thread (bounded wait) and close the socket."""
+        """Stop the thread (bounded wait), close the socket and forget its ZAP domain."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self._socket.close(0)
+        self._release()
 
     def __enter__(self) -> RecallServer:
         return self.start()

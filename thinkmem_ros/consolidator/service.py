@@ -112,7 +112,7 @@ from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
 from thinkmem_ros.link.experience import LIMITS, Experience, check_robot_ids
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
-from thinkmem_ros.link.security import curve_keys_problem
+from thinkmem_ros.link.security import SecurityError, curve_enabled, curve_keys_problem
 from thinkmem_ros.policy.anticipation_rules import RuleSet
 from thinkmem_ros.policy.bundle import load_bundle
 
@@ -190,6 +190,23 @@ class ConsolidatorConfig:
     # round's rules and artefacts instead (``RoundReport.policy``)
     keep_policy_fallback: bool = True
 
+    @property
+    def recall_curve(self) -> bool:
+        """True when recall answers only allow-listed CURVE keys (the receiver's keys)."""
+        return self.server_secret_file is not None and self.allowed_clients is not None
+
+    def _check_recall_curve(self) -> None:
+        """Refuse a recall endpoint others can reach without keys, as the receiver's bind.
+
+        Why: the answers name the fleet's robots, episodes, labels and rewards.
+        """
+        if self.recall_bind is None:
+            return
+        try:
+            curve_enabled(self.curve, self.recall_bind, self.recall_curve)
+        except SecurityError as exc:
+            raise ValueError(f"ConsolidatorConfig.recall_bind: {exc}") from None
+
     def __post_init__(self) -> None:
         self.db_path, self.publish_dir = Path(self.db_path), Path(self.publish_dir)
         if self.signing_key is None:
@@ -205,6 +222,7 @@ class ConsolidatorConfig:
         if self.recall_bind is not None and "://" not in self.recall_bind:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
+        self._check_recall_curve()
         # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
                           ("round_experiences", 0), ("engine_threads", 0),
@@ -349,13 +367,25 @@ class ConsolidatorService:
             on_damaged=self.store_damaged).start()
         if cfg.recall_bind is not None:
             current = self.publisher.current()
-            self.recall = RecallServer(index_store(cfg.db_path, current,
-                                                   limit=cfg.recall_experiences),
-                                       cfg.recall_bind).start()
+            self.recall = RecallServer(
+                index_store(cfg.db_path, current, limit=cfg.recall_experiences),
+                cfg.recall_bind, **self._recall_keys()).start()
             self._recall_version = current.version
             log.info("recall served on %s (%d experiences, embedded by v%d)",
                      self.recall.endpoint, len(self.recall.index), current.version)
         return self
+
+    def _recall_keys(self) -> dict:
+        """The receiver's key pair and allow-list for the recall socket (none: no CURVE).
+
+        The allow-list is the receiver's, read at each turn, so a key revoked by an
+        edit the receiver picked up is refused by recall too.
+        """
+        if not self.config.recall_curve:
+            return {}
+        receiver = self.receiver
+        return {"server_secret_file": self.config.server_secret_file,
+                "allowed_clients": lambda: receiver.allow_list}
 
     def refresh_recall(self) -> bool:
         """Rebuild the recall index when ``current`` moved; True if it was rebuilt.

@@ -478,7 +478,7 @@ class ThinkingNode(Node):
         if cfg.recall_endpoint:
             self._recall = BackgroundRecall(functools.partial(
                 RecallClient, cfg.recall_endpoint, cfg.robot_id, cfg.recall_deadline_s,
-                cfg.recall_k))
+                cfg.recall_k, **cfg.recall_keys()))
         session = f"{cfg.robot_id}-{time.time_ns()}"
         self._gates = ThinkingGates(GateConfig(cfg.value_mode, cfg.value_horizon),
                                     cfg.robot_id, session,

@@ -365,6 +365,28 @@ class NodeConfig:
             problem = connect_endpoint_problem(self.recall_endpoint)
             if problem:
                 raise ValueError(f"recall_endpoint {problem}")
+            self._validate_recall_keys()
+
+    def _validate_recall_keys(self) -> None:
+        """Recall uses the shipping link's CURVE settings: refuse them here, not per request.
+
+        Why: with keys missing or half given the recall client could only fail every
+        request at run time (counted, but recall silently off).
+        """
+        if bool(self.server_public_key) != bool(self.client_secret_key):
+            raise ValueError("server_public_key and client_secret_key go together (recall "
+                             f"uses them too); got server_public_key="
+                             f"{self.server_public_key!r}, client_secret_key="
+                             f"{self.client_secret_key!r}")
+        try:
+            curve_enabled(self.curve, self.recall_endpoint, bool(self.server_public_key))
+        except SecurityError as exc:
+            raise ValueError(f"recall_endpoint: {exc}") from None
+
+    def recall_keys(self) -> dict:
+        """The recall client's CURVE settings: the robot's own keys, as its shipping link."""
+        return {"curve": self.curve, "server_public_key": self.server_public_key or None,
+                "client_secret_file": self.client_secret_key or None}
 
     def _validate_shipping(self, topics: list[str]) -> None:
         _positive_or_zero("feedback_window_s", self.feedback_window_s, upper=3600.0)

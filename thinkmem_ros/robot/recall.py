@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -25,6 +26,12 @@ from thinkmem_ros.link.protocol import (
     ProtocolError,
     decode_frame,
     encode_frame,
+)
+from thinkmem_ros.link.security import (
+    SecurityError,
+    curve_enabled,
+    load_curve_keypair,
+    load_curve_public,
 )
 from thinkmem_ros.link.sockets import context
 
@@ -38,7 +45,15 @@ class RecallError(RuntimeError):
 class RecallClient:
     """Robot-side requester: one outstanding request, a hard deadline, stale replies dropped."""
 
-    def __init__(self, endpoint: str, robot_id: str, deadline_s: float = 0.05, k: int = 4) -> None:
+    def __init__(self, endpoint: str, robot_id: str, deadline_s: float = 0.05, k: int = 4,
+                 *, curve: str = "auto", server_public_key: Path | str | bytes | None = None,
+                 client_secret_file: Path | str | None = None) -> None:
+        """Connect to ``endpoint``; CURVE as the shipping link decides it (``curve_enabled``).
+
+        With CURVE the robot's own key pair (the one it ships with) authenticates it and
+        the consolidator's public key authenticates the server: the consolidator answers
+        only keys on its allow-list, and only in the name of the robot each is bound to.
+        """
         if deadline_s <= 0 or not 1 <= k <= MAX_RECALL_K:
             raise ValueError(f"deadline_s must be > 0 and k in [1, {MAX_RECALL_K}], got "
                              f"{deadline_s}, {k}")
@@ -46,8 +61,13 @@ class RecallClient:
         self.robot_id = robot_id
         self.deadline_s = deadline_s
         self.k = k
+        keys = _curve_keys(curve, endpoint, server_public_key, client_secret_file)
+        self.curve = keys is not None
         self._socket = context().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            self._socket.curve_publickey, self._socket.curve_secretkey, \
+                self._socket.curve_serverkey = keys
         self._socket.setsockopt(zmq.SNDHWM, 4)
         # a reply bigger than any legitimate one (a broken or hostile server) drops the
         # connection unread; the request then times out and the caller keeps its situation
@@ -113,6 +133,26 @@ def _answers(reply, req_id: int) -> bool:
         return False
     rid = reply.body.get("id")
     return type(rid) is int and rid == req_id
+
+
+_SCHEMES = ("tcp", "ipc", "inproc", "ws", "wss")
+
+
+def _curve_keys(curve: str, endpoint: str, server_public_key: Path | str | bytes | None,
+                client_secret_file: Path | str | None) -> tuple[bytes, bytes, bytes] | None:
+    """``(public, secret, server public)`` when CURVE is on; RecallError if keys are bad."""
+    if endpoint.split("://", 1)[0] not in _SCHEMES:
+        return None  # nothing to connect to: connect() says so in its own words
+    try:
+        have = server_public_key is not None and client_secret_file is not None
+        if not curve_enabled(curve, endpoint, have):
+            return None
+        public, secret = load_curve_keypair(client_secret_file)
+        server = (server_public_key if isinstance(server_public_key, bytes)
+                  else load_curve_public(server_public_key))
+    except SecurityError as exc:
+        raise RecallError(f"recall: {exc}") from exc
+    return public, secret, server
 
 
 _EVIDENCE_FIELDS = {"robot_id": str, "episode_id": str, "seq": int, "stamp": float,
