@@ -100,3 +100,45 @@ def test_consolidator_once_names_the_store_with_deeply_nested_knowledge(tmp_path
     assert code == 2, err
     assert_one_line(code, err, "thinkmem consolidator:", str(db), "pattern",
                     "nested too deeply")
+
+
+# ------------------------------------------------------------------ rows that passed silently
+
+@pytest.mark.parametrize("column, names", [
+    ({"relation": "sequence9; DROP"}, ("relation", "sequence3")),
+    ({"relation": "sequence2"}, ("relation", "sequence3")),
+    ({"key": "zzz"}, ("key", "zzz")),
+    ({"history": '[[1, 0.5, 0.5, "promoted"], []]'}, ("history entry",)),
+    ({"history": '[[1, 0.5, "x"]]'}, ("history entry",)),
+    ({"history": '[[true, 0.5, 0.5, "promoted"]]'}, ("history entry",)),
+    ({"history": '[[1, 2.5, 0.5, "promoted"]]'}, ("history entry",)),
+    ({"history": '[[1, 0.5, 0.5, "bogus"]]'}, ("history entry",)),
+], ids=["unknown-kind", "kind-of-another-length", "key", "empty-entry", "short-entry",
+        "bool-round", "support-above-one", "unknown-status"])
+def test_a_row_at_odds_with_itself_is_a_malformed_unit(tmp_path, capsys, column, names):
+    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, *names)
+
+
+def test_the_history_a_round_writes_reads_back(tmp_path):
+    """The checks refuse damage only: a unit's own rounds, demotion included, load intact."""
+    from thinkmem_ros.consolidator.knowledge import KnowledgeConfig
+
+    unit = KnowledgeUnit(pattern=("a", "b"), relation="sequence2", constraints={},
+                         thinking="consider:b")
+    for round_index, support in enumerate((1.0, 1.0, 0.0, 0.0, 0.0)):
+        unit.update(support, round_index, KnowledgeConfig())
+    with KnowledgeStore(tmp_path / "k.db") as store:
+        store.save([unit])
+        assert store.units()["a>b"].history == unit.history
+
+
+def test_a_key_that_disagreed_no_longer_hides_the_better_row(tmp_path):
+    """Why the key is checked: saving the same pattern again added a second row beside the
+    damaged key, and ``units()`` kept the lower-confidence one of the two."""
+    db = _knowledge_db(tmp_path / "k.db", key="zzz")
+    better = KnowledgeUnit(pattern=("a", "b", "c"), relation="sequence3", constraints={},
+                           thinking="consider:c", confidence=0.95, status="promoted")
+    with KnowledgeStore(db) as store:
+        store.save([better])
+        with pytest.raises(KnowledgeStoreError, match="key 'zzz'"):
+            store.units()

@@ -335,7 +335,7 @@ class KnowledgeStore:
             return []
         query = ("SELECT pattern, relation, constraints, thinking, confidence, status, "
                  "experiences, rounds, supported_rounds, last_support, created_round, "
-                 "updated_round, statement, history FROM knowledge_units")
+                 "updated_round, statement, history, key FROM knowledge_units")
         params: tuple = ()
         if status is not None:
             query += " WHERE status = ?"
@@ -362,14 +362,16 @@ class KnowledgeStore:
                 _typed(row[index], int, name)
             _typed(row[9], (int, float), "last_support")
             _typed(row[4], (int, float), "confidence")
-            return KnowledgeUnit(
+            unit = KnowledgeUnit(
                 pattern=tuple(_json(row[0], "pattern", list, str)), relation=row[1],
                 constraints=_json(row[2], "constraints", dict), thinking=row[3],
                 confidence=row[4], status=row[5],
                 experiences=tuple(_json(row[6], "experiences", list, int)), rounds=row[7],
                 supported_rounds=row[8], last_support=row[9], created_round=row[10],
                 updated_round=row[11], statement=row[12],
-                history=[tuple(h) for h in _json(row[13], "history", list, list)])
+                history=_history(row[13]))
+            _consistent(unit, row[14])
+            return unit
         except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
             reason = " ".join(str(exc).split())
             raise KnowledgeStoreError(f"{self.path}: a malformed knowledge unit (pattern "
@@ -378,6 +380,46 @@ class KnowledgeStore:
     def units(self) -> dict[str, KnowledgeUnit]:
         """All units keyed by pattern key, ready for :func:`consolidate`."""
         return {u.key: u for u in self.load()}
+
+
+def _consistent(unit: KnowledgeUnit, key: object) -> None:
+    """Refuse a row whose relation kind or key disagrees with its pattern.
+
+    Why: an unknown kind (``"sequence9; DROP"``) loaded and was listed as knowledge, and a
+    key other than the pattern's made the next save add a second row for the same pattern,
+    of which :meth:`KnowledgeStore.units` then kept the lower-confidence one.
+    """
+    kind = f"sequence{len(unit.pattern)}"
+    if unit.relation != kind:
+        raise ValueError(f"relation {unit.relation[:40]!r} is not {kind!r}, the kind of a "
+                         f"{len(unit.pattern)}-event pattern")
+    if key != unit.key:
+        raise ValueError(f"key {str(key)[:40]!r} is not the pattern's {unit.key[:40]!r}")
+
+
+def _history(text: object) -> list[tuple]:
+    """The unit's rounds, each ``[round, support, confidence, status]`` as ``_after`` wrote it.
+
+    Why each entry is checked: entries of any shape (``[1, NaN, "x"]``, ``[]``) loaded
+    silently and went back into the store at the next save as if a round had written them.
+    """
+    entries = _json(text, "history", list, list)
+    for entry in entries:
+        if not _history_entry(entry):
+            raise ValueError(f"history entry {json.dumps(entry)[:40]} is not "
+                             f"[round, support, confidence, status]")
+    return [tuple(entry) for entry in entries]
+
+
+def _history_entry(entry: list) -> bool:
+    """Whether ``entry`` is [int round, support and confidence in [0, 1], a status]."""
+    if len(entry) != 4:
+        return False
+    round_index, support, confidence, status = entry
+    shares = all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                 for v in (support, confidence))
+    return (isinstance(round_index, int) and not isinstance(round_index, bool) and shares
+            and isinstance(status, str) and status in STATUSES)
 
 
 def _typed(value: object, kind: type | tuple[type, ...], name: str) -> None:
