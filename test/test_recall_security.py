@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 import consolidator_world as world
 import numpy as np
 import pytest
 import zmq
+from conftest import wait_for
 
 from thinkmem_ros.consolidator.recall_server import (
     EpisodeRef,
@@ -190,3 +192,69 @@ def test_the_robot_asks_with_its_shipping_keys_and_refuses_a_reachable_endpoint_
         assert client.curve
     finally:
         client.close()
+
+
+def _flood(endpoint: str, request: bytes, stop: threading.Event, peers: int) -> None:
+    """``peers`` connections that send requests as fast as ZeroMQ takes them, never reading."""
+    socks = []
+    for _ in range(peers):
+        sock = context().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        socks.append(sock)
+    try:
+        while not stop.is_set():
+            for sock in socks:
+                try:
+                    sock.send(request, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            time.sleep(0.0005)
+    finally:
+        for sock in socks:
+            sock.close(0)
+
+
+def test_flooding_peers_do_not_make_a_robots_recall_time_out():
+    index, emb = _index(20_000, dim=448)
+    index.matrix()
+    request = encode_frame(Kind.RECALL_REQ, {"id": 1, "robot_id": "x", "k": 64,
+                                             "embedding": emb[1].tobytes()})
+    with RecallServer(index) as server:
+        stop = threading.Event()
+        flood = threading.Thread(target=_flood, args=(server.endpoint, request, stop, 4),
+                                 daemon=True)
+        flood.start()
+        client = RecallClient(server.endpoint, "r0", deadline_s=0.05, k=4)
+        try:
+            time.sleep(0.3)  # the backlog builds
+            answered = 0
+            for _ in range(20):
+                try:
+                    client.recall(emb[7])
+                    answered += 1
+                except RecallError:
+                    pass
+        finally:
+            stop.set()
+            flood.join(5.0)
+            client.close()
+    assert answered >= 15, f"{answered}/20 answered within 50 ms"
+    assert server.served > 100, server.served
+    assert server.shed > 0
+
+
+def test_a_request_older_than_max_age_is_dropped_unanswered():
+    index, emb = _index(10)
+    with RecallServer(index, max_age_s=0.1) as server:
+        client = RecallClient(server.endpoint, "r0", deadline_s=0.05, k=1)
+        try:
+            with server._lock:  # the server is busy (a slow query) for 0.3 s
+                with pytest.raises(RecallError, match="timed out"):
+                    client.recall(emb[2])
+                time.sleep(0.25)
+            wait_for(lambda: server.expired == 1, 5.0, "the stale request dropped")
+            assert server.served == 0
+            assert client.recall(emb[2])  # the next one, fresh, is answered
+        finally:
+            client.close()

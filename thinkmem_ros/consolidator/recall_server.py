@@ -14,8 +14,10 @@ Wire (protocol.py kinds RECALL_REQ / RECALL_REP, msgpack maps):
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +233,47 @@ def refusal(reason: str, req_id: object) -> bytes:
     return encode_frame(Kind.REFUSED, {"reason": reason[:MAX_REASON], "id": req_id})
 
 
+DEFAULT_MAX_AGE_S = 0.25
+"""Oldest request answered: a robot waits ``recall_deadline_s`` (50 ms by default)."""
+DEFAULT_PEER_QUEUE = 4
+"""Requests one connection may have waiting; beyond it its oldest is shed."""
+_RCVHWM = 16  # requests ZeroMQ holds per connection before the peer's TCP backs up
+_DRAIN_MAX = 1024  # requests read per turn before one per peer is answered
+
+
+class _PeerQueues:
+    """Waiting requests per connection, answered one per connection in turn.
+
+    Why: answered in arrival order, one peer's backlog delayed every other robot by the
+    whole backlog; in turns, a robot waits at most one query per other asking peer.
+    """
+
+    def __init__(self, per_peer: int) -> None:
+        self._per_peer = per_peer
+        self._queues: dict[bytes, collections.deque] = {}
+        self.shed = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def put(self, identity: bytes, item: tuple) -> None:
+        queue = self._queues.setdefault(identity, collections.deque())
+        if len(queue) >= self._per_peer:
+            queue.popleft()  # the newest situation is the one the robot still waits on
+            self.shed += 1
+        queue.append(item)
+
+    def one_each(self) -> list[tuple[bytes, tuple]]:
+        """The oldest request of every waiting connection (removed from its queue)."""
+        out = []
+        for identity in list(self._queues):
+            queue = self._queues[identity]
+            out.append((identity, queue.popleft()))
+            if not queue:
+                del self._queues[identity]
+        return out
+
+
 class RecallServer:
     """Answers RECALL_REQ on a ROUTER socket from a background thread.
 
@@ -245,7 +288,14 @@ class RecallServer:
 
     def __init__(self, index: RecallIndex, endpoint: str = "tcp://127.0.0.1:*",
                  poll_ms: int = 50, *, server_secret_file: Path | str | None = None,
-                 allowed_clients: object = None) -> None:
+                 allowed_clients: object = None, max_age_s: float = DEFAULT_MAX_AGE_S,
+                 peer_queue: int = DEFAULT_PEER_QUEUE) -> None:
+        if max_age_s <= 0 or peer_queue < 1:
+            raise ValueError(f"recall: max_age_s must be > 0 and peer_queue >= 1, got "
+                             f"{max_age_s}, {peer_queue}")
+        self.max_age_s = max_age_s
+        self._queues = _PeerQueues(peer_queue)
+        self.expired = 0
         if (server_secret_file is None) != (allowed_clients is None):
             raise SecurityError("recall: CURVE needs both the server key pair and the "
                                 "allow-list")
@@ -265,6 +315,11 @@ class RecallServer:
         self.refused = 0
 
     @property
+    def shed(self) -> int:
+        """Requests dropped because their connection had ``peer_queue`` waiting."""
+        return self._queues.shed
+
+    @property
     def authenticated(self) -> bool:
         """True when only allow-listed CURVE keys are answered."""
         return self._auth is not None
@@ -277,6 +332,8 @@ class RecallServer:
             # a request is an embedding and a few ints: anything far bigger is not one, and
             # ZeroMQ drops its connection before the frame is in memory
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_RECALL_REQUEST_BYTES)
+            # a flooding peer's excess waits in its own TCP buffers, not in this process
+            sock.setsockopt(zmq.RCVHWM, _RCVHWM)
             if secret_file is not None:
                 self._curve_server(sock, secret_file, allowed)
             sock.bind(endpoint)
@@ -330,7 +387,9 @@ class RecallServer:
             return f"this key speaks for robot {bound!r}, not {str(claimed)[:64]!r}"
         return None
 
-    def _answer(self, data: bytes, user: str | None = None) -> bytes:
+    def _answer(self, data: bytes, user: str | None = None,
+                arrived: float | None = None) -> bytes | None:
+        """The reply to one request; None when it arrived ``max_age_s`` before its turn."""
         req_id = None
         try:
             frame = decode_frame(data)
@@ -346,7 +405,10 @@ class RecallServer:
             if not 1 <= k <= MAX_RECALL_K or len(raw) % 4:
                 raise ProtocolError(f"RECALL_REQ: k {k} outside [1, {MAX_RECALL_K}] "
                                     "or bad embedding")
-            with self._lock:
+            with self._lock:  # the age that counts is the one when the query would run
+                if arrived is not None and time.monotonic() - arrived > self.max_age_s:
+                    self.expired += 1
+                    return None
                 items = self.index.query(np.frombuffer(raw, dtype="<f4"), k)
         except (ProtocolError, ValueError) as exc:
             self.refused += 1
@@ -359,14 +421,37 @@ class RecallServer:
         sock = self._socket
         while not self._stop.is_set():
             self._follow_allow_list()
-            if not sock.poll(self._poll_ms, zmq.POLLIN):
+            if not self._queues and not sock.poll(self._poll_ms, zmq.POLLIN):
                 continue
-            parts = sock.recv_multipart(copy=False)
+            self._drain()
+            for request in self._queues.one_each():
+                self._serve_one(request)
+                self._drain()  # arrival stamps stay within one query of the truth
+
+    def _drain(self) -> None:
+        """Move what has arrived into the per-peer queues, stamped with its arrival."""
+        for _ in range(_DRAIN_MAX):
+            try:
+                parts = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
             if len(parts) < 2:
                 continue
             # ZAP's User-Id (the sender's Z85 key) travels with every message
             user = parts[-1].get("User-Id") if self._auth is not None else None
-            sock.send_multipart([parts[0].bytes, self._answer(parts[-1].bytes, user)])
+            self._queues.put(parts[0].bytes, (time.monotonic(), parts[-1].bytes, user))
+
+    def _serve_one(self, request: tuple[bytes, tuple[float, bytes, str | None]]) -> None:
+        """Answer one queued request, or drop it unanswered when its asker has given up.
+
+        Why: a few peers queueing hundreds of requests made every robot's recall time
+        out behind them; a request older than ``max_age_s`` (about the robot's deadline)
+        is answered to nobody, so its query is not paid for.
+        """
+        identity, (arrived, data, user) = request
+        reply = self._answer(data, user, arrived)
+        if reply is not None:
+            self._socket.send_multipart([identity, reply], zmq.NOBLOCK)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (bounded wait), close the socket and forget its ZAP domain."""

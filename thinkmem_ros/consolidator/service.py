@@ -82,6 +82,7 @@ from thinkmem_ros.consolidator.gate import GateConfig, GateReport
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
 from thinkmem_ros.consolidator.recall_server import (
+    DEFAULT_MAX_AGE_S,
     DEFAULT_RECALL_EXPERIENCES,
     RecallServer,
     index_store,
@@ -163,6 +164,8 @@ class ConsolidatorConfig:
     # the recall index holds the newest this many experiences (0 = every stored one): it
     # is re-embedded by every new bundle and held in memory (~1.8 KB each at d = 448)
     recall_experiences: int = DEFAULT_RECALL_EXPERIENCES
+    # a recall request still waiting this long is dropped unanswered (its robot gave up)
+    recall_max_age_s: float = DEFAULT_MAX_AGE_S
     flush_rows: int = DEFAULT_FLUSH_ROWS  # stored rows that move into the lake (0 = never)
     # experiences a round decodes at most (whole episodes, seeded sample; 0 = every one)
     round_experiences: int = DEFAULT_ROUND_EXPERIENCES
@@ -223,6 +226,9 @@ class ConsolidatorConfig:
             raise ValueError(f"ConsolidatorConfig.recall_bind must look like "
                              f"tcp://host:port, got {self.recall_bind!r}")
         self._check_recall_curve()
+        if not 0 < self.recall_max_age_s <= 60:
+            raise ValueError(f"ConsolidatorConfig.recall_max_age_s must be in (0, 60], got "
+                             f"{self.recall_max_age_s!r}")
         # flush_rows, round_experiences: 0 = off; engine_threads: 0 = automatic
         for name, low in (("flush_rows", 0), ("partitions", 1), ("train_workers", 1),
                           ("round_experiences", 0), ("engine_threads", 0),
@@ -369,7 +375,8 @@ class ConsolidatorService:
             current = self.publisher.current()
             self.recall = RecallServer(
                 index_store(cfg.db_path, current, limit=cfg.recall_experiences),
-                cfg.recall_bind, **self._recall_keys()).start()
+                cfg.recall_bind, max_age_s=cfg.recall_max_age_s,
+                **self._recall_keys()).start()
             self._recall_version = current.version
             log.info("recall served on %s (%d experiences, embedded by v%d)",
                      self.recall.endpoint, len(self.recall.index), current.version)
