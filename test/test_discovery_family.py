@@ -117,12 +117,15 @@ def test_the_checked_cutoff_counts_only_what_passed_every_check():
     assert checked_cutoff(np.zeros(0), 0.02, 1000) == 0.0
 
 
-@pytest.mark.parametrize("seed", [5, 9])
+@pytest.mark.parametrize("seed", [7, 13])
 def test_patterns_the_checks_refuse_do_not_loosen_the_cutoff_for_the_rest(seed):
     """Phased worlds (codes that keep to a phase of the episode) make dozens of phase-ordered
     triples significant that the checks then refuse. Counted by BH, they loosened the
-    cutoff for a chance triple that got through the checks (accepted in these seeds
-    before); counted over what passes, the chance triple is refused and the rules stay."""
+    cutoff for a chance triple that got through the checks; counted over what passes,
+    that triple is above the cutoff (it passed every check, so without the recount it
+    would be accepted) and the rules stay. (Seeds 5 and 9 showed it until the placement
+    check asked each element to be bound in time given presence, or in presence: their
+    chance triples are now refused by that check first.)"""
     w = generate_world(condition_config("phased", repetitions=8),
                        np.random.default_rng([seed, 8, len("phased")]))
     res = discover(_log(w), DiscoveryConfig(), np.random.default_rng(0))
