@@ -50,6 +50,7 @@ from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
 from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, StoreDamaged
 from thinkmem_ros.core.arguments import OneLineParser
+from thinkmem_ros.core.open_files import raise_open_files_limit
 from thinkmem_ros.core.paths import resolve_bundle_path
 from thinkmem_ros.link.receiver import (
     MAX_INBOUND_FRAME_BYTES,
@@ -254,6 +255,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -> int:
     """Bind, print ``READY <endpoint>``, serve until SIGTERM/SIGINT (0); 2 on bad options."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    raise_open_files_limit()  # a socket per connected robot
     try:
         return _start_and_serve(args, prog)
     except KeyboardInterrupt:  # before the stop handlers exist (loading the bundles, ~1-2 s):
@@ -271,12 +273,12 @@ def _start_and_serve(args: argparse.Namespace, prog: str) -> int:
             signal.signal(signum, lambda *_: process.stop())
         process.start()  # opens the store: a bad --db fails here, by name
     except Exception as exc:  # noqa: BLE001 - bad options, keys, bundle, bind, store
-        print(f"{prog}: {option_message(exc, args)}", file=sys.stderr)
+        print(f"{prog}: error: {option_message(exc, args)}", file=sys.stderr)
         return 2
     print(f"READY {process.endpoint}", flush=True)
     process.serve()
     if process.failure is not None:
-        print(f"{prog}: stopped: {process.failure}".splitlines()[0], file=sys.stderr)
+        print(f"{prog}: error: stopped: {process.failure}".splitlines()[0], file=sys.stderr)
         return 2
     log.info("receiver stopped cleanly: %s", process.receiver.stats)
     return 0

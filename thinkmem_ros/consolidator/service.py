@@ -111,6 +111,7 @@ from thinkmem_ros.consolidator.store import (
 from thinkmem_ros.consolidator.trigger import ConsolidationTrigger, TriggerConfig
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.data import SituationSet
+from thinkmem_ros.core.open_files import raise_open_files_limit
 from thinkmem_ros.link.experience import LIMITS, Experience, check_robot_ids
 from thinkmem_ros.link.receiver import ExperienceReceiver, ReceiverConfig
 from thinkmem_ros.link.security import SecurityError, curve_enabled, curve_keys_problem
@@ -1036,6 +1037,7 @@ def run(args: argparse.Namespace) -> int:
     ended in a KeyboardInterrupt traceback and exit 130.
     """
     made: list[ConsolidatorService] = []  # the service, once there is one to close
+    raise_open_files_limit()  # a socket per connected robot, receiver and recall
     try:
         lock, previous = _prepare(args, made)
     except KeyboardInterrupt:  # before the stop handlers exist: as clean as after them
