@@ -34,17 +34,21 @@ def _knowledge_db(path: Path, **column) -> Path:
     return path
 
 
-def _refused(db: Path, capsys, *names: str) -> None:
-    """The store names the file and the problem; both listings are one line with exit 2."""
+def _refusals(db: Path, capsys) -> tuple[str, list[tuple[int, str]]]:
+    """The store's error text, and (exit code, stderr) of both listings."""
     with KnowledgeStore(db, read_only=True) as store, \
             pytest.raises(KnowledgeStoreError, match="malformed knowledge unit") as caught:
         store.load()
-    for name in (db.name, *names):
-        assert name in str(caught.value)
-    for extra in ([], ["--json"]):
-        code, err = run(capsys, "knowledge", "list", "--db", db, *extra)
-        assert code == 2, err
+    return str(caught.value), [run(capsys, "knowledge", "list", "--db", db, *extra)
+                               for extra in ([], ["--json"])]
+
+
+def _names_all(db: Path, message: str, listings, *names: str) -> bool:
+    """The store named the file and the problem; both listings one line with exit 2."""
+    for code, err in listings:
         assert_one_line(code, err, "thinkmem knowledge:", db.name, *names)
+    return (all(name in message for name in (db.name, *names))
+            and all(code == 2 for code, _ in listings))
 
 
 def test_an_intact_unit_lists_as_strict_json(tmp_path, capsys):
@@ -68,8 +72,9 @@ def _no_constant(token):
 ], ids=["nan", "minus-infinity", "float-overflow", "history-nan"])
 def test_nan_and_infinity_are_a_malformed_unit(tmp_path, capsys, column):
     """Python's decoder took them, and ``--json`` printed invalid JSON with exit 0."""
-    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, next(iter(column)),
-             "finite")
+    db = _knowledge_db(tmp_path / "k.db", **column)
+    message, listings = _refusals(db, capsys)
+    assert _names_all(db, message, listings, next(iter(column)), "finite"), message
 
 
 # ------------------------------------------------------------------ nesting past the stack
@@ -81,8 +86,9 @@ def test_nan_and_infinity_are_a_malformed_unit(tmp_path, capsys, column):
 ], ids=["pattern", "constraints", "history"])
 def test_json_nested_past_the_stack_is_a_malformed_unit(tmp_path, capsys, column):
     """It was a RecursionError at the command's last net: exit 1, no file or column."""
-    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, next(iter(column)),
-             "nested too deeply")
+    db = _knowledge_db(tmp_path / "k.db", **column)
+    message, listings = _refusals(db, capsys)
+    assert _names_all(db, message, listings, next(iter(column)), "nested too deeply"), message
 
 
 @pytest.fixture
@@ -116,7 +122,9 @@ def test_consolidator_once_names_the_store_with_deeply_nested_knowledge(tmp_path
 ], ids=["unknown-kind", "kind-of-another-length", "key", "empty-entry", "short-entry",
         "bool-round", "support-above-one", "unknown-status"])
 def test_a_row_at_odds_with_itself_is_a_malformed_unit(tmp_path, capsys, column, names):
-    _refused(_knowledge_db(tmp_path / "k.db", **column), capsys, *names)
+    db = _knowledge_db(tmp_path / "k.db", **column)
+    message, listings = _refusals(db, capsys)
+    assert _names_all(db, message, listings, *names), message
 
 
 def test_the_history_a_round_writes_reads_back(tmp_path):
