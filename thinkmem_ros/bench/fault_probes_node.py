@@ -510,8 +510,12 @@ def probe_sim_clock_backward(ctx: ProbeContext) -> dict:
         pub = obs.publisher(Temperature, "/sensors/temperature")
         stop = threading.Event()
 
+        paused = threading.Event()
+
         def tick() -> None:
             while not stop.wait(0.02):
+                if paused.is_set():
+                    continue
                 sim["now"] += 0.02
                 try:
                     clock.publish(Clock(clock=sim_stamp()))
@@ -533,8 +537,17 @@ def probe_sim_clock_backward(ctx: ProbeContext) -> dict:
             errors0 = obs.counter("input_errors")
             from builtin_interfaces.msg import Time
 
-            clock.publish(Clock(clock=Time(sec=-5, nanosec=0)))  # a broken simulator
-            counted = obs.wait(lambda: obs.counter("input_errors") > errors0, 5.0)
+            # rclpy's /clock subscription keeps only the last message, best effort: the
+            # ticks stop while the broken simulator's message goes out (again, until the
+            # node has seen one) so that a loaded node cannot have it overwritten unread.
+            paused.set()
+            counted = False
+            for _ in range(25):
+                clock.publish(Clock(clock=Time(sec=-5, nanosec=0)))  # a broken simulator
+                if obs.wait(lambda: obs.counter("input_errors") > errors0, 0.2):
+                    counted = True
+                    break
+            paused.clear()
             time.sleep(1.0)
             survived = node.proc.poll() is None and obs.wait(
                 lambda: _temperature_fresh(obs), 5.0)
