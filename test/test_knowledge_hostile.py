@@ -119,8 +119,13 @@ def test_consolidator_once_names_the_store_with_deeply_nested_knowledge(tmp_path
     ({"history": '[[true, 0.5, 0.5, "promoted"]]'}, ("history entry",)),
     ({"history": '[[1, 2.5, 0.5, "promoted"]]'}, ("history entry",)),
     ({"history": '[[1, 0.5, 0.5, "bogus"]]'}, ("history entry",)),
+    ({"pattern": json.dumps([f"e{i}" for i in range(500)])}, ("pattern", "500 events")),
+    ({"pattern": json.dumps(["a", "b", "E" * 10_000])}, ("pattern", "not a name")),
+    ({"pattern": '["a", "b", "c; rm"]'}, ("pattern", "not a name")),
+    ({"pattern": '["a", "b", "a"]'}, ("pattern", "repeats")),
 ], ids=["unknown-kind", "kind-of-another-length", "key", "empty-entry", "short-entry",
-        "bool-round", "support-above-one", "unknown-status"])
+        "bool-round", "support-above-one", "unknown-status", "500-events", "huge-name",
+        "name-no-record-carries", "repeated-event"])
 def test_a_row_at_odds_with_itself_is_a_malformed_unit(tmp_path, capsys, column, names):
     db = _knowledge_db(tmp_path / "k.db", **column)
     message, listings = _refusals(db, capsys)

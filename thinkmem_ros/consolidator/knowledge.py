@@ -48,6 +48,7 @@ from thinkmem_ros.consolidator.discovery import (
 from thinkmem_ros.consolidator.store import not_a_store
 from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.core.vocabulary import DISCOVERED_PREFIX
+from thinkmem_ros.link.experience import LIMITS, valid_name
 
 STATUSES: tuple[str, ...] = ("candidate", "promoted", "demoted", "retired")
 SCHEMA_VERSION = 1
@@ -70,6 +71,10 @@ class KnowledgeConfig:
                 "need 0 <= retire_below <= demote_below <= promote_at <= 1, got "
                 f"retire_below={self.retire_below}, demote_below={self.demote_below}, "
                 f"promote_at={self.promote_at}")
+
+
+RELATION_LENGTHS = (2, 3)
+"""Events in a pattern discovery can find: pairs A...B and triples A...B...C."""
 
 
 @dataclass
@@ -387,8 +392,20 @@ def _consistent(unit: KnowledgeUnit, key: object) -> None:
 
     Why: an unknown kind (``"sequence9; DROP"``) loaded and was listed as knowledge, and a
     key other than the pattern's made the next save add a second row for the same pattern,
-    of which :meth:`KnowledgeStore.units` then kept the lower-confidence one.
+    of which :meth:`KnowledgeStore.units` then kept the lower-confidence one. A pattern of
+    any length or of names no record can carry (a 10,000-character code, 500 codes) loaded
+    too, and only the round's rules export refused it, after retraining, with no word of
+    which row.
     """
+    if len(unit.pattern) not in RELATION_LENGTHS:
+        raise ValueError(f"a pattern of {len(unit.pattern)} events (discovery finds "
+                         f"{' or '.join(map(str, RELATION_LENGTHS))})")
+    bad = next((code for code in unit.pattern if not valid_name(code)), None)
+    if bad is not None:
+        raise ValueError(f"event {str(bad)[:40]!r} is not a name the robot's records carry "
+                         f"(1..{LIMITS['max_name']} of A-Z a-z 0-9 _ . : - /)")
+    if len(set(unit.pattern)) != len(unit.pattern):
+        raise ValueError("an event repeats within the pattern")
     kind = f"sequence{len(unit.pattern)}"
     if unit.relation != kind:
         raise ValueError(f"relation {unit.relation[:40]!r} is not {kind!r}, the kind of a "

@@ -68,6 +68,17 @@ _BUDGET_FROM_BYTES = 32 * 1024
 _ID_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
 _SHA_RE = re.compile(r"(|[0-9a-f]{64})")
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` can travel as an event or label name in a record.
+
+    One rule for every place that holds names the wire carries (the robot's episode
+    history, the consolidator's knowledge units), so a name kept in one is never refused
+    by another.
+    """
+    return (type(name) is str and 0 < len(name) <= LIMITS["max_name"]
+            and _NAME_RE.fullmatch(name) is not None)
 _SIGNAL_SET_ERROR = ("signal_set: expected '' or the bundle's signal-set fingerprint "
                      "(64 lowercase hex characters)")
 _MAX_INT64 = 2**63 - 1

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import secrets
 import threading
 import time
@@ -53,13 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
-from thinkmem_ros.link.experience import LIMITS, Experience, ExperienceError
+from thinkmem_ros.link.experience import LIMITS, Experience, ExperienceError, valid_name
 from thinkmem_ros.robot.activation import FrameResult
 
 log = logging.getLogger(__name__)
-
-_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-/]+")
-
 
 BOOT_ID_CHARS = 17
 """Length of a generated boot id: 10 digits of seconds, '-', 6 hex digits."""
@@ -123,7 +119,7 @@ def parse_feedback(text: str) -> Feedback:
             raise FeedbackError("feedback.required: expected a list of at most "
                                 f"{LIMITS['max_labels']} labels")
         for label in required:
-            if not _valid_name(label):
+            if not valid_name(label):
                 raise FeedbackError(f"feedback.required: bad label {_short(label)}")
         required = tuple(dict.fromkeys(required))
     reward = data.get("reward")
@@ -152,11 +148,6 @@ def _short(value: object) -> str:
     """The repr of a refused value, cut so a log line stays one line."""
     text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _valid_name(name: object) -> bool:
-    return (isinstance(name, str) and 0 < len(name) <= LIMITS["max_name"]
-            and _NAME_RE.fullmatch(name) is not None)
 
 
 @dataclass
@@ -277,7 +268,7 @@ class ExperienceBuilder:
             if name == EPISODE_START_EVENT:
                 self._rotate_pending = True
                 return
-            if not _valid_name(name):
+            if not valid_name(name):
                 self._counters.events_invalid += 1
                 return
             self._counters.events += 1
