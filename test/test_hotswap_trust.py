@@ -181,7 +181,8 @@ def test_without_a_signing_key_a_local_unsigned_bundle_still_hot_swaps(source_bu
 
 @pytest.mark.ros
 def test_the_node_refuses_an_edited_installed_bundle_and_keeps_running(
-        ros_env, source_bundle, tmp_path, keys):
+        ros_env, source_bundle, tmp_path, keys, capfd, caplog):
+    """Refused once, in one line naming the version kept, and the old policy runs on."""
     v1 = copy_bundle(source_bundle, tmp_path / "v1", model_version=1)
     installed = install(source_bundle, tmp_path, keys)
     context = rclpy.Context()
@@ -201,6 +202,12 @@ def test_the_node_refuses_an_edited_installed_bundle_and_keeps_running(
             running = node._slot.peek()
             assert running.version == 2 and float(running.thresholds.max()) < 1.0
             assert node.health().bundle_error == node._bundle_error  # /diagnostics: WARN
+            time.sleep(0.3)  # several more polls of the unchanged, still refused folder
+            said = [line for line in capfd.readouterr().err.splitlines()
+                    if "bundle refused" in line]
+            assert len(said) == 1 and "keeping version 2" in said[0], said
+            # the swapper leaves the saying to the node: it used to log the refusal again
+            assert not [r for r in caplog.records if "refused" in r.getMessage()]
         finally:
             node.destroy_node()
     finally:

@@ -323,6 +323,20 @@ def test_a_trust_list_no_endorsement_leads_to_is_refused(robot, caplog, case):
     assert words in store.refused, store.refused
 
 
+def test_a_refused_trust_file_is_said_once_however_often_it_is_read(robot, caplog):
+    """The node reads the list at start (twice) and again per hot swap; each read logged
+    the same REFUSED line, so a robot's log repeated it at every swap."""
+    rotated(robot)
+    os.chmod(robot.bundles / TRUST_FILE, 0o666)
+    first = load_refused(robot, caplog)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = [TrustStore(TrustStoreConfig(robot.bundles, robot.pub)) for _ in range(3)]
+    assert errors(caplog) == []
+    assert all(store.refused == first.refused for store in again)
+    assert all(store.trust.keys == (public_hex(robot.pub),) for store in again)
+
+
 def test_an_outsider_listed_in_a_writable_trust_file_cannot_sign_what_the_node_runs(
         robot, source_bundle, caplog):
     """The attack: list your key in a world-writable trust file, install a bundle it signed."""

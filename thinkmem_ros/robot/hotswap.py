@@ -14,7 +14,6 @@ signature check as a push before it is loaded, and keeps ``pin_bundle_version``.
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
@@ -33,8 +32,6 @@ from thinkmem_ros.policy.bundle import (
     load_bundle,
     signal_set_fingerprint,
 )
-
-LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -299,8 +296,7 @@ class HotSwapper(threading.Thread):
                 raise BundleError(f"{path}: version {policy.version} is older than the "
                                   f"running version {running.version}")
         except Exception as exc:  # noqa: BLE001 - any failure must leave the old policy running
-            self.error = str(exc)
-            LOG.error("bundle %s refused, keeping version %s: %s", path, running.version, exc)
+            self.error = str(exc)  # said once, by on_result (the node logs it to /rosout)
             self._on_result(None, self.error)
             return
         self._path = path

@@ -857,7 +857,8 @@ class ThinkingNode(Node):
         if policy is not None and self._shipping is not None:
             self._shipping.on_swapped(policy)
         if error:
-            self.get_logger().error(f"bundle refused, keeping the running one: {error}")
+            self.get_logger().error(f"bundle refused, keeping version "
+                                    f"{self._slot.peek().version}: {error}")
 
     # -- diagnostics ------------------------------------------------------------------------
     def _totals(self) -> dict[str, int]:

@@ -61,6 +61,8 @@ from thinkmem_ros.link.security import SecurityError
 from thinkmem_ros.policy.bundle import MAX_MANIFEST_BYTES, Bundle, read_bundle_file
 
 log = logging.getLogger(__name__)
+_REFUSALS_SAID: set[tuple[str, str]] = set()
+"""Trust-file refusals already logged by this process: each is said once, not per read."""
 
 TRUST_FILE = "trusted_signing_keys.json"
 STORE_FORMAT = 1
@@ -223,8 +225,11 @@ class TrustStore:
         chain applies rewrites the file (a regular 0644 file, replacing a link).
         """
         self.refused = problem
-        log.error("REFUSED trust list %s; trusting only bundle_signing_public_key %s.. "
-                  "until an endorsement is applied", problem, self.config.initial_hex[:16])
+        said = (problem, self.config.initial_hex)
+        if said not in _REFUSALS_SAID:  # the node reads the list afresh at start and per swap
+            _REFUSALS_SAID.add(said)
+            log.error("REFUSED trust list %s; trusting only bundle_signing_public_key %s.. "
+                      "until an endorsement is applied", problem, self.config.initial_hex[:16])
         return TrustList.starting_with(self.config.initial_hex)
 
     def _save(self, trust: TrustList) -> None:
