@@ -14,6 +14,7 @@ import consolidator_world as world
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from conftest import wait_for
 
 from thinkmem_ros.consolidator.recall_server import (
@@ -194,12 +195,20 @@ def test_the_robot_asks_with_its_shipping_keys_and_refuses_a_reachable_endpoint_
         client.close()
 
 
-def _flood(endpoint: str, request: bytes, stop: threading.Event, peers: int) -> None:
-    """``peers`` connections that send requests as fast as ZeroMQ takes them, never reading."""
+def _flood(endpoint: str, request: bytes, stop: threading.Event, peers: int,
+           keys=None) -> None:
+    """``peers`` connections that send requests as fast as ZeroMQ takes them, never reading.
+
+    With ``keys`` every connection is CURVE with robot r1's key pair.
+    """
     socks = []
     for _ in range(peers):
         sock = context().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            sock.curve_serverkey = zmq.auth.load_certificate(keys / "server.key")[0]
+            sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(
+                keys / "r1.key_secret")
         sock.connect(endpoint)
         socks.append(sock)
     try:
@@ -241,6 +250,37 @@ def test_flooding_peers_do_not_make_a_robots_recall_time_out():
             client.close()
     assert answered >= 15, f"{answered}/20 answered within 50 ms"
     assert server.served > 100, server.served
+    assert server.shed > 0
+
+
+def test_one_key_flooding_over_many_connections_gets_one_turn_not_one_per_connection(
+        fleet_keys):
+    """An allow-listed key may open as many connections as it likes; turns go per key."""
+    index, emb = _index(20_000, dim=448)
+    index.matrix()
+    request = encode_frame(Kind.RECALL_REQ, {"id": 1, "robot_id": "r1", "k": 64,
+                                             "embedding": emb[1].tobytes()})
+    with RecallServer(index, server_secret_file=fleet_keys / "server.key_secret",
+                      allowed_clients=fleet_keys / "allowed") as server:
+        stop = threading.Event()
+        flood = threading.Thread(target=_flood, args=(server.endpoint, request, stop, 40,
+                                                      fleet_keys), daemon=True)
+        flood.start()
+        client = _curve_client(server.endpoint, fleet_keys, "r2", deadline_s=0.05)
+        try:
+            wait_for(lambda: server.served > 50, 10.0, "the flood answered")
+            answered = 0
+            for _ in range(20):
+                try:
+                    client.recall(emb[7])
+                    answered += 1
+                except RecallError:
+                    pass
+        finally:
+            stop.set()
+            flood.join(5.0)
+            client.close()
+    assert answered >= 15, f"{answered}/20 answered within 50 ms"
     assert server.shed > 0
 
 

@@ -236,16 +236,19 @@ def refusal(reason: str, req_id: object) -> bytes:
 DEFAULT_MAX_AGE_S = 0.25
 """Oldest request answered: a robot waits ``recall_deadline_s`` (50 ms by default)."""
 DEFAULT_PEER_QUEUE = 4
-"""Requests one connection may have waiting; beyond it its oldest is shed."""
+"""Requests one asker (a robot's key; a connection without keys) may have waiting; beyond
+it its oldest is shed."""
 _RCVHWM = 16  # requests ZeroMQ holds per connection before the peer's TCP backs up
 _DRAIN_MAX = 1024  # requests read per turn before one per peer is answered
 
 
 class _PeerQueues:
-    """Waiting requests per connection, answered one per connection in turn.
+    """Waiting requests per asker, answered one per asker in turn.
 
     Why: answered in arrival order, one peer's backlog delayed every other robot by the
-    whole backlog; in turns, a robot waits at most one query per other asking peer.
+    whole backlog; in turns, a robot waits at most one query per other asking peer. With
+    keys the asker is the key, not the connection: one allow-listed key opening 40
+    connections took 40 turns for each one of another robot's and made its recall time out.
     """
 
     def __init__(self, per_peer: int) -> None:
@@ -256,21 +259,21 @@ class _PeerQueues:
     def __bool__(self) -> bool:
         return bool(self._queues)
 
-    def put(self, identity: bytes, item: tuple) -> None:
-        queue = self._queues.setdefault(identity, collections.deque())
+    def put(self, asker: bytes, item: tuple) -> None:
+        queue = self._queues.setdefault(asker, collections.deque())
         if len(queue) >= self._per_peer:
             queue.popleft()  # the newest situation is the one the robot still waits on
             self.shed += 1
         queue.append(item)
 
     def one_each(self) -> list[tuple[bytes, tuple]]:
-        """The oldest request of every waiting connection (removed from its queue)."""
+        """The oldest request of every waiting asker (removed from its queue)."""
         out = []
-        for identity in list(self._queues):
-            queue = self._queues[identity]
-            out.append((identity, queue.popleft()))
+        for asker in list(self._queues):
+            queue = self._queues[asker]
+            out.append((asker, queue.popleft()))
             if not queue:
-                del self._queues[identity]
+                del self._queues[asker]
         return out
 
 
@@ -316,7 +319,7 @@ class RecallServer:
 
     @property
     def shed(self) -> int:
-        """Requests dropped because their connection had ``peer_queue`` waiting."""
+        """Requests dropped because their asker had ``peer_queue`` waiting."""
         return self._queues.shed
 
     @property
@@ -439,16 +442,18 @@ class RecallServer:
                 continue
             # ZAP's User-Id (the sender's Z85 key) travels with every message
             user = parts[-1].get("User-Id") if self._auth is not None else None
-            self._queues.put(parts[0].bytes, (time.monotonic(), parts[-1].bytes, user))
+            identity = parts[0].bytes
+            asker = identity if user is None else user.encode()
+            self._queues.put(asker, (time.monotonic(), parts[-1].bytes, user, identity))
 
-    def _serve_one(self, request: tuple[bytes, tuple[float, bytes, str | None]]) -> None:
+    def _serve_one(self, request: tuple[bytes, tuple[float, bytes, str | None, bytes]]) -> None:
         """Answer one queued request, or drop it unanswered when its asker has given up.
 
         Why: a few peers queueing hundreds of requests made every robot's recall time
         out behind them; a request older than ``max_age_s`` (about the robot's deadline)
         is answered to nobody, so its query is not paid for.
         """
-        identity, (arrived, data, user) = request
+        _, (arrived, data, user, identity) = request
         reply = self._answer(data, user, arrived)
         if reply is not None:
             self._socket.send_multipart([identity, reply], zmq.NOBLOCK)
