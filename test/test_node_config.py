@@ -91,9 +91,21 @@ def test_bad_signal_source_names_the_parameter(source, key):
         NodeConfig(signal_map=signal_map)
 
 
-def test_signals_must_not_share_topics():
-    signal_map = dict(DEFAULT_SIGNAL_MAP, load=DEFAULT_SIGNAL_MAP["current"])
-    with pytest.raises(ValueError, match="share topics"):
+def test_signals_may_share_a_topic_of_one_type():
+    """Speed and yaw rate from one Odometry: one topic, two fields, no republisher."""
+    odom = "nav_msgs/msg/Odometry"
+    signal_map = dict(DEFAULT_SIGNAL_MAP,
+                      current=SignalSource("/odom", odom, "twist.twist.linear.x"),
+                      load=SignalSource("odom", odom, "twist.twist.angular.z"))
+    config = NodeConfig(signal_map=signal_map)
+    assert config.signal_map["load"].field == "twist.twist.angular.z"
+
+
+def test_signals_reading_one_topic_as_two_types_are_refused():
+    signal_map = dict(DEFAULT_SIGNAL_MAP,
+                      load=SignalSource("/sensors/current", "sensor_msgs/msg/Imu",
+                                        "angular_velocity.z"))
+    with pytest.raises(ValueError, match="'current' and 'load' read topic.*one type"):
         NodeConfig(signal_map=signal_map)
 
 

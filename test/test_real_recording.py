@@ -69,7 +69,7 @@ def test_training_on_the_whole_recording_exits_cleanly(tmp_path, capsys):
     assert load_bundle(out).manifest.frame_rate_hz == 10.0
 
 
-def test_adapters_calibrate_train_play_labels(tmp_path, capsys):
+def test_adapters_calibrate_train_play_labels(tmp_path, capsys, ros_env):
     pytest.importorskip("torch")
     from thinkmem_ros import cli
 
@@ -105,6 +105,11 @@ def test_adapters_calibrate_train_play_labels(tmp_path, capsys):
     sources = {name: node_config.source_from_entry(name, entry)
                for name, entry in entries.items()}
     assert {n: s.adapter.unit for n, s in sources.items()} == m.signal_units
+    # ... and starts on it with real rclpy: speed and yaw rate share the odometry topic,
+    # vibration and gyro the IMU's, one subscription each (it refused to start before)
+    subscribed = _node_topics(PARAMS, out)
+    assert sorted(subscribed) == ["/husky_velocity_controller/odom", "/imu/data",
+                                  "/sensors/events"], subscribed
     # calibrate the recording against the bundle trained for it: nothing to warn about
     args = argparse.Namespace(bag=str(BAG), params=str(PARAMS), bundle=str(out), json=None)
     assert calibrate.main(args) == 0
@@ -120,3 +125,22 @@ def test_adapters_calibrate_train_play_labels(tmp_path, capsys):
     prevalence = truth.mean()
     assert scores["f1"] > 2 * prevalence / (1 + prevalence) + 0.05, scores
     assert predicted.any(axis=0).all()  # every label fires somewhere in the tail
+
+
+def _node_topics(params: Path, bundle: Path) -> list[str]:
+    """Topics the thinking node subscribes to, started as the robot starts it."""
+    import rclpy
+
+    from thinkmem_ros.robot.node import ThinkingNode
+
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        node = ThinkingNode(context=context, cli_args=[
+            "--ros-args", "--params-file", str(params), "-p", f"bundle_path:={bundle}"])
+        try:
+            return [sub.topic_name for sub in node._subs]
+        finally:
+            node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)

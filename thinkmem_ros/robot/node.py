@@ -142,6 +142,7 @@ from thinkmem_ros.robot.node_config import (
     ParamSpec,
     check_parameter_names,
     signal_params,
+    topic_key,
     validate_ros_args,
 )
 from thinkmem_ros.robot.recall import BackgroundRecall, RecallClient
@@ -283,6 +284,29 @@ def _input_callback(method: Callable) -> Callable:
 DRAIN_MAX = 64
 """Samples of one topic handled per executor wake-up at most, so a flooded topic cannot
 hold back timers and the other topics for long."""
+
+
+Readers = tuple[tuple[int, SignalAdapter], ...]
+"""(signal index in the bundle's order, its adapter) for every signal one topic carries."""
+
+
+def _readers_by_topic(signal_map: dict, signals: tuple[str, ...]
+                      ) -> list[tuple[tuple[str, ...], Readers]]:
+    """One subscription's worth per topic: the signals it carries and their readers.
+
+    Why one subscription per topic, not per signal: speed and yaw rate come from one
+    Odometry, two numbers from one IMU; a robot's own topics had to be split by a
+    republisher before. Signals absent by design are masked and never subscribed.
+    """
+    groups: dict[str, tuple[list[str], list]] = {}
+    for index, name in enumerate(signals):
+        src = signal_map[name]
+        if src.absent:
+            continue
+        names, readers = groups.setdefault(topic_key(src.topic), ([], []))
+        names.append(name)
+        readers.append((index, src.reader()))
+    return [(tuple(names), tuple(readers)) for names, readers in groups.values()]
 
 
 def _due(timer) -> bool:
@@ -592,16 +616,14 @@ class ThinkingNode(Node):
     def _subscribe(self, policy: LoadedPolicy) -> None:
         qos = _qos(self.config)
         self._subs = []
-        for index, name in enumerate(policy.signals):
-            src = self.config.signal_map[name]
-            if src.absent:
-                continue  # absent by design: masked, never subscribed
+        for names, readers in _readers_by_topic(self.config.signal_map, policy.signals):
+            src = self.config.signal_map[names[0]]
             events = SubscriptionEventCallbacks(
-                incompatible_qos=functools.partial(self._on_incompatible_qos, name))
+                incompatible_qos=functools.partial(self._on_incompatible_qos, names))
             holder: list = []  # the subscription, for the callback to drain its queue
             holder.append(self.create_subscription(
                 message_class(src.msg_type), src.topic,
-                functools.partial(self._on_samples, index, src.reader(), holder), qos,
+                functools.partial(self._on_samples, readers, holder), qos,
                 event_callbacks=events))
             self._subs.append(holder[0])
         if self.config.events_topic:
@@ -647,20 +669,23 @@ class ThinkingNode(Node):
         except Exception as exc:  # noqa: BLE001 - rcl calls this; it must not raise
             self.get_logger().error(f"time jump handling failed: {exc}")
 
-    def _on_incompatible_qos(self, signal: str, info) -> None:
-        """A publisher on ``signal``'s topic whose QoS can never match ours (rclpy event)."""
+    def _on_incompatible_qos(self, signals: tuple[str, ...], info) -> None:
+        """A publisher on the ``signals``' topic whose QoS can never match ours (rclpy event)."""
         try:
             policy = getattr(info.last_policy_kind, "name", str(info.last_policy_kind))
             policy = policy.removeprefix("RMW_QOS_POLICY_")  # 'RELIABILITY', as users say it
-            self._qos_incompatible[signal] = (int(info.total_count), policy)
+            for signal in signals:
+                self._qos_incompatible[signal] = (int(info.total_count), policy)
             self.get_logger().warning(
-                f"{signal}: {info.total_count} publisher(s) with incompatible QoS "
+                f"{', '.join(signals)}: {info.total_count} publisher(s) with incompatible QoS "
                 f"({policy}); set qos to match them", throttle_duration_sec=10.0)
         except Exception as exc:  # noqa: BLE001 - rcl calls this; it must not raise
             self._input_error("incompatible_qos", exc)
 
-    def _on_samples(self, index: int, adapter: SignalAdapter, holder: list, msg) -> None:
+    def _on_samples(self, readers: Readers, holder: list, msg) -> None:
         """Handle ``msg``, then whatever else this topic has queued (up to ``DRAIN_MAX``).
+
+        Every signal read from this topic (``readers``) takes its number from each message.
 
         The SingleThreadedExecutor (``executor: single``) hands over one message per
         wake-up and rebuilds its wait set (every subscription, timer, service and event
@@ -671,7 +696,8 @@ class ThinkingNode(Node):
         cost a timer query and an empty take per sample.
         Draining stops as soon as the frame timer is due, so frames keep their rate.
         """
-        self._on_sample(index, adapter, msg)
+        for index, adapter in readers:
+            self._on_sample(index, adapter, msg)
         if not self.drain_queued:
             return
         for _ in range(DRAIN_MAX - 1):
@@ -680,7 +706,8 @@ class ThinkingNode(Node):
             queued = _take(holder[0])
             if queued is None:
                 return
-            self._on_sample(index, adapter, queued)
+            for index, adapter in readers:
+                self._on_sample(index, adapter, queued)
 
     @_input_callback
     def _on_sample(self, index: int, adapter: SignalAdapter, msg) -> None:

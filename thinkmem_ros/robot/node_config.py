@@ -337,19 +337,17 @@ class NodeConfig:
         if all(src.absent for src in self.signal_map.values()):
             raise ValueError(f"every signal ({sorted(self.signal_map)}) is declared absent; "
                              "at least one must be read")
-        topics = [_topic_key(src.topic) for src in self.signal_map.values() if not src.absent]
-        dup = sorted({t for t in topics if topics.count(t) > 1})
-        if dup:
-            raise ValueError(f"signals share topics {dup}; each signal needs its own topic")
-        if self.events_topic and _topic_key(self.events_topic) in topics:
+        topics = [topic_key(src.topic) for src in self.signal_map.values() if not src.absent]
+        _one_type_per_topic(self.signal_map)
+        if self.events_topic and topic_key(self.events_topic) in topics:
             raise ValueError(f"events_topic {self.events_topic!r} is also a signal topic")
-        outputs = {_topic_key(t) for t in (ACTIVATION_TOPIC, PROBABILITIES_TOPIC,
+        outputs = {topic_key(t) for t in (ACTIVATION_TOPIC, PROBABILITIES_TOPIC,
                                            DIAGNOSTICS_TOPIC, EVIDENCE_TOPIC)}
         for what, topic in ([("events_topic", self.events_topic),
                              ("feedback_topic", self.feedback_topic)]
                             + [(f"signals.{n}.topic", src.topic)
                                for n, src in self.signal_map.items() if not src.absent]):
-            if topic and _topic_key(topic) in outputs:  # the node would read itself
+            if topic and topic_key(topic) in outputs:  # the node would read itself
                 raise ValueError(f"{what} {topic!r} is one of the node's own outputs")
         self._validate_shipping(topics)
         self._validate_memory()
@@ -398,8 +396,8 @@ class NodeConfig:
         _integer("spool_max_mb", self.spool_max_mb, 1)
         _integer("pin_bundle_version", self.pin_bundle_version, 0)
         _choice("curve", self.curve, CURVE_MODES)
-        if self.feedback_topic and _topic_key(self.feedback_topic) in (
-                *topics, _topic_key(self.events_topic)):
+        if self.feedback_topic and topic_key(self.feedback_topic) in (
+                *topics, topic_key(self.events_topic)):
             raise ValueError(f"feedback_topic {self.feedback_topic!r} is also an input topic")
         endpoint = self.consolidator_endpoint
         if not endpoint:
@@ -625,7 +623,24 @@ def _integer(key: str, value: Any, minimum: int) -> None:
         raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
 
 
-def _topic_key(topic: str) -> str:
+def _one_type_per_topic(signal_map: dict[str, SignalSource]) -> None:
+    """Refuse two signals that read one topic as different message types.
+
+    Signals may share a topic (speed and yaw rate from one Odometry, two numbers of one
+    IMU): the node subscribes once and reads every signal from each message. A topic
+    carries one type, so two types on it mean a wrong ``type`` parameter.
+    """
+    seen: dict[str, tuple[str, str]] = {}
+    for name, src in signal_map.items():
+        if src.absent:
+            continue
+        first = seen.setdefault(topic_key(src.topic), (name, src.msg_type))
+        if first[1] != src.msg_type:
+            raise ValueError(f"signals {first[0]!r} and {name!r} read topic {src.topic!r} as "
+                             f"{first[1]} and {src.msg_type}; one topic carries one type")
+
+
+def topic_key(topic: str) -> str:
     """Compare topics as a node without a namespace resolves them ('/a/b' == 'a/b')."""
     return topic.lstrip("/")
 
