@@ -812,18 +812,33 @@ def _per_file_messages(reader, conns: list, start: int | None) -> list[Iterator]
     before the previous one ends (a clock step or jitter at the split, or files listed out
     of order) would go backwards in time; ``ros2 bag play`` orders across files by time,
     and so does merging these. ``DirectoryReader.messages`` on a one-file view keeps
-    rosbags' own connection matching and per-message decompression for each file.
+    rosbags' per-message decompression for each file; it is handed that file's own
+    connections (``_file_connections``), never metadata.yaml's.
     """
     from rosbags.rosbag2.reader import DirectoryReader
 
     directory = reader.storage
-    storages = list(getattr(directory, "storages", ()))
-    if not isinstance(directory, DirectoryReader) or len(storages) < 2:
+    if not isinstance(directory, DirectoryReader):
         return [reader.messages(connections=conns, start=start)]
     conns = conns or directory.connections  # as Reader.messages: none means every one
     return [DirectoryReader.messages(  # type: ignore[arg-type]
-        SimpleNamespace(storages=[one], metadata=directory.metadata), conns, start)
-        for one in storages]
+        SimpleNamespace(storages=[one], metadata=directory.metadata),
+        _file_connections(one, conns), start) for one in directory.storages]
+
+
+def _file_connections(storage, conns: list) -> list:
+    """The storage file's own connections of the topics and types in ``conns``.
+
+    rosbags pairs a file's connections with metadata.yaml's only when their QoS text is
+    equal, yet rosbag2 writes the two apart and they differ (its own test fixtures
+    'talker' and 'convert_a': metadata.yaml says ``history: 1``, the storage file
+    ``history: keep_last``), and a topic recorded from publishers of several QoS has one
+    entry in metadata.yaml but a connection each in an MCAP file: unpaired, every message
+    of such a connection was skipped and the bag called damaged. A topic and its type
+    are what ``ros2 bag play`` goes by.
+    """
+    wanted = {(conn.topic, conn.msgtype) for conn in conns}
+    return [conn for conn in storage.connections if (conn.topic, conn.msgtype) in wanted]
 
 
 DISTRO_STORES = {"foxy": "ROS2_FOXY", "galactic": "ROS2_GALACTIC", "humble": "ROS2_HUMBLE",

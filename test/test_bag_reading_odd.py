@@ -1,0 +1,68 @@
+"""Bags that rosbag2 itself reads but the bag paths once refused or misread.
+
+Real files written with ``rosbags``' writers, then shaped as real tools leave them: a
+metadata.yaml whose QoS text differs from the QoS stored in the storage file (as in
+ros2/rosbag2's own test fixtures), a lone ``.mcap`` file, a folder of complete ``.mcap``
+files without metadata.yaml, and a pre-Iron sqlite3 bag of a type installed nowhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from test_bag_hostile import RATE, START_NS, float64, params, rules, speed, train
+
+from thinkmem_ros import cli
+from thinkmem_ros.playback.bag_files import BagStream, checked_bag_info
+
+N = int(40 * RATE)  # messages of a 40 s bag (training holds out a 15 s stretch)
+
+OTHER_QOS = ("- history: 1\n  depth: 10\n  reliability: 1\n  durability: 2\n"
+             "  deadline:\n    sec: 0\n    nsec: 0\n  lifespan:\n    sec: 0\n    nsec: 0\n"
+             "  liveliness: 1\n  liveliness_lease_duration:\n    sec: 0\n    nsec: 0\n"
+             "  avoid_ros_namespace_conventions: false")
+"""A QoS profile as an older rosbag2 wrote it into metadata.yaml (history and liveliness
+as numbers), other than the one rosbags' writer stores in the storage file."""
+
+
+def speed_bag(path: Path, storage: str = "mcap") -> Path:
+    """``/x`` (std_msgs/msg/Float64) at ``RATE`` for 40 s, written with rosbags' writer."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    with Writer(path, version=9, storage_plugin=plugin) as writer:
+        conn = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store)
+        for k in range(N):
+            writer.write(conn, START_NS + round(k * 1e9 / RATE), float64(store, speed(k)))
+    return path
+
+
+def with_metadata_qos(bag: Path, qos_text: str) -> Path:
+    """Rewrite the QoS text of every topic in ``bag``'s metadata.yaml (storage untouched)."""
+    meta_file = bag / "metadata.yaml"
+    meta = yaml.safe_load(meta_file.read_text())
+    for topic in meta["rosbag2_bagfile_information"]["topics_with_message_count"]:
+        topic["topic_metadata"]["offered_qos_profiles"] = qos_text
+    meta_file.write_text(yaml.safe_dump(meta))
+    return bag
+
+
+# --- metadata.yaml's QoS text differs from the storage file's ------------------------------
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_a_bag_whose_metadata_qos_differs_from_its_storage_reads_whole(tmp_path, storage,
+                                                                        capsys):
+    """rosbags pairs a storage file's connections with metadata.yaml's only when their
+    QoS is equal: such a bag (ros2/rosbag2's own 'talker' and 'convert_a' fixtures) read
+    0 messages and was called 'damaged: read 0 of the 400 messages'."""
+    bag = with_metadata_qos(speed_bag(tmp_path / "b", storage), OTHER_QOS)
+    info = checked_bag_info(bag)
+    assert info.topics == {"/x": ("std_msgs/msg/Float64", N)}
+    assert sum(1 for _ in BagStream(bag)) == N
+    assert cli.main(["bag", "info", str(bag)]) == 0
+    assert f"messages: {N}" in capsys.readouterr().out
+    assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
