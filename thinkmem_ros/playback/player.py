@@ -17,6 +17,9 @@ messages, a package left out): by default that is an error naming the type and t
 ``--skip-unknown`` flag; with ``skip_unknown`` those topics are left out with one warning
 naming them and everything else plays. A ROS 1 ``.bag`` is converted to a temporary
 rosbag2 first (``bag_files.convert_ros1``), so it plays like any recording.
+
+With ``clock_hz`` (``--clock``) the player's /clock is the one clock: a recorded /clock
+(sim time, ``record -a``) is left out, and ``play_bag`` says so in one line.
 """
 
 from __future__ import annotations
@@ -131,6 +134,10 @@ class PlayStats:
     per_topic: dict[str, int] = field(default_factory=dict)
     signal: int | None = None  # the signal that stopped playback (play_bag), if any
     skipped: dict[str, str] = field(default_factory=dict)  # topic -> type not installed
+    clock_left_out: bool = False  # the recorded /clock was not played (--clock replaces it)
+
+
+CLOCK_LEFT_OUT = "recorded /clock left out: --clock publishes the clock"
 
 
 def _message_class(msgtype: str) -> type:
@@ -173,6 +180,7 @@ class BagPlayer:
                 if types.setdefault(msg.topic, msg.msgtype) != msg.msgtype:
                     raise BagError(f"topic {msg.topic} carries two types: "
                                    f"{types[msg.topic]} and {msg.msgtype}")
+        clock_left_out = _leave_out_recorded_clock(types, config)
         classes: dict[str, type] = {}
         unknown: dict[str, str] = {}
         for topic, kind in types.items():
@@ -198,7 +206,8 @@ class BagPlayer:
             _publisher_qos(config.qos_depth, *recorded.get(topic, (RecordedQos(), 0))))
             for topic in types}
         self._clock_pub = self._clock_publisher(qos) if config.clock_hz is not None else None
-        self.stats = PlayStats(per_topic={topic: 0 for topic in types}, skipped=unknown)
+        self.stats = PlayStats(per_topic={topic: 0 for topic in types}, skipped=unknown,
+                               clock_left_out=clock_left_out)
 
     def _clock_publisher(self, qos):
         """The /clock publisher, once the played time range fits builtin_interfaces/Time."""
@@ -343,6 +352,24 @@ def _clock_time(bag_ns: int) -> tuple[int, int]:
     return sec, nanosec
 
 
+def _leave_out_recorded_clock(types: dict[str, str], config: PlayConfig) -> bool:
+    """Drop a recorded /clock from ``types`` when the player publishes its own; True if so.
+
+    A recording made in simulation or with ``record -a`` holds /clock, usually another
+    time base than the message stamps (sim seconds from 0 beside epoch stamps). Played
+    beside the player's clock, a node on sim time saw time jump back and forth on every
+    tick. With --clock the player's clock is the one clock; without it the recorded /clock
+    plays as recorded (how a user replays sim time). BagError when nothing else is left.
+    """
+    if config.clock_hz is None or types.pop("/clock", None) is None:
+        return False
+    if not types:
+        raise BagError("nothing to play: the selection holds only the recorded /clock, "
+                       "which --clock replaces with the player's own; play it without "
+                       "--clock")
+    return True
+
+
 def _check_topic_names(names: dict[str, str]) -> None:
     """BagError naming each recorded topic whose published name is no ROS 2 topic name.
 
@@ -458,6 +485,8 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
                 node = rclpy.create_node(node_name)
                 player = BagPlayer(node, source, config)
                 players.append(player)
+                if player.stats.clock_left_out:  # said here once, where the user reads it
+                    print(CLOCK_LEFT_OUT, flush=True)
                 if caught:
                     player.stop()
                 try:

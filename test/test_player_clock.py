@@ -1,0 +1,102 @@
+"""``thinkmem bag play`` and the clock: a recorded /clock beside ``--clock``, over real DDS."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import spinning_node
+
+pytestmark = pytest.mark.ros
+
+ROOT = Path(__file__).resolve().parent.parent
+START_NS = 1_700_000_000 * 10**9  # message stamps: wall time, as a robot records them
+RATE_HZ = 10.0
+COUNT = 20  # 2 s of recording
+WAIT = ("--wait-for-subscribers", "30", "--delay", "0.3")  # nothing lost to discovery
+
+
+@pytest.fixture(scope="module")
+def ros(ros_env):
+    with spinning_node("player_clock_test", ros_env["ROS_DOMAIN_ID"]) as node:
+        yield node
+
+
+def _sim_clock_bag(path: Path) -> Path:
+    """A ``record -a``-like rosbag2: /chatter and a /clock of sim seconds from 0."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    types = store.types
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        chatter = writer.add_connection("/chatter", "std_msgs/msg/String", typestore=store)
+        clock = writer.add_connection("/clock", "rosgraph_msgs/msg/Clock", typestore=store)
+        for k in range(COUNT):
+            t = START_NS + round(k * 1e9 / RATE_HZ)
+            sim = round(k * 1e9 / RATE_HZ)
+            writer.write(clock, t, bytes(store.serialize_cdr(types["rosgraph_msgs/msg/Clock"](
+                clock=types["builtin_interfaces/msg/Time"](sec=sim // 10**9,
+                                                           nanosec=sim % 10**9)),
+                "rosgraph_msgs/msg/Clock")))
+            writer.write(chatter, t, bytes(store.serialize_cdr(
+                types["std_msgs/msg/String"](data=f"m{k}"), "std_msgs/msg/String")))
+    return path
+
+
+def _play(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "thinkmem_ros.cli", "bag", "play", *args],
+                          env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _clock_heard(ros, env: dict[str, str], *args: str):
+    """(/clock values in ns, /chatter texts, the finished command) of one playback.
+
+    /chatter is subscribed too: the player waits for a subscriber on every played topic.
+    """
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from rosgraph_msgs.msg import Clock
+    from std_msgs.msg import String
+
+    heard: list[int] = []
+    chatter: list[str] = []
+    qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+    subs = [ros.create_subscription(
+        Clock, "/clock", lambda m: heard.append(m.clock.sec * 10**9 + m.clock.nanosec), qos),
+        ros.create_subscription(String, "/chatter", lambda m: chatter.append(m.data), qos)]
+    try:
+        done = _play(env, *args, *WAIT)
+        time.sleep(0.3)  # last messages in flight
+    finally:
+        for sub in subs:
+            ros.destroy_subscription(sub)
+    return heard, chatter, done
+
+
+def test_clock_option_leaves_the_recorded_clock_out(ros, ros_env, tmp_path):
+    """The recorded /clock (sim seconds 0-2) went out beside the player's own (epoch
+    seconds): a node on sim time saw time jump on every tick, and play said nothing."""
+    bag = _sim_clock_bag(tmp_path / "b")
+    heard, chatter, done = _clock_heard(ros, ros_env, str(bag), "--clock", "20")
+    assert done.returncode == 0, done.stderr
+    assert chatter == [f"m{k}" for k in range(COUNT)], chatter
+    end_ns = START_NS + round((COUNT - 1) * 1e9 / RATE_HZ)
+    assert len(heard) >= 20, heard
+    assert all(START_NS <= ns <= end_ns for ns in heard), heard
+    assert all(b > a for a, b in zip(heard, heard[1:], strict=False)), heard
+    assert done.stdout.count("recorded /clock left out: --clock publishes the clock") == 1
+    assert f"published {COUNT} messages" in done.stdout, done.stdout
+
+
+def test_without_clock_option_the_recorded_clock_plays_as_recorded(ros, ros_env, tmp_path):
+    """Replaying sim time yourself: without --clock the recorded /clock is the clock."""
+    bag = _sim_clock_bag(tmp_path / "b")
+    heard, chatter, done = _clock_heard(ros, ros_env, str(bag))
+    assert done.returncode == 0, done.stderr
+    assert chatter == [f"m{k}" for k in range(COUNT)], chatter
+    assert heard == [round(k * 1e9 / RATE_HZ) for k in range(COUNT)]
+    assert "left out" not in done.stdout
