@@ -7,7 +7,11 @@ per signal: samples, rate, NaN count, p1/p50/p99, the bundle's training range an
 and a warning for each mismatch: a declared unit that differs from the bundle's, a median
 outside the training range, a sensor slower than the bundle's frame rate (frames would
 repeat or mask values), a signal the bundle needs that the map lacks, or one it never
-uses. Exit 0 with warnings printed; 2 on a configuration error (naming the key).
+uses. Header stamps are judged as the node's situation buffer judges them, with the
+bag's receive times as the node's clock (``playback.stamp_check``): a signal whose
+samples the node would refuse as future (beyond ``future_stamp_tolerance_s``), duplicate
+or out of order is warned about with counts. Exit 0 with warnings printed; 2 on a
+configuration error (naming the key).
 """
 
 from __future__ import annotations
@@ -41,11 +45,21 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     import yaml
 
     from thinkmem_ros.core.paths import resolve_bundle_path
+    from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
     from thinkmem_ros.playback.recording import load_signal_map, read_samples, summarise
+    from thinkmem_ros.playback.stamp_check import (
+        FUTURE_KEY,
+        future_tolerance,
+        judge_stamps,
+        stamp_warnings,
+        with_stamps,
+    )
     from thinkmem_ros.policy.bundle import load_bundle
 
     signal_map = load_signal_map(params)
     _check_as_the_node_does(signal_map)
+    tolerance = future_tolerance(_find_key(load_numbers_yaml(
+        Path(params).read_text(encoding="utf-8")), FUTURE_KEY), str(params))
     if bundle is None:
         bundle = _bundle_path_of(yaml.safe_load(Path(params).read_text(encoding="utf-8")),
                                  params)
@@ -53,8 +67,10 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     # verified, not only read: a report against a damaged or tampered bundle would be
     # advice about a model no node will load
     manifest = load_bundle(folder).manifest
-    samples = read_samples(bag, signal_map)
+    # header stamps are read in the same pass, to be judged as the node's buffer will
+    samples = read_samples(bag, with_stamps(signal_map))
     stats = summarise(samples, signal_map.names)
+    stamps = judge_stamps(samples, signal_map, tolerance)
     warnings: list[str] = []
     rows: dict[str, dict] = {}
     undecodable = samples.undecodable()
@@ -86,6 +102,8 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             warnings.append(f"{name}: no sample for {length:.1f} s from {start:.1f} s"
                             f"{f' ({len(gaps)} gaps)' if len(gaps) > 1 else ''}: frames "
                             "there have no input (its rate is over the rest)")
+        row["refused_by_stamp"] = stamps[name].as_row()
+        warnings += stamp_warnings(name, stamps[name], tolerance)
         warnings += _against_bundle(name, binding, row, manifest)
     for name in manifest.signals:
         if name not in signal_map.bindings:
