@@ -100,3 +100,24 @@ def test_without_clock_option_the_recorded_clock_plays_as_recorded(ros, ros_env,
     assert chatter == [f"m{k}" for k in range(COUNT)], chatter
     assert heard == [round(k * 1e9 / RATE_HZ) for k in range(COUNT)]
     assert "left out" not in done.stdout
+
+
+# ---------------------------------------------------------------- ROS 1 bags' errors
+
+def test_an_error_in_a_ros1_bag_names_the_users_file(ros_env, tmp_path):
+    """A ROS 1 bag plays from a converted copy: its errors named that temporary folder
+    (/tmp/thinkmem-ros1-XXXX/bag, deleted by then) instead of the file the user gave."""
+    from rosbags.rosbag1 import Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    bag = tmp_path / "two_types.bag"
+    with Writer(bag) as writer:
+        for k, kind in enumerate(("std_msgs/msg/Float64", "std_msgs/msg/Float32")):
+            conn = writer.add_connection("/x", kind, typestore=store)
+            writer.write(conn, START_NS + k * 10**8,
+                         bytes(store.serialize_ros1(store.types[kind](data=1.0), kind)))
+    done = _play(ros_env, str(bag))
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert f"error: {bag}: topic /x is recorded with 2 message types" in done.stderr
+    assert "thinkmem-ros1-" not in done.stderr, done.stderr

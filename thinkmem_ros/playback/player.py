@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import signal
 import tempfile
 import threading
@@ -450,6 +451,36 @@ def _publish(publisher, msg: RawMessage) -> None:
                        f"ns ({msg.msgtype}): {reason}") from exc
 
 
+def _ros1_as_rosbag2(stack: contextlib.ExitStack, path) -> Path:
+    """Convert a ROS 1 bag into a temporary rosbag2 (the player streams rosbag2 only).
+
+    The folder lives as long as ``stack``; a BagError raised under ``stack`` names the
+    user's file instead of the copy, which is gone by the time the error is read.
+    """
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="thinkmem-ros1-")))
+    stack.enter_context(_errors_naming(folder, path))
+    LOG.info("converting ROS 1 bag %s to a temporary rosbag2", path)
+    return convert_ros1(path, folder / "bag").path
+
+
+@contextlib.contextmanager
+def _errors_naming(copy: Path, original):
+    """Re-raise a BagError with each path under ``copy`` replaced by ``original``.
+
+    A ROS 1 bag plays from a converted copy in a temporary folder: its errors (a topic
+    recorded with two types) named ``/tmp/thinkmem-ros1-.../bag``, a folder already
+    deleted, instead of the file the user passed.
+    """
+    try:
+        yield
+    except BagError as exc:
+        said = str(exc)
+        named = re.sub(re.escape(str(copy)) + r"[^\s:;,'\")]*", lambda _: str(original), said)
+        if named == said:
+            raise
+        raise BagError(named) from exc
+
+
 def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -> PlayStats:
     """Stream ``path`` onto a node of its own until done or stopped by SIGINT/SIGTERM.
 
@@ -474,11 +505,7 @@ def play_bag(path, config: PlayConfig, node_name: str = "thinkmem_bag_player") -
     try:
         with contextlib.ExitStack() as stack:
             if is_ros1_bag(path):
-                # The player streams rosbag2: a ROS 1 bag goes through a temporary copy.
-                folder = Path(stack.enter_context(tempfile.TemporaryDirectory(
-                    prefix="thinkmem-ros1-")))
-                LOG.info("converting ROS 1 bag %s to a temporary rosbag2", path)
-                path = convert_ros1(path, folder / "bag").path
+                path = _ros1_as_rosbag2(stack, path)
             source = BagStream(path, topics=config.topics,
                                start_offset_s=config.start_offset_s)
             with rclpy.init(signal_handler_options=SignalHandlerOptions.NO):
