@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_bag_hostile import RATE, START_NS, float64, params, rules, speed, train
+from test_bag_hostile import RATE, START_NS, float64, one_line_error, params, rules, speed, train
 
 from thinkmem_ros import cli
 from thinkmem_ros.playback.bag_files import BagStream, checked_bag_info
@@ -27,7 +27,7 @@ OTHER_QOS = ("- history: 1\n  depth: 10\n  reliability: 1\n  durability: 2\n"
 as numbers), other than the one rosbags' writer stores in the storage file."""
 
 
-def speed_bag(path: Path, storage: str = "mcap") -> Path:
+def speed_bag(path: Path, storage: str = "mcap", start_ns: int = START_NS) -> Path:
     """``/x`` (std_msgs/msg/Float64) at ``RATE`` for 40 s, written with rosbags' writer."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
@@ -37,7 +37,7 @@ def speed_bag(path: Path, storage: str = "mcap") -> Path:
     with Writer(path, version=9, storage_plugin=plugin) as writer:
         conn = writer.add_connection("/x", "std_msgs/msg/Float64", typestore=store)
         for k in range(N):
-            writer.write(conn, START_NS + round(k * 1e9 / RATE), float64(store, speed(k)))
+            writer.write(conn, start_ns + round(k * 1e9 / RATE), float64(store, speed(k)))
     return path
 
 
@@ -66,3 +66,55 @@ def test_a_bag_whose_metadata_qos_differs_from_its_storage_reads_whole(tmp_path,
     assert cli.main(["bag", "info", str(bag)]) == 0
     assert f"messages: {N}" in capsys.readouterr().out
     assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
+
+
+# --- a lone .mcap file, and a folder of .mcap files without metadata.yaml -----------------
+
+def lone_mcap(tmp_path: Path, name: str = "drive.mcap") -> Path:
+    """The MCAP file of a written bag on its own, as ``ros2 bag play drive.mcap`` takes it."""
+    bag = speed_bag(tmp_path / "written")
+    return next(bag.glob("*.mcap")).rename(tmp_path / name)
+
+
+def test_a_lone_mcap_file_reads_as_a_bag(tmp_path, capsys):
+    """A lone .mcap was refused ('not a bag: ... a rosbag2 bag is a folder') although it
+    holds its own summary and ``ros2 bag play drive.mcap`` plays it."""
+    drive = lone_mcap(tmp_path)
+    assert cli.main(["bag", "info", str(drive)]) == 0
+    out = capsys.readouterr().out
+    assert f"messages: {N}" in out and "storage:  mcap" in out
+    info = checked_bag_info(drive)
+    assert info.topics == {"/x": ("std_msgs/msg/Float64", N)}
+    assert info.end_ns - info.start_ns == round((N - 1) * 1e9 / RATE)
+    assert [m.timestamp_ns for m in BagStream(drive)][-1] == info.end_ns
+    assert train(drive, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
+
+
+def test_a_folder_of_complete_mcap_files_without_metadata_reads_whole(tmp_path, capsys):
+    """Such a folder was sent to ``ros2 bag reindex`` ('a recording stopped before it
+    closed'), which needs a ROS install; each MCAP file carries its own summary."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    after = START_NS + N * round(1e9 / RATE)  # the second file goes on where the first ends
+    written = (speed_bag(tmp_path / "a"), speed_bag(tmp_path / "b", start_ns=after))
+    for k, bag in enumerate(written):
+        next(bag.glob("*.mcap")).rename(folder / f"run_{k}.mcap")
+    assert cli.main(["bag", "info", str(folder)]) == 0
+    assert f"messages: {2 * N}" in capsys.readouterr().out
+    stamps = [m.timestamp_ns for m in BagStream(folder)]
+    assert len(stamps) == 2 * N and stamps == sorted(stamps)
+    assert stamps[-1] - stamps[0] == round((2 * N - 1) * 1e9 / RATE)
+
+
+def test_a_truncated_lone_mcap_file_is_one_line_naming_it(tmp_path, capsys):
+    """A cut-short MCAP file has no summary and no end: refused in one line, not read."""
+    drive = lone_mcap(tmp_path)
+    drive.write_bytes(drive.read_bytes()[: drive.stat().st_size * 2 // 3])
+    assert cli.main(["bag", "info", str(drive)]) == 1
+    line = one_line_error(capsys)
+    assert str(drive) in line and "cannot open bag" in line
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    drive.rename(killed / "killed_0.mcap")
+    assert cli.main(["bag", "info", str(killed)]) == 1
+    assert "holds killed_0.mcap: a recording stopped before it closed" in one_line_error(capsys)

@@ -433,6 +433,13 @@ def _convert_hint(path: Path) -> str:
 
 
 def _reader(path: Path):
+    """An open rosbags reader of a rosbag2 folder or of a lone ``.mcap`` file.
+
+    ``ros2 bag play drive.mcap`` plays one MCAP file as it stands (the launch file's
+    ``play_bag:=/data/run.mcap``), and so do these paths: an MCAP file carries its own
+    summary (topics, counts, time range and definitions), where a ``.db3`` needs its
+    folder's metadata.yaml.
+    """
     from rosbags.rosbag2 import Reader
 
     check_bag_path(path)
@@ -442,21 +449,130 @@ def _reader(path: Path):
         raise BagError(f"{path} is a ROS 1 bag: {_convert_hint(path)} (bag info and bag "
                        "play read it directly)")
     if not path.is_dir():
-        raise BagError(f"not a bag: {path} is a file that is no ROS 1 bag (no "
-                       f"'#ROSBAG V2.0' header) and a rosbag2 bag is a folder")
+        if path.suffix != ".mcap":
+            raise BagError(f"not a bag: {path} is a file that is no ROS 1 bag (no "
+                           f"'#ROSBAG V2.0' header) and no .mcap file, and a rosbag2 bag "
+                           "of another storage is a folder")
+        return _opened(Reader(path), path)
     if not (path / "metadata.yaml").is_file():
-        stored = sorted(p.name for p in path.glob("*") if p.suffix in (".db3", ".mcap"))
-        hint = (f"; it holds {stored[0]}{' and more' if len(stored) > 1 else ''}: a "
-                f"recording stopped before it closed, which `ros2 bag reindex {path}` "
-                "repairs") if stored else ""
-        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}{hint}")
+        return _metadataless_reader(path)
     _check_metadata_lists(path)
+    return _opened(Reader(path), path)
+
+
+def _opened(reader, path: Path):
+    """``reader`` opened; what rosbags raises for a corrupt bag becomes one BagError."""
     try:
-        reader = Reader(path)
         reader.open()
     except Exception as exc:  # rosbags raises several unrelated types for corrupt bags
         raise BagError(f"cannot open bag {path}: {exc}") from exc
     return reader
+
+
+def _storage_files(folder: Path) -> list[Path]:
+    """The .db3 and .mcap files of a bag folder in recording order (``_2`` before ``_10``)."""
+    def order(file: Path) -> tuple:
+        stem, _, number = file.stem.rpartition("_")
+        return (stem, int(number)) if number.isdigit() else (file.stem, -1)
+
+    return sorted((p for p in folder.iterdir() if p.suffix in (".db3", ".mcap")),
+                  key=lambda p: (*order(p), p.name))
+
+
+def _metadataless_reader(path: Path):
+    """A reader of a folder of complete MCAP files that has no metadata.yaml.
+
+    A recorder stopped before it closed leaves no metadata.yaml, yet an MCAP file that
+    it did close holds its own summary, and the folder reads as it stands. A .db3 file
+    (no summary of its own) or an MCAP file cut short (no summary, no end) still needs
+    ``ros2 bag reindex``, which the error says.
+    """
+    from rosbags.rosbag2 import Reader
+
+    stored = _storage_files(path)
+    if not stored or any(p.suffix != ".mcap" for p in stored):
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}"
+                       f"{_reindex_hint(path, stored)}")
+    reader = Reader(stored[0])
+    reader.storage = McapFolder(stored)
+    try:
+        return _opened(reader, path)
+    except BagError as exc:
+        why = " ".join(str(exc.__cause__).split())
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}"
+                       f"{_reindex_hint(path, stored, why)}") from exc
+
+
+def _reindex_hint(path: Path, stored: list[Path], why: str = "") -> str:
+    """What to do about a folder of storage files without metadata.yaml ('' if none)."""
+    if not stored:
+        return ""
+    because = f" ({why})" if why else ""
+    return (f"; it holds {stored[0].name}{' and more' if len(stored) > 1 else ''}: a "
+            f"recording stopped before it closed{because}, which `ros2 bag reindex "
+            f"{path}` repairs")
+
+
+class McapFolder:
+    """A rosbags storage over MCAP files without metadata.yaml, read as a split bag.
+
+    Each file's summary gives its connections, counts and time range; the folder's are
+    their union (a topic's connections in several files are counted together, as
+    ``per_topic`` counts a split bag's). Messages come file by file, each through
+    rosbags' own MCAP reader, and ``BagStream`` merges the files by time.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        from rosbags.rosbag2.metadata import ReaderMetadata
+
+        self.files = files
+        self.storages: list[Any] = []
+        self.connections: list[Any] = []
+        self.metadata = ReaderMetadata(0, 2**63 - 1, 0, 0, None, None, None, None)
+
+    def open(self) -> None:
+        """Open every file, closing those already open when one fails."""
+        from rosbags.rosbag2.storage_mcap import McapReader
+
+        try:
+            for file in self.files:
+                storage = McapReader(file)
+                storage.open()
+                self.storages.append(storage)
+        except BaseException:
+            self.close()
+            raise
+        self.connections = [conn for one in self.storages for conn in one.connections]
+        self.metadata = self._summary()
+
+    def _summary(self):
+        """The folder's ReaderMetadata: its files' counts and overall time range."""
+        counted = [one.metadata for one in self.storages if one.metadata.message_count]
+        if not counted:
+            return self.metadata
+        start = min(m.start_time for m in counted)
+        end = max(m.end_time for m in counted)  # rosbags' end: last stamp + 1 ns
+        return self.metadata._replace(duration=end - start, start_time=start, end_time=end,
+                                      message_count=sum(m.message_count for m in counted))
+
+    def close(self) -> None:
+        """Close every open file."""
+        storages, self.storages = self.storages, []
+        for storage in storages:
+            with contextlib.suppress(Exception):
+                storage.close()
+        self.connections = []
+
+    def messages(self, connections, start: int | None = None, stop: int | None = None):
+        """The files' messages one file after another (``BagStream`` merges them by time)."""
+        for storage in self.storages:
+            yield from storage.messages(_file_connections(storage, connections), start, stop)
+
+
+def _declared_by(path: Path) -> str:
+    """What states a bag's counts and time range: its metadata.yaml or its MCAP files."""
+    return ("its metadata.yaml" if (path / "metadata.yaml").is_file()
+            else "its MCAP summary")
 
 
 def _check_metadata_lists(path: Path) -> None:
@@ -509,8 +625,11 @@ def check_bag_path(path: Path | str) -> Path:
 
 
 def _storage_of(path: Path) -> str:
+    """The storage metadata.yaml names; an MCAP file or folder without one is ``mcap``."""
     import yaml
 
+    if not (path / "metadata.yaml").is_file():
+        return "mcap"
     meta = yaml.safe_load((path / "metadata.yaml").read_text())
     return str(meta.get("rosbag2_bagfile_information", {}).get("storage_identifier", ""))
 
@@ -643,14 +762,15 @@ def checked_bag_info(path: Path | str) -> BagInfo:
                            "lists")
         return info
     _check_time_range(info)
-    _check_storage_files(info)
+    if (info.path / "metadata.yaml").is_file():  # an MCAP file's summary lists no files
+        _check_storage_files(info)
     one_type = [t for t in info.topics if t not in info.mixed]  # the rest are listed apart
     for message in itertools.islice(BagStream(info.path, one_type) if one_type else (),
                                     INFO_SAMPLED):
         if not info.start_ns <= message.timestamp_ns <= info.end_ns:
             raise BagError(f"{info.path}: a message on {message.topic} at "
-                           f"{message.timestamp_ns} ns lies outside the time range its "
-                           f"metadata.yaml declares ({info.start_ns} ns + "
+                           f"{message.timestamp_ns} ns lies outside the time range "
+                           f"{_declared_by(info.path)} declares ({info.start_ns} ns + "
                            f"{info.duration_s:.9g} s); the metadata (starting_time / "
                            "duration) is wrong or the timestamp is damaged")
     return info
@@ -798,11 +918,11 @@ class BagStream:
             return
         if yielded < self.count:
             raise BagError(f"bag {self.path} is damaged: read {yielded} of the {self.count} "
-                           f"messages its metadata.yaml lists")
+                           f"messages {_declared_by(self.path)} lists")
         if yielded > self.count:
             raise BagError(f"bag {self.path} is damaged: read {yielded} messages, more than "
-                           f"the {self.count} its metadata.yaml lists (a storage file listed "
-                           f"twice, or duplicated rows)")
+                           f"the {self.count} {_declared_by(self.path)} lists (a storage file "
+                           f"listed twice, or duplicated rows)")
 
 
 def _per_file_messages(reader, conns: list, start: int | None) -> list[Iterator]:
@@ -818,6 +938,10 @@ def _per_file_messages(reader, conns: list, start: int | None) -> list[Iterator]
     from rosbags.rosbag2.reader import DirectoryReader
 
     directory = reader.storage
+    if isinstance(directory, McapFolder):
+        conns = conns or directory.connections
+        return [one.messages(_file_connections(one, conns), start)
+                for one in directory.storages]
     if not isinstance(directory, DirectoryReader):
         return [reader.messages(connections=conns, start=start)]
     conns = conns or directory.connections  # as Reader.messages: none means every one
