@@ -8,6 +8,7 @@ files without metadata.yaml, and a pre-Iron sqlite3 bag of a type installed nowh
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import yaml
 from test_bag_hostile import RATE, START_NS, float64, one_line_error, params, rules, speed, train
 
 from thinkmem_ros import cli
-from thinkmem_ros.playback.bag_files import BagStream, checked_bag_info
+from thinkmem_ros.playback.bag_files import BagError, BagStream, checked_bag_info
 
 N = int(40 * RATE)  # messages of a 40 s bag (training holds out a 15 s stretch)
 
@@ -118,3 +119,39 @@ def test_a_truncated_lone_mcap_file_is_one_line_naming_it(tmp_path, capsys):
     drive.rename(killed / "killed_0.mcap")
     assert cli.main(["bag", "info", str(killed)]) == 1
     assert "holds killed_0.mcap: a recording stopped before it closed" in one_line_error(capsys)
+
+
+# --- a pre-Iron sqlite3 bag of a type neither the bag nor this machine defines ------------
+
+def undefined_wheel_bag(path: Path) -> Path:
+    """``/wheel`` (acme_msgs/msg/Wheel) in sqlite3 storage without its definition stored,
+    as rosbag2 before Iron recorded it (no message_definitions rows)."""
+    import sqlite3
+
+    from test_bag_hostile import WHEEL, _store, write_bag
+
+    store = _store(custom=True)
+    rows = [(START_NS + k * 100_000_000, "/wheel", WHEEL, bytes(store.serialize_cdr(
+        store.types[WHEEL](speed=speed(k), note="hi"), WHEEL))) for k in range(N)]
+    bag = write_bag(path, rows, storage="sqlite3", store=store)
+    with contextlib.closing(sqlite3.connect(next(bag.glob("*.db3")))) as db, db:
+        db.execute("DELETE FROM message_definitions")
+    return bag
+
+
+def test_a_type_without_definition_in_bag_or_here_is_named(tmp_path, capsys):
+    """Every message was counted as 'could not be decoded (wrong type or damaged bag)',
+    which sends one looking for damage instead of naming the missing definition."""
+    from test_bag_hostile import WHEEL
+
+    from thinkmem_ros.commands import calibrate
+
+    bag = undefined_wheel_bag(tmp_path / "b")
+    wheel_params = params(tmp_path, "speed", "/wheel", WHEEL)
+    assert train(bag, wheel_params, rules(tmp_path), tmp_path / "out") == 1
+    line = one_line_error(capsys)
+    assert WHEEL in line and "no definition in the bag" in line
+    assert "no standard ROS 2 type" in line and "could not be decoded" not in line
+    with pytest.raises(BagError, match=f"/wheel is recorded as {WHEEL}, which has no "
+                                       "definition in the bag"):
+        calibrate.calibrate(bag, wheel_params)

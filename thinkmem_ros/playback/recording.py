@@ -347,6 +347,8 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
         # built once (the typestore bag_files writes with, plus the bag's own types):
         # per message it would cost ~10 ms
         store = bag_typestore(path) if chosen else None
+        if chosen:
+            _check_defined(path, store, chosen.types)
         for raw in chosen or ():
             try:
                 msg = store.deserialize_cdr(raw.data, raw.msgtype)
@@ -355,6 +357,23 @@ def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, in
             yield raw.topic, raw.msgtype, raw.timestamp_ns, msg
 
     return ros2(), types, info.start_ns, info.end_ns + 1
+
+
+def _check_defined(path: Path, store, types: dict[str, str]) -> None:
+    """BagError naming a topic whose type neither the bag nor this machine defines.
+
+    rosbag2's sqlite3 storage recorded no message definitions before Iron, so a robot's
+    own type (``acme_msgs/msg/Wheel``) is then defined nowhere: every message of it was
+    counted as undecodable, 'a wrong message type or a damaged bag', which sends one
+    looking for damage. Checked once, before the first message is decoded.
+    """
+    for topic, msgtype in sorted(types.items()):
+        if msgtype not in store.types:
+            raise BagError(f"{path}: {topic} is recorded as {msgtype}, which has no "
+                           "definition in the bag (rosbag2's sqlite3 storage records none "
+                           "before Iron) and none here: it is no standard ROS 2 type, the "
+                           "only ones known without the bag's; record with the mcap storage "
+                           "or ROS 2 Iron or later, so the bag carries its definitions")
 
 
 def _ros1_messages(path: Path, reader, conns) -> Iterator[tuple[Any, int, bytes]]:
