@@ -69,8 +69,8 @@ def _bundle_arg(name: str, module, path: str) -> str:
     from thinkmem_ros.robot.hotswap import load_policy
 
     if "bundle" not in inspect.signature(module.run).parameters:
-        raise SystemExit(f"thinkmem bench {name} does not take --bundle (it trains or builds "
-                         "what it measures)")
+        raise SystemExit(f"{name} does not take --bundle (it trains or builds what it "
+                         "measures)")
     try:
         load_policy(path, threads=1)
     except (BundleError, FileNotFoundError, OSError, ValueError) as exc:
@@ -84,8 +84,8 @@ def _preset_arg(name: str, module, preset: str) -> str:
     from thinkmem_ros.policy.training.train import STREAMING_PRESETS
 
     if "preset" not in inspect.signature(module.run).parameters:
-        raise SystemExit(f"thinkmem bench {name} does not take --preset (it does not train "
-                         "the policy it measures)")
+        raise SystemExit(f"{name} does not take --preset (it does not train the policy "
+                         "it measures)")
     known = sorted({*PRESETS, *STREAMING_PRESETS})
     if preset not in known:
         raise SystemExit(f"--preset {preset!r}: unknown; choose one of {', '.join(known)}")
