@@ -31,3 +31,19 @@ def test_bench_option_the_benchmark_does_not_take_is_an_error_line(capsys, monke
     code, err = run(capsys, "bench", *argv)
     assert_one_line(code, err, says)
     assert err.startswith("thinkmem bench: error: "), err
+
+
+# ------------------------------------------------------------------ knowledge
+
+
+@pytest.mark.parametrize("make", [None, "folder", "not-a-database"])
+def test_knowledge_list_names_a_path_with_a_newline_on_one_line(tmp_path, capsys, make):
+    """The path was printed as given, so a newline in it split the error over two lines."""
+    db = tmp_path / "a\nb.db"
+    if make == "folder":
+        db.mkdir()
+    elif make == "not-a-database":
+        db.write_bytes(b"not sqlite at all, " * 10)
+    code, err = run(capsys, "knowledge", "list", "--db", db)
+    assert_one_line(code, err, "thinkmem knowledge: error:", "a b.db")
+    assert code == 2, err

@@ -42,11 +42,15 @@ def _print_json(units, db) -> int:
     try:
         text = json.dumps([_row(u) for u in units], indent=2, allow_nan=False)
     except ValueError as exc:
-        print(f"thinkmem knowledge: error: {db}: a unit cannot be written as JSON: "
-              f"{one_line(exc)}", file=sys.stderr)
-        return 2
+        return _refuse(f"{db}: a unit cannot be written as JSON: {exc}")
     print(text)
     return 0
+
+
+def _refuse(text) -> int:
+    """Print the refusal on one line (a path may hold a newline) and return exit code 2."""
+    print(f"thinkmem knowledge: error: {one_line(text)}", file=sys.stderr)
+    return 2
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,22 +58,18 @@ def main(args: argparse.Namespace) -> int:
     from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
 
     if not Path(args.db).exists():  # sqlite would silently create an empty file
-        print(f"thinkmem knowledge: error: no database at {args.db}", file=sys.stderr)
-        return 2
+        return _refuse(f"no database at {args.db}")
     if Path(args.db).is_dir():  # read-only SQLite calls this a "disk I/O error"
-        print(f"thinkmem knowledge: error: {args.db} is a folder, not a database", file=sys.stderr)
-        return 2
+        return _refuse(f"{args.db} is a folder, not a database")
     try:  # SQLite's open of a FIFO waits for a writer forever
         input_file(args.db, "--db")
     except ValueError as exc:
-        print(f"thinkmem knowledge: error: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(exc)
     try:  # a folder, a file that is not SQLite, a newer schema
         with KnowledgeStore(args.db, read_only=True) as store:  # looking writes nothing
             units = store.load(status=args.status)
     except KnowledgeStoreError as exc:
-        print(f"thinkmem knowledge: error: {one_line(exc)}", file=sys.stderr)
-        return 2
+        return _refuse(exc)
     if args.json:
         return _print_json(units, args.db)
     if not units:
