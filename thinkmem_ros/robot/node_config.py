@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thinkmem_ros.core.input_files import input_file
 from thinkmem_ros.core.signal_adapters import (
     ADAPTER_KEYS,
     SignalAdapter,
@@ -738,9 +739,17 @@ def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[
     path = Path(path)
     where = f"params file {str(path)!r}"
     try:
-        if path.stat().st_size > MAX_PARAMS_FILE_BYTES:
+        # a FIFO blocked the node in open() and /dev/zero read until memory ran out: only
+        # a regular file is read, and never more than the cap (a file may grow meanwhile)
+        input_file(path, "params file")
+    except ValueError as exc:
+        raise ParamsFileError(str(exc)) from None
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_PARAMS_FILE_BYTES + 1)
+        if len(data) > MAX_PARAMS_FILE_BYTES:
             raise ParamsFileError(f"{where}: larger than {MAX_PARAMS_FILE_BYTES} bytes")
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ParamsFileError(f"{where}: cannot read: {reason}") from None
