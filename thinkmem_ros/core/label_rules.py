@@ -278,6 +278,10 @@ def load_rules(path: Path | str,
         raw = load_numbers_yaml(path.read_text(encoding="utf-8"), unique_keys=True)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RulesError(f"{path}: cannot read rules: {' '.join(str(exc).split())}") from None
+    except ValueError as exc:  # e.g. int() of an integer past Python's 4300-digit limit
+        why = "a number has too many digits" if "integer string conversion" in str(exc) \
+            else " ".join(str(exc).split())
+        raise RulesError(f"{path}: cannot read rules: {why}") from None
     return parse_rules(raw, source=str(path), signal_names=signal_names)
 
 
@@ -303,9 +307,8 @@ def _parse_rule(source: str, name: str, spec: Any, defined: list[str]) -> Rule:
         raise RulesError(f"{where}: unknown keys {unknown}; {kind} takes "
                          f"{sorted(_KEYS[kind])}")
     for key, value in body.items():
-        if key in _NUMBERS and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                or not math.isfinite(value)):
-            raise RulesError(f"{where}.{key} must be a finite number, got {value!r}")
+        if key in _NUMBERS and not _is_finite_number(value):
+            raise RulesError(f"{where}.{key} must be a finite number, got {_short(value)}")
         if key == "signal" and (not isinstance(value, str) or not value):
             raise RulesError(f"{where}.signal must be a signal name, got {value!r}")
         if key == "absolute" and not isinstance(value, bool):
@@ -329,3 +332,21 @@ def _parse_rule(source: str, name: str, spec: Any, defined: list[str]) -> Rule:
         return cls(**{k: (float(v) if k in _NUMBERS else v) for k, v in body.items()})
     except ValueError as exc:
         raise RulesError(f"{where}: {exc}") from None
+
+
+def _is_finite_number(value: Any) -> bool:
+    """True for a finite int or float; an integer too large for a float is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite of an integer past the float range
+        return False
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a 400-digit number stays one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

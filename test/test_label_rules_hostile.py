@@ -1,0 +1,36 @@
+"""Hostile labelling rules files: each is refused in one line naming the file and the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from thinkmem_ros.core.label_rules import RulesError, load_rules
+
+SIGNALS = ("yaw_rate", "vibration")
+
+
+def _write(tmp_path, body: str):
+    path = tmp_path / "rules.yaml"
+    path.write_text("labels:\n" + body, encoding="utf-8")
+    return path
+
+
+def test_an_integer_too_large_for_a_float_names_the_file_and_key(tmp_path):
+    """math.isfinite of a 400-digit integer raised OverflowError, naming neither."""
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: "
+                  + "9" * 400 + ", absolute: true}\n")
+    with pytest.raises(RulesError) as err:
+        load_rules(path, SIGNALS)
+    message = str(err.value)
+    assert message.startswith(f"{path}: labels.turning.threshold.above must be a finite number")
+    assert "\n" not in message and len(message) < 300
+
+
+def test_an_integer_past_the_digit_limit_names_the_file(tmp_path):
+    """Past 4300 digits the YAML reader itself fails, with a ValueError about sys settings."""
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, hold_s: "
+                  + "9" * 5000 + ", above: 0.1}\n")
+    with pytest.raises(RulesError) as err:
+        load_rules(path, SIGNALS)
+    message = str(err.value)
+    assert message == f"{path}: cannot read rules: a number has too many digits"
