@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from thinkmem_ros.robot.node_config import NodeConfig
+
 REPO = Path(__file__).resolve().parent.parent
 MEMORY_CAP = 2 * 1024 ** 3
 """Address space a refused node gets: ample for start-up, far from the host's RAM."""
@@ -65,3 +67,30 @@ def test_a_params_file_that_is_no_file_is_refused_in_one_line(kind, fifo, ros_en
     assert path in lines[0], err
     said = "a FIFO" if kind == "fifo" else "a character device"
     assert f"is {said}, not a file" in lines[0], err
+
+
+# ------------------------------------------------------------------ stats_file kind
+
+@pytest.mark.ros
+def test_a_stats_file_that_is_a_fifo_is_refused_in_one_line(fifo, ros_env):
+    # it hung the node in open(), and SIGTERM could not stop it
+    rc, err = run_node(ros_env, "-p", f"stats_file:={fifo}", timeout=30.0)
+    assert rc == 2, (rc, err)
+    lines = refusal_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0] == (f"thinking_node: refusing to start: stats_file {str(fifo)!r} is a "
+                        "FIFO, not a file"), err
+
+
+def test_a_stats_file_that_is_a_device_is_refused():
+    with pytest.raises(ValueError, match="stats_file '/dev/null' is a character device"):
+        NodeConfig(stats_file="/dev/null").check_stats_file()
+
+
+def test_a_stats_file_is_still_created_and_left_as_it_was(tmp_path):
+    NodeConfig(stats_file=str(tmp_path / "new.json")).check_stats_file()
+    assert (tmp_path / "new.json").read_bytes() == b""
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    NodeConfig(stats_file=str(kept)).check_stats_file()
+    assert kept.read_text() == "{}"

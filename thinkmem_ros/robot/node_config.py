@@ -32,6 +32,7 @@ import errno
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -467,16 +468,21 @@ class NodeConfig:
 
         Opening it for append creates it (the node overwrites it at shutdown) and is the
         one check that holds for every cause: a missing folder, a folder at that path, a
-        read-only file system, permissions.
+        read-only file system, permissions. Only a regular file is opened: a FIFO hung the
+        node in that open (SIGTERM could not stop it) and a device is no stats file.
         """
         if not self.stats_file:
             return
         path = Path(self.stats_file).expanduser()
+        input_file(path, "stats_file")  # a folder, FIFO, device or socket: ValueError
         try:
-            if path.is_dir():
-                raise IsADirectoryError(21, "it is a folder")
-            with open(path, "a", encoding="utf-8"):
-                pass
+            # O_NONBLOCK: a FIFO swapped in since the check fails the open, never blocks it
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "it is not a regular file")
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise ValueError(f"stats_file {self.stats_file!r} cannot be written: "
                              f"{exc.strerror or exc}") from None
