@@ -47,3 +47,52 @@ def test_knowledge_list_names_a_path_with_a_newline_on_one_line(tmp_path, capsys
     code, err = run(capsys, "knowledge", "list", "--db", db)
     assert_one_line(code, err, "thinkmem knowledge: error:", "a b.db")
     assert code == 2, err
+
+
+# ------------------------------------------------------------------ consolidator canary
+
+
+@pytest.fixture
+def consolidator_start(tmp_path, capsys, monkeypatch):
+    """Run ``thinkmem consolidator`` (serving) with canary options, stopped where it would
+    make its service: a refusal comes before, options that agree reach it."""
+    class Started(Exception):
+        pass
+
+    def started(*_, **__):
+        raise Started("the consolidator started")
+
+    monkeypatch.setattr("thinkmem_ros.consolidator.service.ConsolidatorService", started)
+
+    def start(*canary):
+        return run(capsys, "consolidator", "--db", tmp_path / "s.db", "--signing-key",
+                   tmp_path / "none.sign.key", "--publish-dir", tmp_path / "pub", *canary)
+    return start
+
+
+@pytest.mark.parametrize("canary, says", [
+    (["--canary-fraction", "0.5", "--canary-robots", "a"],
+     "--canary-fraction and --canary-robots both choose the canaries"),
+    (["--canary-fraction", "0.5", "--canary-robots", "a,b,c"],
+     "--canary-fraction and --canary-robots both choose the canaries"),
+    (["--canary-robots", "a"],
+     "list at least 2 robots or lower --canary-min-robots"),
+    (["--canary-robots", "a,b", "--canary-min-robots", "3"],
+     "list at least 3 robots or lower --canary-min-robots"),
+], ids=["fraction-and-robots", "fraction-and-enough-robots", "one-robot", "two-of-three"])
+def test_consolidator_refuses_canary_options_that_cannot_work_at_start(consolidator_start,
+                                                                      canary, says):
+    """The fraction was silently ignored beside a list, and a list shorter than
+    --canary-min-robots only warned at the push, then held every canary after its wait."""
+    code, err = consolidator_start(*canary)
+    assert_one_line(code, err, "thinkmem consolidator: error:", says)
+    assert code == 2, err
+
+
+@pytest.mark.parametrize("canary", [
+    ["--canary-robots", "a,b"], ["--canary-fraction", "0", "--canary-robots", "a,b"],
+    ["--canary-robots", "a", "--canary-min-robots", "1"], ["--canary-fraction", "0.5"]],
+    ids=["two-robots", "fraction-zero", "min-robots-one", "fraction-alone"])
+def test_consolidator_canary_options_that_agree_still_start(consolidator_start, canary):
+    code, err = consolidator_start(*canary)
+    assert "the consolidator started" in err, err

@@ -945,6 +945,24 @@ def canary_robots(text: str) -> tuple[str, ...]:
     return check_robot_ids(robots, "--canary-robots")
 
 
+def check_canary_choice(canary: CanaryConfig) -> None:
+    """Refuse canary options that could not work together; ValueError naming them.
+
+    Why: with ``--canary-robots`` a ``--canary-fraction`` was silently ignored (the list
+    overrides it), and fewer listed robots than ``--canary-min-robots`` could never reach
+    a decision: the push only warned, and every canary held after its longest wait.
+    """
+    robots = canary.robots
+    if robots and canary.fraction > 0:
+        raise ValueError("--canary-fraction and --canary-robots both choose the canaries; "
+                         "give one of them")
+    if robots and len(robots) < canary.min_robots:
+        raise ValueError(f"--canary-robots lists {len(robots)} robot"
+                         f"{'' if len(robots) == 1 else 's'} but a canary decision needs "
+                         f"--canary-min-robots {canary.min_robots} per group: list at "
+                         f"least {canary.min_robots} robots or lower --canary-min-robots")
+
+
 def config_from_args(args: argparse.Namespace) -> ConsolidatorConfig:
     """Build the validated config from parsed options."""
     buffer_limit = args.buffer_limit
@@ -1071,6 +1089,7 @@ def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
         raise ValueError(f"{', '.join(served)}: --once runs one round on the store and "
                          "exits, it serves no robots; drop "
                          f"{'it' if len(served) == 1 else 'them'}")
+    check_canary_choice(config.canary)
     made.append(ConsolidatorService(config))
     if config.engine != "embedded":  # a cluster that cannot be reached fails here
         made[0]._discovery_engine()
