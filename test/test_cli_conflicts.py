@@ -96,3 +96,40 @@ def test_consolidator_refuses_canary_options_that_cannot_work_at_start(consolida
 def test_consolidator_canary_options_that_agree_still_start(consolidator_start, canary):
     code, err = consolidator_start(*canary)
     assert "the consolidator started" in err, err
+
+
+# ------------------------------------------------------------------ demo
+
+
+@pytest.fixture
+def demo_start(tmp_path, capsys, monkeypatch):
+    """Run ``thinkmem demo`` stopped where the demo would start: what reaches it is kept."""
+    reached = []
+
+    def run_demo(config):
+        reached.append(config)
+        raise RuntimeError("the demo started")
+
+    monkeypatch.setattr("thinkmem_ros.demo.run_demo", run_demo)
+
+    def start(*argv):
+        code, err = run(capsys, "demo", "--out", tmp_path / "out", *argv)
+        return code, err, reached
+    return start
+
+
+@pytest.mark.parametrize("trigger", ["samples", "timer"])
+def test_demo_offline_refuses_an_explicit_trigger(demo_start, trigger):
+    """--offline runs no ROS node, so its frame_trigger was silently ignored."""
+    code, err, reached = demo_start("--offline", "--trigger", trigger)
+    assert_one_line(code, err, "thinkmem demo: error:", "--trigger", "--offline")
+    assert code == 2 and not reached, err
+
+
+@pytest.mark.parametrize("argv, trigger", [
+    (["--offline"], "timer"), (["--trigger", "samples"], "samples"), ([], "timer")],
+    ids=["offline", "ros-samples", "ros-default"])
+def test_demo_trigger_still_reaches_the_node(demo_start, argv, trigger):
+    code, err, reached = demo_start(*argv)
+    assert "the demo started" in err and len(reached) == 1, err
+    assert reached[0].frame_trigger == trigger

@@ -29,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", default=None, help="model bundle folder (default: shipped)")
     parser.add_argument("--offline", action="store_true",
                         help="no ROS: run the policy runtime over the stream's windows directly")
-    parser.add_argument("--trigger", choices=("timer", "samples"), default="timer",
-                        help="the node's frame_trigger (default timer)")
+    parser.add_argument("--trigger", choices=("timer", "samples"), default=None,
+                        help="the node's frame_trigger (default timer; not with --offline, "
+                        "which runs no node)")
     parser.add_argument("--quiet", action="store_true", help="no live display")
     parser.add_argument("--no-consolidation", action="store_true",
                         help="skip the consolidation round (one bag, the bundle as shipped)")
@@ -74,12 +75,17 @@ def main(args: argparse.Namespace) -> int:
               f"{'--offline' if args.offline else '--no-consolidation'} does not run",
               file=sys.stderr)
         return 2
+    if args.offline and args.trigger is not None:  # it would be silently ignored
+        print("thinkmem demo: error: --trigger sets the ROS node's frame_trigger, and "
+              "--offline runs no node", file=sys.stderr)
+        return 2
     check_output(args.out, "--out", folder=True)  # before a minute of set-up, not after
     try:
         config = DemoConfig(out_dir=Path(args.out), scenario=args.scenario,
                             duration_s=args.duration, rate_hz=args.rate, seed=args.seed,
                             bundle=Path(args.bundle) if args.bundle else None,
-                            offline=args.offline, frame_trigger=args.trigger, quiet=args.quiet,
+                            offline=args.offline, frame_trigger=args.trigger or "timer",
+                            quiet=args.quiet,
                             consolidation=not args.no_consolidation, **round_options)
         summary = run_demo(config)
     except (ValueError, BundleError, BagError, RuntimeError, OSError) as exc:
