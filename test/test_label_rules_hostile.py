@@ -34,3 +34,20 @@ def test_an_integer_past_the_digit_limit_names_the_file(tmp_path):
         load_rules(path, SIGNALS)
     message = str(err.value)
     assert message == f"{path}: cannot read rules: a number has too many digits"
+
+
+def test_a_co_occurrence_of_one_label_repeated_is_refused(tmp_path):
+    """``all: [turning, turning]`` passed the 'at least 2 labels' check: a copy of turning."""
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: 0.1}\n"
+                  "  rough:\n    threshold: {signal: vibration, above: 0.6}\n"
+                  "  again:\n    co_occurrence: {all: [turning, rough, turning]}\n")
+    with pytest.raises(RulesError) as err:
+        load_rules(path, SIGNALS)
+    message = str(err.value)
+    assert message.startswith(f"{path}: labels.again.co_occurrence: 'all' names ['turning'] "
+                              "more than once")
+    assert "\n" not in message
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: 0.1}\n"
+                  "  rough:\n    threshold: {signal: vibration, above: 0.6}\n"
+                  "  both:\n    co_occurrence: {all: [turning, rough]}\n")
+    assert load_rules(path, SIGNALS).label_names == ("turning", "rough", "both")

@@ -122,6 +122,10 @@ class CoOccurrenceRule:
     def __post_init__(self) -> None:
         if len(self.all) < 2:
             raise ValueError(f"'all' must name at least 2 labels, got {list(self.all)}")
+        repeated = sorted({n for n in self.all if self.all.count(n) > 1})
+        if repeated:
+            raise ValueError(f"'all' names {repeated} more than once; it must name at least "
+                             f"2 different labels, got {list(self.all)}")
         if not math.isfinite(self.within_s) or self.within_s < 0:
             raise ValueError(f"within_s must be a finite number >= 0, got {self.within_s!r}")
 
