@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from thinkmem_ros.robot.node_config import NodeConfig
+from thinkmem_ros.robot.node_config import NodeConfig, ParamsFileError, read_params_file
 
 REPO = Path(__file__).resolve().parent.parent
 MEMORY_CAP = 2 * 1024 ** 3
@@ -94,3 +94,66 @@ def test_a_stats_file_is_still_created_and_left_as_it_was(tmp_path):
     kept.write_text("{}")
     NodeConfig(stats_file=str(kept)).check_stats_file()
     assert kept.read_text() == "{}"
+
+
+# ------------------------------------------------------------------ duplicate keys
+
+SECTION = "/**:\n  ros__parameters:\n"
+
+
+@pytest.mark.parametrize("text, says", [
+    (SECTION + "    frame_rate_hz: 5.0\n    frame_rate_hz: 20.0\n",
+     "line 4: 'frame_rate_hz' is given twice in one mapping (first at line 3)"),
+    (SECTION + "    frame_rate_hz: 5.0\n" + SECTION + "    qos: reliable\n",
+     "line 4: '/**' is given twice in one mapping (first at line 1)"),
+    (SECTION + '    signals:\n      temperature: {topic: "a", topic: "b"}\n',
+     "line 4: 'signals.temperature.topic' is given twice in one mapping (on that line)"),
+    (SECTION + "    signals:\n      temperature:\n        topic: a\n"
+     "      temperature:\n        field: temperature\n",
+     "line 6: 'signals.temperature' is given twice in one mapping (first at line 4)"),
+    (SECTION + "    signals.temperature.topic: a\n    signals:\n      temperature:\n"
+     "        topic: b\n",
+     "line 6: parameter 'signals.temperature.topic' is given twice (first at line 3)"),
+], ids=["plain", "section", "flow", "nested", "dotted_and_nested"])
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path, text, says):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ParamsFileError) as caught:
+        read_params_file(path)
+    assert str(caught.value).startswith(f"params file {str(path)!r}: "), caught.value
+    assert says in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("first, second", [("/**", "/thinking_node"),
+                                           ("thinking_node", "/**")])
+def test_a_parameter_set_by_two_matching_sections_is_refused_naming_both(tmp_path, first,
+                                                                          second):
+    # rcl keeps the one later in the file, not the more specific section
+    path = tmp_path / "params.yaml"
+    path.write_text(f"{first}:\n  ros__parameters:\n    frame_rate_hz: 5.0\n"
+                    f"{second}:\n  ros__parameters:\n    frame_rate_hz: 20.0\n")
+    with pytest.raises(ParamsFileError) as caught:
+        read_params_file(path)
+    assert (f"parameter 'frame_rate_hz' is set by two sections that both match "
+            f"/thinking_node: {first!r} (line 3) and {second!r} (line 6)") in str(caught.value)
+
+
+def test_sections_that_set_different_parameters_or_other_nodes_are_read(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("/**:\n  ros__parameters:\n    frame_rate_hz: 5.0\n"
+                    "/thinking_node:\n  ros__parameters:\n    qos: reliable\n"
+                    "/other_node:\n  ros__parameters:\n    frame_rate_hz: 20.0\n")
+    assert read_params_file(path) == {"frame_rate_hz": "5.0", "qos": "reliable"}
+    assert read_params_file(path, "/ns/thinking_node") == {"frame_rate_hz": "5.0"}
+
+
+@pytest.mark.ros
+def test_the_node_refuses_a_params_file_with_a_key_given_twice(tmp_path, ros_env):
+    path = tmp_path / "params.yaml"
+    path.write_text(SECTION + "    frame_rate_hz: 5.0\n    frame_rate_hz: 20.0\n")
+    rc, err = run_node(ros_env, "--params-file", str(path), timeout=30.0)
+    assert rc == 2, (rc, err)
+    assert refusal_lines(err) == [
+        f"thinking_node: refusing to start: params file {str(path)!r}: line 4: "
+        "'frame_rate_hz' is given twice in one mapping (first at line 3); rcl would "
+        "silently use the last"], err

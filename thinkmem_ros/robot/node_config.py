@@ -20,8 +20,9 @@ dynamic typing and checked here, so ``scale: 2`` works and ``scale: "2"`` stops 
 naming ``signals.<name>.scale``; every adapter is checked against its message type.
 
 Parameter files are outside input too: ``validate_ros_args`` checks every ``--params-file``
-before rcl parses it (readable, YAML, ``ros__parameters`` structure, no parameter this
-node does not declare, no unknown signal-map key), and ``unknown_parameters`` names
+before rcl parses it (a readable regular file, YAML, ``ros__parameters`` structure, no
+parameter this node does not declare, no unknown signal-map key, no parameter given twice,
+since rcl keeps the last silently), and ``unknown_parameters`` names
 overrides that match no declared parameter (a typo must not be silently ignored).
 """
 
@@ -739,6 +740,12 @@ def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[
     outside it, none empty), so rcl never refuses it later with a traceback; names are
     collected only from the sections that match ``node_fqn``. Values stay raw YAML text:
     the node validates them after rcl has typed them. Raises ParamsFileError.
+
+    A key given twice in one mapping, a parameter given twice in one section (``a.b: 1``
+    beside ``a: {b: 2}``), and a parameter set by two sections that both match the node
+    (``/**`` and ``/thinking_node``) are refused naming the key and both lines: rcl
+    silently keeps the value that comes last in the file (not the more specific section),
+    so a file meaning 5 Hz ran at 20 Hz.
     """
     import yaml
 
@@ -772,7 +779,7 @@ def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[
         return {}
     _refuse_aliases(text, where)
     out: dict[str, str] = {}
-    _walk_nodes(root, [], node_fqn, out, where)
+    _walk_nodes(root, [], node_fqn, out, {}, where)
     return out
 
 
@@ -803,15 +810,34 @@ def _key_text(key, where: str) -> str:
     return key.value
 
 
-def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str], where: str) -> None:
-    """Node-name levels: mappings down to ``ros__parameters``."""
+def _unique_keys(node, where: str, prefix: str = "") -> list[str]:
+    """The key texts of mapping ``node``; ParamsFileError naming a key given twice in it."""
+    keys = [_key_text(k, where) for k, _ in node.value]
+    first: dict[str, int] = {}
+    for index, key in enumerate(keys):
+        if key in first:
+            earlier, later = node.value[first[key]][0], node.value[index][0]
+            at = ("on that line" if earlier.start_mark.line == later.start_mark.line
+                  else f"first at {_line(earlier)}")
+            raise ParamsFileError(f"{where}: {_line(later)}: {prefix + key!r} is given twice "
+                                  f"in one mapping ({at}); rcl would silently use the last")
+        first[key] = index
+    return keys
+
+
+def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str],
+                origins: dict[str, tuple[str, str]], where: str) -> None:
+    """Node-name levels: mappings down to ``ros__parameters``.
+
+    ``origins`` holds, per parameter collected into ``out``, its section and line.
+    """
     import yaml
 
     if not isinstance(node, yaml.MappingNode):
         what = "/".join(path) or "the file"
         raise ParamsFileError(f"{where}: {_line(node)}: {what} must map node names to "
                               "'ros__parameters:' (got a value outside ros__parameters)")
-    keys = [_key_text(k, where) for k, _ in node.value]
+    keys = _unique_keys(node, where)
     if "ros__parameters" in keys and len(keys) > 1 and path:
         other = next(k for k in keys if k != "ros__parameters")
         raise ParamsFileError(f"{where}: {'/'.join(path)}: {other!r} beside "
@@ -825,21 +851,44 @@ def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str], where
                 raise ParamsFileError(f"{where}: {'/'.join(path)}: ros__parameters must be "
                                       "a mapping of parameter names")
             params: dict[str, str] = {}
-            _flatten(value, "", params, where)
-            if selector_matches("/".join(path), node_fqn):
+            lines: dict[str, str] = {}
+            _flatten(value, "", params, lines, where)
+            section = "/".join(path)
+            if selector_matches(section, node_fqn):
+                for name in params:
+                    if name in origins:
+                        other, line = origins[name]
+                        raise ParamsFileError(
+                            f"{where}: parameter {name!r} is set by two sections that both "
+                            f"match {node_fqn}: {other!r} ({line}) and {section!r} "
+                            f"({lines[name]}); rcl would silently use the last in the "
+                            "file, so set it in one")
+                    origins[name] = (section, lines[name])
                 out.update(params)
         else:
-            _walk_nodes(value, [*path, key], node_fqn, out, where)
+            _walk_nodes(value, [*path, key], node_fqn, out, origins, where)
 
 
-def _flatten(node, prefix: str, out: dict[str, str], where: str) -> None:
+def _flatten(node, prefix: str, out: dict[str, str], lines: dict[str, str],
+             where: str) -> None:
+    """Parameters of a ``ros__parameters`` mapping into ``out`` by their dotted names.
+
+    ``lines`` gets each one's line; a name given twice is refused naming both lines.
+    """
     import yaml
 
-    for key_node, value in node.value:
-        name = prefix + _key_text(key_node, where)
+    for (key_node, value), key in zip(node.value, _unique_keys(node, where, prefix),
+                                      strict=True):
+        name = prefix + key
         if isinstance(value, yaml.MappingNode):
-            _flatten(value, name + ".", out, where)
-        elif isinstance(value, yaml.SequenceNode):
+            _flatten(value, name + ".", out, lines, where)
+            continue
+        if name in out:  # 'a.b: 1' beside 'a: {b: 2}': one parameter to rcl
+            raise ParamsFileError(f"{where}: {_line(key_node)}: parameter {name!r} is "
+                                  f"given twice (first at {lines[name]}); rcl would "
+                                  "silently use the last")
+        lines[name] = _line(key_node)
+        if isinstance(value, yaml.SequenceNode):
             out[name] = _raw(value)
         elif value.tag.endswith(":null") and value.value == "":
             raise ParamsFileError(f"{where}: {_line(value)}: parameter {name!r} has no value")
