@@ -133,3 +133,54 @@ def test_demo_trigger_still_reaches_the_node(demo_start, argv, trigger):
     code, err, reached = demo_start(*argv)
     assert "the demo started" in err and len(reached) == 1, err
     assert reached[0].frame_trigger == trigger
+
+
+# ------------------------------------------------------------------ train --streams
+
+TRAIN_QUICK = ["--epochs", "1", "--test-duration", "0", "--no-progress"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--streams", "1", "--duration", "60"],
+    ["--streams", "1", "--duration", "130", "--group-seconds", "200"]],
+    ids=["one-minute", "one-chunk"])
+def test_train_refuses_one_validation_group_before_building_data(tmp_path, capsys, argv):
+    """It built the data, then failed with the trainer's hint 'Give SituationSet.groups or
+    pass val_fraction=0', which names no option of the command."""
+    code, err = run(capsys, "train", *argv, *TRAIN_QUICK, "--out", tmp_path / "b")
+    assert_one_line(code, err, "thinkmem train: error:", "--streams >= 2", "--group-seconds")
+    assert "training on" not in err and "SituationSet" not in err, err
+    assert not (tmp_path / "b").exists()
+
+
+def _train_args(*argv):
+    from thinkmem_ros import cli
+    from thinkmem_ros.commands.train import resolve_defaults
+
+    args = cli.build_parser("train").parse_args(["train", *argv, "--out", "unused"])
+    resolve_defaults(args)
+    return args
+
+
+@pytest.mark.parametrize("duration, window, stride, group_seconds, one_group", [
+    (60, 32, 3, 60, True), (61, 32, 3, 60, False), (64, 64, 3, 6, False),
+    (9, 32, 1, 6, False), (3.2, 32, 1, 3, True), (12, 8, 70, 6, False),
+    (12, 8, 200, 6, True), (130, 64, 3, 60, False)])
+def test_train_refuses_exactly_the_streams_the_recipe_gives_one_group(
+        duration, window, stride, group_seconds, one_group):
+    """The check before building agrees with the groups StreamRecipe.windows makes."""
+    import numpy as np
+
+    from thinkmem_ros.commands.train import check_validation_groups
+    from thinkmem_ros.world.recipe import StreamRecipe
+
+    args = _train_args("--streams", "1", "--duration", str(duration), "--window", str(window),
+                       "--stride", str(stride), "--group-seconds", str(group_seconds))
+    groups = len(np.unique(StreamRecipe.from_args(args).windows().groups))
+    try:
+        check_validation_groups(args)
+        refused = False
+    except SystemExit:
+        refused = True
+    assert (groups < 2) == one_group, groups  # the case is what it says
+    assert refused == one_group

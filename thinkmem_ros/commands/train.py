@@ -144,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
         from thinkmem_ros.commands.train_bags import main_bags
 
         return main_bags(args)
+    check_validation_groups(args)
     torch.set_num_threads(args.threads)
     try:
         recipe = StreamRecipe.from_args(args)
@@ -264,6 +265,31 @@ def check_data_size(args: argparse.Namespace) -> None:
             f"{args.window} and --max-events {args.max_events}, about "
             f"{situations * row / 2**30:,.1f} GiB: at most {MAX_TRAINING_BYTES / 2**30:g} GiB "
             f"is built in memory; use fewer or shorter streams or a larger --stride")
+
+
+def check_validation_groups(args: argparse.Namespace) -> None:
+    """Refuse a world training set of one validation group, before it is built.
+
+    The validation split holds out whole ``--group-seconds`` chunks of the streams
+    (``StreamRecipe.windows``), and needs two. ``--streams 1 --duration 60`` made one:
+    the data was built, then training failed with its internal hint ("Give
+    SituationSet.groups or pass val_fraction=0"), which no option of this command sets.
+    """
+    frames = args.duration * args.rate
+    if (args.streams != 1 or not math.isfinite(frames) or not frames >= 1
+            or min(args.window, args.stride) < 1):
+        return  # two streams are two groups; bad numbers are the recipe's to name
+    n = int(round(frames))  # as generate_stream renders it
+    if n < args.window:
+        return  # too few frames for --window: the recipe says so
+    group = int(round(args.group_seconds * args.rate))
+    last_end = args.window - 1 + (n - args.window) // args.stride * args.stride
+    if (args.window - 1) // group == last_end // group:
+        raise SystemExit(
+            f"--streams 1 x --duration {args.duration:g} s is one --group-seconds "
+            f"{args.group_seconds:g} chunk, and validation holds out whole chunks: use "
+            f"--streams >= 2, a --duration longer than --group-seconds, or a shorter "
+            f"--group-seconds")
 
 
 def check_group_seconds(seconds: float, rate: float) -> None:
