@@ -51,3 +51,25 @@ def test_a_co_occurrence_of_one_label_repeated_is_refused(tmp_path):
                   "  rough:\n    threshold: {signal: vibration, above: 0.6}\n"
                   "  both:\n    co_occurrence: {all: [turning, rough]}\n")
     assert load_rules(path, SIGNALS).label_names == ("turning", "rough", "both")
+
+
+@pytest.mark.parametrize("rule, key", [
+    ("threshold: {signal: yaw_rate, above: 0.1, absolute: true, hold_s: 1e300}", "hold_s"),
+    ("trend: {signal: yaw_rate, window_s: 1.0e7, slope_above: 0.1}", "window_s"),
+    ("co_occurrence: {all: [turning, rough], within_s: 604801}", "within_s"),
+])
+def test_seconds_past_a_week_are_refused_naming_the_key(tmp_path, rule, key):
+    """``hold_s: 1e300`` kept the label on for every frame and trained without a word."""
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: 0.1}\n"
+                  "  rough:\n    threshold: {signal: vibration, above: 0.6}\n"
+                  f"  odd:\n    {rule}\n")
+    kind = rule.split(":")[0]
+    with pytest.raises(RulesError) as err:
+        load_rules(path, SIGNALS)
+    message = str(err.value)
+    assert message.startswith(f"{path}: labels.odd.{kind}.{key} must be at most 604800 "
+                              "seconds (a week)")
+    assert "\n" not in message
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: 0.1, "
+                  "hold_s: 604800}\n")
+    assert load_rules(path, SIGNALS).label_names == ("turning",)

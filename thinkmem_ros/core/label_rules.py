@@ -38,6 +38,9 @@ CO_OCCURRENCE_KEYS = frozenset({"all", "within_s"})
 TOP_KEYS = frozenset({"labels", "description"})
 MAX_RULES_BYTES = 256 * 1024
 """A rules file larger than this is refused before parsing (real ones are a few lines)."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""Largest ``hold_s``, ``window_s`` or ``within_s``: a week, far past any recording's
+situations; beyond it a hold keeps a label on for the whole recording (1e300 did)."""
 
 
 class RulesError(ValueError):
@@ -63,6 +66,9 @@ class ThresholdRule:
             raise ValueError("a threshold rule takes exactly one of 'above' or 'below'")
         if not math.isfinite(self.hold_s) or self.hold_s < 0:
             raise ValueError(f"hold_s must be a finite number >= 0, got {self.hold_s!r}")
+        if self.hold_s > MAX_SECONDS:
+            raise ValueError(f"hold_s must be at most {MAX_SECONDS:g} s (a week), "
+                             f"got {self.hold_s!r}")
 
     def signals(self) -> tuple[str, ...]:
         """Signals this rule reads."""
@@ -96,6 +102,9 @@ class TrendRule:
             raise ValueError("a trend rule takes exactly one of 'slope_above' or 'slope_below'")
         if not math.isfinite(self.window_s) or self.window_s <= 0:
             raise ValueError(f"window_s must be a finite number > 0, got {self.window_s!r}")
+        if self.window_s > MAX_SECONDS:
+            raise ValueError(f"window_s must be at most {MAX_SECONDS:g} s (a week), "
+                             f"got {self.window_s!r}")
 
     def signals(self) -> tuple[str, ...]:
         """Signals this rule reads."""
@@ -128,6 +137,9 @@ class CoOccurrenceRule:
                              f"2 different labels, got {list(self.all)}")
         if not math.isfinite(self.within_s) or self.within_s < 0:
             raise ValueError(f"within_s must be a finite number >= 0, got {self.within_s!r}")
+        if self.within_s > MAX_SECONDS:
+            raise ValueError(f"within_s must be at most {MAX_SECONDS:g} s (a week), "
+                             f"got {self.within_s!r}")
 
     def signals(self) -> tuple[str, ...]:
         """Signals this rule reads (none: it reads labels)."""
@@ -292,6 +304,7 @@ def load_rules(path: Path | str,
 _KEYS = {"threshold": THRESHOLD_KEYS, "trend": TREND_KEYS,
          "co_occurrence": CO_OCCURRENCE_KEYS}
 _NUMBERS = {"above", "below", "hold_s", "window_s", "slope_above", "slope_below", "within_s"}
+_SECONDS = {"hold_s", "window_s", "within_s"}
 
 
 def _parse_rule(source: str, name: str, spec: Any, defined: list[str]) -> Rule:
@@ -313,6 +326,9 @@ def _parse_rule(source: str, name: str, spec: Any, defined: list[str]) -> Rule:
     for key, value in body.items():
         if key in _NUMBERS and not _is_finite_number(value):
             raise RulesError(f"{where}.{key} must be a finite number, got {_short(value)}")
+        if key in _SECONDS and value > MAX_SECONDS:
+            raise RulesError(f"{where}.{key} must be at most {MAX_SECONDS:g} seconds (a week), "
+                             f"got {value!r}")
         if key == "signal" and (not isinstance(value, str) or not value):
             raise RulesError(f"{where}.signal must be a signal name, got {value!r}")
         if key == "absolute" and not isinstance(value, bool):
