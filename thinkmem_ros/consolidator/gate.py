@@ -5,8 +5,9 @@ Every check below must pass, and each failure is a sentence in ``GateReport.reas
 (the numbers behind it are in ``GateReport.checks``):
 
 1. compatibility: same window K, signal order and event length M as the running bundle
-   (the node's hot-swap refuses anything else), no label of the running bundle lost, and a
-   newer version;
+   (the node's hot-swap refuses anything else), no label of the running bundle lost, a
+   newer version, and nothing a robot running it must put in a record (labels, window,
+   label and event names) beyond the wire's ``LIMITS`` (``wire_limits``);
 2. ONNX parity: ONNX Runtime (what the robot runs) and the torch model agree within
    ``parity_tol`` on every probe situation (held-out rows, replayed frames, rule prefixes);
 3. non-inferiority on the base labels (the running bundle's labels that are not
@@ -160,6 +161,34 @@ def _compatibility(candidate: Bundle, current: Bundle) -> list[str]:
         reasons.append(f"candidate drops running labels {lost}")
     if c.model_version <= r.model_version:
         reasons.append(f"candidate v{c.model_version} is not newer than v{r.model_version}")
+    return reasons + wire_limits(candidate)
+
+
+def wire_limits(bundle: Bundle) -> list[str]:
+    """What a robot running ``bundle`` would put on the wire that a record may not carry.
+
+    Every experience carries the bundle's labels (one probability each) and a window of
+    its K frames x signals, and its event history holds names of the bundle's vocabulary:
+    a bundle past ``LIMITS`` leaves its robots unable to ship a single experience.
+    """
+    from thinkmem_ros.link.experience import LIMITS, valid_name
+
+    m, reasons = bundle.manifest, []
+    if len(m.labels) > LIMITS["max_labels"]:
+        reasons.append(f"candidate has {len(m.labels)} labels, over the wire limit of "
+                       f"{LIMITS['max_labels']} per experience: its robots could ship none")
+    if len(set(m.labels)) != len(m.labels):
+        reasons.append("candidate repeats label names: a record refuses duplicate labels")
+    if m.window > LIMITS["max_frames"] or len(m.signals) > LIMITS["max_features"]:
+        reasons.append(f"candidate window {m.window} frames x {len(m.signals)} signals is "
+                       f"over the wire limit of {LIMITS['max_frames']} x "
+                       f"{LIMITS['max_features']}")
+    for kind, names in (("label", m.labels), ("event", m.event_vocabulary)):
+        bad = [name for name in names if not valid_name(name)]
+        if bad:
+            reasons.append(f"candidate has {len(bad)} {kind} names a record cannot carry "
+                           f"(more than {LIMITS['max_name']} characters or outside "
+                           f"[A-Za-z0-9_.:-/]), e.g. {bad[0][:80]!r}")
     return reasons
 
 

@@ -10,8 +10,9 @@ rate). Discovered prefixes are put on real signal windows (``with_context``).
 The candidate must be a drop-in replacement on the robot, so it keeps the current bundle's
 window K, signal order and event-history length M (the node's hot-swap refuses anything
 else) and only *grows* names: labels gain the discovered ``consider:X`` thinking of the
-promoted knowledge units (and any label a record's ``required`` names), the event
-vocabulary gains codes seen in the units and the records. Warm start copies every known
+promoted knowledge units (and a label records' ``required`` name, once enough records from
+more than one episode do: ``candidate_labels``; never past the wire's label limit), the
+event vocabulary gains codes seen in the units and the records. Warm start copies every known
 weight row by name (``train.warm_start``), so a grown head keeps what it knew.
 
 Direct rows get their discovered columns from the promoted rules themselves: a row whose
@@ -38,7 +39,6 @@ import numpy as np
 
 from thinkmem_ros.consolidator.direct import (
     direct_material_on,
-    required_labels,
     split_heldout,
 )
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
@@ -91,11 +91,21 @@ class RetrainConfig:
     # no-antecedent probes in some demo runs: as many negatives of each kind the gate
     # probes (filler, B alone, B...A) as positives, so no kind is outweighed by A...B
     negatives_per_kind: int = 48
+    # a label a record's ``required`` names joins the candidate only with this much
+    # evidence: its head row starts from scratch and learns from its positives alone, and a
+    # quarter of the episodes go to the gate and a fifth of the rest to validation, so
+    # fewer than 10 positive records leave nothing to learn or tune; and from at least 2
+    # episodes, so one episode's (or one robot's free-form judge's) word is not a label.
+    # The set never exceeds the wire's ``LIMITS["max_labels"]`` (most-evidenced first):
+    # a robot running a bundle with more labels cannot ship any experience
+    new_label_min_positives: int = 10
+    new_label_min_episodes: int = 2
     threads: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "patience", "positives_per_unit", "threads"):
+        for name in ("epochs", "batch_size", "patience", "positives_per_unit", "threads",
+                     "new_label_min_positives", "new_label_min_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RetrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.negatives_per_kind < 0:
@@ -150,6 +160,54 @@ def grow(base: Sequence[str], extra: Iterable[str]) -> tuple[str, ...]:
     for name in extra:
         out.setdefault(name, None)
     return tuple(out)
+
+
+def evidenced_labels(experiences: Iterable[Experience], known: Sequence[str],
+                     min_positives: int, min_episodes: int) -> list[str]:
+    """Labels new to ``known`` that records' ``required`` name with enough evidence.
+
+    A label qualifies with at least ``min_positives`` records naming it, from at least
+    ``min_episodes`` distinct (robot, episode) pairs; the result is most-evidenced first
+    (more records, then more episodes, then first seen).
+    """
+    known = set(known)
+    records: dict[str, int] = {}
+    episodes: dict[str, set] = {}
+    for exp in experiences:
+        for label in dict.fromkeys(exp.required or ()):
+            if label in known:
+                continue
+            records[label] = records.get(label, 0) + 1
+            episodes.setdefault(label, set()).add((exp.robot_id, exp.episode_id))
+    order = {name: i for i, name in enumerate(records)}
+    kept = [name for name in records
+            if records[name] >= min_positives and len(episodes[name]) >= min_episodes]
+    return sorted(kept, key=lambda n: (-records[n], -len(episodes[n]), order[n]))
+
+
+def candidate_labels(running: Sequence[str], experiences: Sequence[Experience],
+                     units: Sequence[KnowledgeUnit], cfg: RetrainConfig
+                     ) -> tuple[tuple[str, ...], list[KnowledgeUnit]]:
+    """(label list, units kept): the running labels, then new ones, within the wire limit.
+
+    Every running label stays (the gate refuses a candidate that drops one). New labels are
+    the promoted units' ``consider:C`` (discovery already judged their evidence), then the
+    labels records' ``required`` name with ``cfg.new_label_min_*`` evidence, most-evidenced
+    first, until ``LIMITS["max_labels"]``: a record carries one probability per label of
+    the bundle, and one with more is refused on the robot and by the consolidator. A label
+    left out is not learned this round; records that name it are skipped by the direct
+    material (``skipped_unknown_label``), and a unit whose label is left out is not trained.
+    """
+    from thinkmem_ros.link.experience import LIMITS
+
+    room = max(0, LIMITS["max_labels"] - len(running))
+    thinking = [name for name in dict.fromkeys(u.thinking for u in units)
+                if name not in running]
+    required = evidenced_labels(experiences, [*running, *thinking],
+                                cfg.new_label_min_positives, cfg.new_label_min_episodes)
+    new = [*thinking, *required][:room]
+    labels = grow(running, new)
+    return labels, [u for u in units if u.thinking in labels]
 
 
 def rule_fires(history: Sequence[str], unit: KnowledgeUnit) -> bool:
@@ -273,7 +331,7 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     """
     m = current.manifest
     units = [u for u in units if u.active]
-    labels = grow(m.labels, [*required_labels(experiences), *(u.thinking for u in units)])
+    labels, units = candidate_labels(m.labels, experiences, units, cfg)
     seen_events = (e for exp in experiences if exp.required is not None for e in exp.events)
     vocabulary = grow(m.event_vocabulary,
                       [*(c for u in units for c in u.pattern), *sorted(set(seen_events))])
