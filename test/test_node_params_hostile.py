@@ -157,3 +157,50 @@ def test_the_node_refuses_a_params_file_with_a_key_given_twice(tmp_path, ros_env
         f"thinking_node: refusing to start: params file {str(path)!r}: line 4: "
         "'frame_rate_hz' is given twice in one mapping (first at line 3); rcl would "
         "silently use the last"], err
+
+
+# ------------------------------------------------------------------ robot_id as a folder
+
+@pytest.mark.parametrize("robot_id, says", [
+    ("..", "must not start with '.'"),
+    (".", "must not start with '.'"),
+    (".hidden", "must not start with '.'"),
+    ("../other", "must not start with '.'"),
+    ("a/b", "must be one folder name"),
+    ("/abs", "must be one folder name"),
+    ("a\\b", "must be one folder name"),
+    ("a\nb", "must not hold control characters"),
+    ("r" * 256, "is longer than a folder name"),
+])
+def test_a_robot_id_that_is_no_single_folder_name_is_refused(robot_id, says):
+    with pytest.raises(ValueError) as caught:
+        NodeConfig(robot_id=robot_id)
+    assert str(caught.value).startswith(f"robot_id {robot_id!r} {says}"), caught.value
+
+
+def test_a_shipping_robot_id_may_not_start_with_a_dot_either():
+    with pytest.raises(ValueError) as caught:
+        NodeConfig(robot_id=".r1", consolidator_endpoint="tcp://127.0.0.1:5999")
+    assert "robot_id '.r1'" in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("robot_id", ["robot", "r1.v2", "disk-bot", "ns:robot_7", "bot 7"])
+def test_robot_ids_that_are_folder_names_are_kept(robot_id, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    config = NodeConfig(robot_id=robot_id)
+    assert config.bundles_folder() == tmp_path / "thinkmem_ros" / robot_id / "bundles"
+
+
+@pytest.mark.ros
+def test_the_node_refuses_robot_id_dot_dot_before_making_its_spool(tmp_path, ros_env):
+    # '..' once put the spool at $XDG_STATE_HOME/spool.db, outside thinkmem_ros/
+    state = tmp_path / "state"
+    env = dict(ros_env, XDG_STATE_HOME=str(state))
+    rc, err = run_node(env, "-p", "robot_id:=..", "-p",
+                       "consolidator_endpoint:=tcp://127.0.0.1:5999", timeout=30.0)
+    assert rc == 2, (rc, err)
+    assert refusal_lines(err) == [
+        "thinking_node: refusing to start: robot_id '..' must not start with '.' (it names "
+        "this robot's state folder)"], err
+    assert not (state / "spool.db").exists()
+    assert not (state / "bundles").exists()

@@ -162,7 +162,8 @@ class ParamSpec:
 PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("bundle_path", "", "model bundle folder; '' = the shipped default bundle. "
               "Changing it at run time verifies and hot-swaps the bundle", read_only=False),
-    ParamSpec("robot_id", "robot", "robot identity reported in diagnostics and experiences"),
+    ParamSpec("robot_id", "robot", "robot identity reported in diagnostics and experiences; "
+              "it names this robot's state folder, so one folder name, not starting with '.'"),
     ParamSpec("frame_rate_hz", 0.0, "frame rate; 0 = the bundle's frame_rate_hz", 0.0,
               1000.0),
     ParamSpec("frame_trigger", "timer", "'timer': frames at a fixed rate; 'samples': a frame "
@@ -331,6 +332,9 @@ class NodeConfig:
         _integer("inference_threads", self.inference_threads, 1)
         if not isinstance(self.robot_id, str) or not self.robot_id.strip():
             raise ValueError(f"robot_id must be a non-empty string, got {self.robot_id!r}")
+        problem = robot_id_path_problem(self.robot_id)
+        if problem:
+            raise ValueError(f"robot_id {self.robot_id!r} {problem}")
         for label, tau in self.thresholds.items():
             if not (isinstance(tau, (int, float)) and 0.0 <= tau <= 1.0):
                 raise ValueError(f"thresholds[{label!r}] must be in [0, 1], got {tau!r}")
@@ -405,10 +409,11 @@ class NodeConfig:
         endpoint = self.consolidator_endpoint
         if not endpoint:
             return
-        if not re.fullmatch(rf"[A-Za-z0-9_.:\-]{{1,{MAX_ROBOT_ID_CHARS}}}", self.robot_id):
+        if (len(self.robot_id) > MAX_ROBOT_ID_CHARS
+                or not re.fullmatch(r"[A-Za-z0-9_:\-][A-Za-z0-9_.:\-]*", self.robot_id)):
             raise ValueError(f"robot_id {self.robot_id!r} cannot name experiences: use "
-                             f"letters, digits and _.:- (at most {MAX_ROBOT_ID_CHARS}, so "
-                             "its episode ids fit)")
+                             f"letters, digits and _.:-, not starting with '.' (at most "
+                             f"{MAX_ROBOT_ID_CHARS}, so its episode ids fit)")
         endpoints = [e.strip() for e in endpoint.split(",")]  # several receivers
         for one in endpoints:
             problem = connect_endpoint_problem(one)
@@ -579,6 +584,24 @@ def connect_endpoint_problem(endpoint: str) -> str | None:
     if not host or host == "*" or not port.isdigit() or not 1 <= int(port) <= 65535:
         return (f"must name a host and a port 1-65535 to connect to ('*' only binds), "
                 f"got {endpoint!r}")
+    return None
+
+
+def robot_id_path_problem(robot_id: str) -> str | None:
+    """Why ``robot_id`` cannot be one folder name under the state directory (None if it can).
+
+    The node's default spool and bundles folders are ``state_dir(robot_id)``: ``..`` put
+    the spool in ``~/.local/state`` itself, outside ``thinkmem_ros/``, and ``a/b`` nests
+    one robot's state inside another's. Like ``thinkmem keys --name``, no leading '.'.
+    """
+    if robot_id.startswith("."):
+        return "must not start with '.' (it names this robot's state folder)"
+    if "/" in robot_id or "\\" in robot_id:
+        return "must be one folder name, without '/' or '\\' (it names this robot's state folder)"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in robot_id):
+        return "must not hold control characters (it names this robot's state folder)"
+    if len(robot_id.encode("utf-8", "surrogatepass")) > 255:
+        return "is longer than a folder name may be (255 bytes)"
     return None
 
 
