@@ -204,3 +204,29 @@ def test_the_node_refuses_robot_id_dot_dot_before_making_its_spool(tmp_path, ros
         "this robot's state folder)"], err
     assert not (state / "spool.db").exists()
     assert not (state / "bundles").exists()
+
+
+def test_a_stats_file_under_home_is_written_where_the_start_check_made_it(
+        tmp_path, monkeypatch, ros_env, source_bundle):
+    """``stats_file: ~/s.json`` passed the check (which expands ``~``) and was then
+    written at shutdown to ``./~/s.json``, a folder named '~' that only logged an error."""
+    import rclpy
+    from rclpy.parameter import Parameter
+
+    from thinkmem_ros.robot.node import ThinkingNode
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        node = ThinkingNode(context=context, parameter_overrides=[
+            Parameter("bundle_path", value=str(source_bundle)),
+            Parameter("stats_file", value="~/s.json")])
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+    written = tmp_path / "home" / "s.json"
+    assert written.is_file() and '"frame_trigger"' in written.read_text()
+    assert not (tmp_path / "~").exists()

@@ -60,9 +60,12 @@ reads them and a set of ``bundle_path`` that cannot work is refused with its rea
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import functools
 import json
+import os
+import stat
 import sys
 import threading
 import time
@@ -284,6 +287,20 @@ def _input_callback(method: Callable) -> Callable:
 DRAIN_MAX = 64
 """Samples of one topic handled per executor wake-up at most, so a flooded topic cannot
 hold back timers and the other topics for long."""
+
+
+def _write_regular(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as a regular file; OSError for anything else.
+
+    ``~`` is expanded as the start-up check expands it (``~/s.json`` passed that check and
+    was then written to ``./~/s.json``), and the open never blocks: a FIFO put in the
+    file's place since the check would hold the node's shutdown until a reader came.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        out.write(text)
 
 
 Readers = tuple[tuple[int, SignalAdapter], ...]
@@ -1020,7 +1037,7 @@ class ThinkingNode(Node):
         data["totals"] = self._totals()
         data["frame_rate_hz"] = self.frame_rate_hz
         data["frame_trigger"] = self.config.frame_trigger
-        Path(path).write_text(json.dumps(data), encoding="utf-8")
+        _write_regular(Path(path).expanduser(), json.dumps(data))
 
     def destroy_node(self) -> None:
         """Stop the worker and the hot-swap thread (bounded waits), then write stats.
