@@ -51,6 +51,15 @@ def base_material(n: int, rng: np.random.Generator) -> SituationSet:
                         event_vocabulary=BASE_EVENTS)
 
 
+# The gate's evidence floors (GateConfig: min_heldout 200 situations, min_blocks 10,
+# min_positives 50) are for real rounds. This world's bundle records no world scenario and
+# no training set, so a round on a few hundred of its records is judged on ~50 held-out
+# rows of ~10 episodes alone, under the floors: a test about something else than how much
+# evidence the gate needs states that it judges on them anyway (the pre-floor gate). The
+# floors themselves are tested in test_round_odd_stores.py.
+JUDGE_SMALL = {"min_heldout": 1, "min_blocks": 1, "min_positives": 0}
+
+
 _CACHE: dict[tuple[int, bool], Path] = {}
 
 

@@ -26,6 +26,7 @@ from thinkmem_ros.consolidator.canary import (
     evaluate,
 )
 from thinkmem_ros.consolidator.canary_selection import CanaryConfig, CanarySelector, robot_score
+from thinkmem_ros.consolidator.gate import GateConfig
 from thinkmem_ros.consolidator.ingest import open_receiver
 from thinkmem_ros.consolidator.publish import PublishConfig, Publisher
 from thinkmem_ros.consolidator.retrain import RetrainConfig
@@ -581,7 +582,8 @@ def test_end_to_end_canary_rollback_over_zeromq(tmp_path, one_thread):
                                 bind="tcp://127.0.0.1:*", check_s=0.05,
                                 trigger=TriggerConfig(period_s=1e6, buffer_limit=10000),
                                 retrain=RetrainConfig(epochs=2, distill_margin=0.1),
-                                canary=canary_cfg)
+                                canary=canary_cfg,  # the canary, not the gate's floors
+                                gate=GateConfig(**world.JUDGE_SMALL))
     installed = {name: [] for name in names}
     receivers, shippers = {}, {}
     with ConsolidatorService(config) as service:

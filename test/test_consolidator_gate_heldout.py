@@ -60,8 +60,11 @@ def test_gate_judges_regression_on_direct_plus_rehearsal_rows(round_material):
     candidate = export_candidate(trained, tmp / "cand", model_version=2, current=running,
                                  material=material)
     n_dir, n_d = len(material.heldout), len(material.heldout_rehearsal)
-    report = validate(candidate, running, trained, material.heldout, [], GateConfig(),
-                      np.random.default_rng(0), rehearsal_heldout=material.heldout_rehearsal)
+    # the floor at exactly the rows there are: judged (the evidence floors' own defaults are
+    # tested in test_round_odd_stores.py), and one more row below refuses it (strict)
+    report = validate(candidate, running, trained, material.heldout, [],
+                      GateConfig(min_heldout=n_dir + n_d), np.random.default_rng(0),
+                      rehearsal_heldout=material.heldout_rehearsal)
     assert report.checks["heldout_rows"] == n_dir + n_d
     assert report.checks["heldout_rows_by_source"] == {"direct": n_dir, "rehearsal": n_d}
     assert set(report.checks["f1_by_source"]) == {"direct", "rehearsal"}

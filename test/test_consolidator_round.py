@@ -44,7 +44,8 @@ def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_pa
                                 signing_key=setup["key"], initial_bundle=setup["bundle"],
                                 bind="tcp://127.0.0.1:*",
                                 trigger=TriggerConfig(buffer_limit=200),
-                                retrain=RetrainConfig(distill_margin=0.1))
+                                retrain=RetrainConfig(distill_margin=0.1),
+                                gate=GateConfig(**world.JUDGE_SMALL))  # 55 held-out rows
     installed = []
     robot = BundleReceiver(BundleReceiverConfig(tmp_path / "robot", setup["pub"],
                                                 current_version=1), on_install=installed.append)
@@ -94,7 +95,8 @@ def test_round_end_to_end_ships_discovers_retrains_gates_signs_and_pushes(tmp_pa
 
 def test_gate_rejects_a_damaged_candidate_with_a_reason(tmp_path, setup):
     running = load_bundle(setup["bundle"])
-    records = world.experiences("r1", 40, 5, seed=2)
+    # 200 episodes: the default gate's evidence floors are met (>= 200 held-out rows)
+    records = world.experiences("r1", 200, 5, seed=2)
     material = assemble(records, [], running, RetrainConfig(epochs=3))
     trained = retrain(material, running, RetrainConfig(epochs=3))
     with torch.no_grad():  # deliberate damage: the head predicts the opposite
@@ -137,7 +139,8 @@ def test_a_round_whose_retraining_regresses_ships_its_rules_with_the_running_pol
         store.insert_many([(e, encode_experience(e)) for e in records])
     service = ConsolidatorService(ConsolidatorConfig(
         db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=setup["key"],
-        initial_bundle=setup["bundle"], retrain=RetrainConfig(epochs=2)))
+        initial_bundle=setup["bundle"], retrain=RetrainConfig(epochs=2),
+        gate=GateConfig(**world.JUDGE_SMALL)))  # the fallback, not the gate's floors
     report = service.run_round("test")
     assert "EA>EB>EC" in report.promoted
     assert [a["policy"] for a in report.attempts] == ["retrained"]
@@ -189,7 +192,8 @@ def test_a_round_on_a_streaming_bundle_publishes_a_streaming_candidate(tmp_path,
         store.insert_many([(e, encode_experience(e)) for e in records])
     service = ConsolidatorService(ConsolidatorConfig(
         db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=setup["key"],
-        initial_bundle=running, retrain=RetrainConfig(distill_margin=0.1)))
+        initial_bundle=running, retrain=RetrainConfig(distill_margin=0.1),
+        gate=GateConfig(**world.JUDGE_SMALL)))  # the streaming path, not the gate's floors
     report = service.run_round("test")
     assert "EA>EB>EC" in report.promoted, report.to_dict()
     assert report.published_version == 2, report.to_dict()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from thinkmem_ros.consolidator.gate import GateConfig
 from thinkmem_ros.consolidator.rehearsal import (
     RehearsalConfig,
     RehearsalError,
@@ -178,7 +179,8 @@ def test_a_published_round_saves_its_training_set_beside_the_bundle(tmp_path):
     config = ConsolidatorConfig(
         db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=key,
         initial_bundle=bundle, retrain=RetrainConfig(),
-        rehearsal=RehearsalConfig(npz=tmp_path / "d.npz", max_rows=250))
+        rehearsal=RehearsalConfig(npz=tmp_path / "d.npz", max_rows=250),
+        gate=GateConfig(**world.JUDGE_SMALL))  # what is saved, not the gate's floors
     from thinkmem_ros.consolidator.store import ExperienceStore
 
     records = [replace(e, seq=i) for i, e in enumerate(world.experiences("r1", 40, 5, seed=1))]

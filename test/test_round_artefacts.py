@@ -23,7 +23,7 @@ from thinkmem_ros.policy.value_table import ValueTable
 ARTEFACT_FILES = {"values.npz", "values.json", "memctl.npz", "memctl.json"}
 # this file checks what a round ships, not how good the candidate is (test_gate_* do that)
 OPEN_GATE = GateConfig(f1_tolerance=1.0, label_f1_tolerance=1.0, rule_recall=0.0,
-                       rule_false_rate=1.0)
+                       rule_false_rate=1.0, **world.JUDGE_SMALL)
 
 
 @pytest.fixture(autouse=True)

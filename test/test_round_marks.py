@@ -30,7 +30,10 @@ def _store(path, robot, episodes, seed):
 
 def _service(tmp_path, **config):
     """A consolidator on ``tmp_path/c.db`` over the test world's running bundle."""
+    from thinkmem_ros.consolidator.gate import GateConfig
+
     _, key = write_signing_keypair(tmp_path / "keys", "consolidator")
+    config.setdefault("gate", GateConfig(**world.JUDGE_SMALL))  # marks, not the gate's floors
     return ConsolidatorService(ConsolidatorConfig(
         db_path=tmp_path / "c.db", publish_dir=tmp_path / "pub", signing_key=key,
         initial_bundle=world.running_bundle(tmp_path / "running"),

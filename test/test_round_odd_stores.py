@@ -128,3 +128,77 @@ def test_a_round_on_free_form_labels_never_publishes_past_the_wire_limit(tmp_pat
                    probabilities=np.zeros(len(labels), np.float32),
                    bundle_version=bundle.version, seq=0)
     assert report.material["skipped_unknown_label"] == 300, report.material
+
+
+# ------------------------------------------------------------------ evidence the gate needs
+
+def _kept_candidate(tmp_path, running, records):
+    """The running policy itself as the candidate: its base predictions are identical, so
+    only the amount of evidence decides (the bootstrap's bound is exactly 0)."""
+    material = assemble(records, [], running, RetrainConfig(epochs=1))
+    kept = keep_running(material, running)
+    candidate = export_candidate(kept, tmp_path / "cand", model_version=2, current=running,
+                                 material=material)
+    return material, kept, candidate
+
+
+def test_the_gate_refuses_one_held_out_row_by_default(tmp_path, running):
+    records = [replace(e, episode_id=f"ep{i}")  # 4 one-experience episodes
+               for i, e in enumerate(world.experiences("r1", 4, 1, seed=3))]
+    material, kept, candidate = _kept_candidate(tmp_path, running, records)
+    assert 0 < len(material.heldout) < 5
+    report = validate(candidate, running, kept, material.heldout, [], GateConfig(),
+                      np.random.default_rng(0))
+    assert not report.passed
+    assert any("min_heldout 200" in r for r in report.reasons), report.reasons
+    assert any("min_blocks 10" in r for r in report.reasons), report.reasons
+    assert report.checks["regression"] == "skipped"
+
+
+def test_the_gate_refuses_rows_without_positives(tmp_path, running):
+    records = [replace(e, required=[]) for e in world.experiences("r1", 200, 5, seed=3)]
+    material, kept, candidate = _kept_candidate(tmp_path, running, records)
+    assert len(material.heldout) >= 200  # enough rows and episodes, not one positive
+    report = validate(candidate, running, kept, material.heldout, [], GateConfig(),
+                      np.random.default_rng(0))
+    assert not report.passed
+    assert [r for r in report.reasons if "min_positives 50" in r] == report.reasons
+    assert report.checks["evidence"]["base_positives"] == 0
+
+
+def test_the_gate_refuses_rows_from_too_few_episodes(tmp_path, running):
+    records = world.experiences("r1", 8, 60, seed=3)  # long episodes: few blocks
+    material, kept, candidate = _kept_candidate(tmp_path, running, records)
+    cfg = GateConfig(min_heldout=len(material.heldout))
+    report = validate(candidate, running, kept, material.heldout, [], cfg,
+                      np.random.default_rng(0))
+    assert report.checks["evidence"]["blocks"] < 10
+    assert not report.passed
+    assert [r for r in report.reasons if "min_blocks 10" in r] == report.reasons
+
+
+def test_the_gate_judges_when_the_evidence_meets_every_floor(tmp_path, running):
+    records = world.experiences("r1", 200, 5, seed=3)
+    material, kept, candidate = _kept_candidate(tmp_path, running, records)
+    report = validate(candidate, running, kept, material.heldout, [], GateConfig(),
+                      np.random.default_rng(0))
+    assert report.passed, report.reasons
+    evidence = report.checks["evidence"]
+    assert evidence["situations"] >= 200 and evidence["blocks"] >= 10
+    assert evidence["base_positives"] >= 50
+    assert report.checks["noninferiority"]["micro"]["lower"] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["tiny", "nothing_needed"])
+def test_a_round_on_evidence_it_cannot_judge_publishes_nothing(tmp_path, kind):
+    if kind == "tiny":
+        records = [replace(e, episode_id=f"ep{i}")
+                   for i, e in enumerate(world.experiences("r1", 4, 1, seed=3))]
+    else:
+        records = [replace(e, required=[]) for e in world.experiences("r1", 40, 5, seed=3)]
+    report = _round(tmp_path, records)
+    assert report.published_version is None, (report.outcome, report.gate)
+    assert report.outcome == "rejected by the gate"
+    assert not (tmp_path / "pub" / "current").exists()
+    assert report.gate is not None and any("too few" in r or "cannot" in r
+                                           for r in report.gate.reasons)

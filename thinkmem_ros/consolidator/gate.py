@@ -33,8 +33,11 @@ Every check below must pass, and each failure is a sentence in ``GateReport.reas
    base label with at least ``label_min_positives`` positives, the same bound of that
    label's F1 is above ``-label_f1_tolerance`` (0.01). Identical predictions give a bound
    of exactly 0; a candidate that truly lost more than the margin fails with probability
-   >= ``confidence``. Fewer than ``min_heldout`` scored situations in all fail the check
-   with a reason (unless ``allow_no_heldout``);
+   >= ``confidence``. Too little evidence fails the check with a reason (unless
+   ``allow_no_heldout``): fewer than ``min_heldout`` scored situations in all (default
+   ``MIN_HELDOUT_ROWS``), fewer than ``min_blocks`` resampled blocks, or fewer than
+   ``min_positives`` positives of the base labels. The defaults hold for every caller: a
+   gate that passes 2 rows passes whatever they happen to favour;
 4. new rules active: for each promoted unit, fresh held-out prefixes A...B (not the
    training draws) raise ``consider:C`` in at least ``rule_recall`` of cases, and
    histories without the antecedent (filler, B alone, B...A) raise it in at most
@@ -87,9 +90,24 @@ class GateConfig:
     fresh_duration_s: float = 75.0  # 4 x 75 s at 10 Hz = 3,000 frames, ~5 s of gate time
     fresh_seed: int = 0
     stale_after_s: float = 0.5  # the node's default staleness limit, for the replay
-    # scored situations (fresh frames + held-out rows) needed to judge regression
-    min_heldout: int = 1
-    allow_no_heldout: bool = False  # pass the regression check when there is nothing to judge
+    # The evidence the regression check needs before it judges at all; below any floor the
+    # candidate is refused (the round keeps the running bundle), never passed on noise.
+    # Measured without them (a bundle with no recorded world scenario, judged on held-out
+    # rows alone): 1 row in 1 block, or 2 rows, or 50 rows with no positive, each passed
+    # and published a candidate that scored 0.9638 -> 0.93-0.95 on fresh data.
+    # scored situations (fresh frames + held-out rows): at ~120 rows one row moves micro-F1
+    # by ~0.01, twice the margin; MIN_HELDOUT_ROWS is the floor the demo judged on already
+    min_heldout: int = MIN_HELDOUT_ROWS
+    # resampled blocks (episodes, groups of D, fresh-stream blocks) in all: the bootstrap's
+    # spread comes from the blocks alone; with one or a few it has none and its bound is
+    # the observed difference
+    min_blocks: int = 10
+    # positives of the base labels among the scored situations: without positives micro-F1
+    # is 0 (or 1) for both bundles whatever they do, and the bound is exactly 0; the same
+    # count the per-label test asks of one label (``label_min_positives``)
+    min_positives: int = 50
+    # pass the regression check when there is too little to judge (no floor applies)
+    allow_no_heldout: bool = False
     rule_recall: float = 0.8
     rule_false_rate: float = 0.2
     rule_probes: int = 20
@@ -107,7 +125,9 @@ class GateConfig:
         for name in ("min_heldout", "rule_probes", "bootstrap", "block_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GateConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("fresh_streams", "label_min_positives"):
+        if self.min_blocks < 1:
+            raise ValueError(f"GateConfig.min_blocks must be >= 1, got {self.min_blocks}")
+        for name in ("fresh_streams", "label_min_positives", "min_positives"):
             if getattr(self, name) < 0:
                 raise ValueError(f"GateConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not self.fresh_duration_s > 0:
@@ -503,13 +523,10 @@ def _regression(cand_rt, cand_probs, run_rt, heldout: SituationSet,
                                    np.concatenate(cand_pred), np.concatenate(blocks)))
     n = sum(len(src.blocks) for src in scored)
     checks["scored_situations"] = n
-    if n < cfg.min_heldout or n == 0:
+    short = _too_little(scored, cfg, checks)
+    if short:
         checks["regression"] = "skipped"
-        if cfg.allow_no_heldout:
-            return []
-        counts = ", ".join(f"{len(src.blocks)} {src.name}" for src in scored) or "none"
-        return [f"only {n} held-out rows or replayed frames ({counts}; < min_heldout "
-                f"{cfg.min_heldout}): too few to show the candidate does not regress"]
+        return [] if cfg.allow_no_heldout else short
     result = paired_bootstrap(scored, cfg, rng)
     checks["f1_by_source"] = {
         src.name: {"running": micro_scores(src.truth, src.running)["f1"],
@@ -540,6 +557,30 @@ def _regression(cand_rt, cand_probs, run_rt, heldout: SituationSet,
                 f"{cell['running']:.4f} ({cell['delta']:+.4f}, {cell['positives']} positives); "
                 f"its one-sided {pct} lower bound {cell['lower']:+.4f} is not above "
                 f"-{cfg.label_f1_tolerance}")
+    return reasons
+
+
+def _too_little(scored: Sequence[ScoredSource], cfg: GateConfig, checks: dict) -> list[str]:
+    """A reason per evidence floor the scored situations miss (none: judge them)."""
+    n = sum(len(src.blocks) for src in scored)
+    blocks = sum(int(src.blocks.max()) + 1 for src in scored if len(src.blocks))
+    positives = sum(int(src.truth.sum()) for src in scored)
+    checks["evidence"] = {"situations": n, "blocks": blocks, "base_positives": positives,
+                          "min_heldout": cfg.min_heldout, "min_blocks": cfg.min_blocks,
+                          "min_positives": cfg.min_positives}
+    reasons = []
+    if n < cfg.min_heldout or n == 0:
+        counts = ", ".join(f"{len(src.blocks)} {src.name}" for src in scored) or "none"
+        reasons.append(f"only {n} held-out rows or replayed frames ({counts}; < min_heldout "
+                       f"{cfg.min_heldout}): too few to show the candidate does not regress")
+    if n and blocks < cfg.min_blocks:
+        reasons.append(f"the {n} scored situations fall in only {blocks} resampled blocks "
+                       f"(episodes, groups of D, stream blocks; < min_blocks "
+                       f"{cfg.min_blocks}): the bootstrap cannot tell a loss from chance")
+    if n and positives < cfg.min_positives:
+        reasons.append(f"only {positives} positives of the base labels among the {n} scored "
+                       f"situations (< min_positives {cfg.min_positives}): F1 on them cannot "
+                       f"show the candidate does not regress")
     return reasons
 
 
