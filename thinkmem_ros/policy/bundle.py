@@ -281,12 +281,39 @@ def parse_manifest(text: str | bytes, source: str = MANIFEST) -> BundleManifest:
     if len(text) > MAX_MANIFEST_BYTES:
         raise BundleError(f"{source}: {len(text)} bytes exceed {MAX_MANIFEST_BYTES}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys_object)
+    except DuplicateKeyError as exc:
+        key = repr(exc.key) if len(exc.key) <= 60 else repr(exc.key[:57]) + "..."
+        raise BundleError(f"{source}: key {key} appears twice in one JSON object; "
+                          "a reader would keep only the last value") from None
     except RecursionError:
         raise BundleError(f"{source}: cannot parse JSON: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, over-long int literals
         raise BundleError(f"{source}: cannot parse JSON: {exc}") from None
     return BundleManifest.from_dict(data, source=source)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that holds one key twice; ``key`` is that key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} appears twice in one JSON object")
+        self.key = key
+
+
+def unique_keys_object(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads`` object_pairs_hook that refuses a repeated key (DuplicateKeyError).
+
+    Plain ``json.loads`` keeps the last of two equal keys, so a manifest with
+    ``"frame_rate_hz": 3.0, "frame_rate_hz": 10.0`` read as 10 Hz without a word, while
+    another reader (or a reviewer) may take the first.
+    """
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
 
 
 def load_bundle(folder: Path | str) -> Bundle:
