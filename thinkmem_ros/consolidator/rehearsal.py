@@ -260,7 +260,11 @@ def rebuild(bundle: Bundle, streams: int) -> SituationSet | None:
     found = recipe(bundle)
     if found is None:
         return None
-    data = found.windows(streams)
+    try:
+        data = found.windows(streams)
+    except ValueError as exc:  # an unknown scenario, fewer frames than its window
+        raise RehearsalError(f"bundle v{bundle.version}: its recipe cannot be rebuilt: "
+                             f"{exc}") from exc
     data.meta = {"source": "rehearsal", "recipe": bundle.manifest.extras["command"],
                  "streams": min(streams, found.streams)}
     return data

@@ -13,6 +13,7 @@ import argparse
 import math
 import shlex
 from dataclasses import dataclass, fields
+from typing import NoReturn
 
 import numpy as np
 
@@ -23,6 +24,24 @@ from thinkmem_ros.world.streams import generate_stream, stream_windows
 
 class RecipeError(ValueError):
     """A recorded recipe cannot be read back."""
+
+
+TRAINING_OPTIONS = ("--test-duration", "--preset", "--epochs", "--batch-size", "--lr",
+                    "--patience", "--threads", "--model-version", "--out", "--signal-drop")
+"""Options of a world ``thinkmem train`` command (besides the recipe's and the flag
+``--no-progress``) that take a value and leave its training set as it is. A recorded
+command with any other option is not a world recipe (``StreamRecipe.from_command``)."""
+
+
+class _RecipeParser(argparse.ArgumentParser):
+    """A parser whose every error raises ``argparse.ArgumentError``.
+
+    ``exit_on_error=False`` alone still printed usage to stderr and exited for an
+    ambiguous abbreviation.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
 
 
 @dataclass(frozen=True)
@@ -87,16 +106,34 @@ class StreamRecipe:
 
     @classmethod
     def from_command(cls, command: str) -> StreamRecipe | None:
-        """Read back a recorded ``thinkmem train ...`` command; None if it is not one."""
-        tokens = shlex.split(command)
+        """Read back a recorded ``thinkmem train ...`` command; None if it is not one.
+
+        Only a command that trains on the synthetic world has a recipe: one that names an
+        option this recipe does not know (``--bag``, ``--params``, ``--labels``: a robot's
+        own recordings), or a stray argument, is None, as a command of another verb is.
+        Why: the recipe's defaults filled in whatever such a command lacked, so a bundle
+        trained on a Husky's recordings read back as 8 streams of the synthetic world,
+        and a round rehearsed world data its policy was never trained on. A world command
+        this parser cannot read (a bad value, an ambiguous abbreviation, broken quoting)
+        raises ``RecipeError``.
+        """
+        try:
+            tokens = shlex.split(command)
+        except ValueError as exc:  # an unclosed quote
+            raise RecipeError(f"cannot parse the recipe {command!r}: {exc}") from exc
         if tokens[:2] != ["thinkmem", "train"]:
             return None
-        parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+        parser = _RecipeParser(add_help=False, exit_on_error=False)
         cls.add_arguments(parser)
-        try:  # training options (--epochs, --preset...) are not part of the data recipe
-            args, _ = parser.parse_known_args(tokens[2:])
+        for option in TRAINING_OPTIONS:  # they train the policy, the data stays the same
+            parser.add_argument(option)
+        parser.add_argument("--no-progress", action="store_true")
+        try:
+            args, rest = parser.parse_known_args(tokens[2:])
         except (argparse.ArgumentError, SystemExit) as exc:
             raise RecipeError(f"cannot parse the recipe {command!r}: {exc}") from exc
+        if rest:  # not a world training command: no recipe rebuilds its training set
+            return None
         return cls.from_args(args)
 
     def rng_children(self) -> list[np.random.Generator]:
