@@ -73,3 +73,19 @@ def test_seconds_past_a_week_are_refused_naming_the_key(tmp_path, rule, key):
     path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: 0.1, "
                   "hold_s: 604800}\n")
     assert load_rules(path, SIGNALS).label_names == ("turning",)
+
+
+@pytest.mark.parametrize("bound, says", [("above: -1.0", "never off"),
+                                         ("below: 0", "never on")])
+def test_an_absolute_threshold_that_cannot_change_is_refused(tmp_path, bound, says):
+    """``above: -1.0, absolute: true`` labelled every frame positive and trained rc 0."""
+    path = _write(tmp_path, f"  turning:\n    threshold: {{signal: yaw_rate, {bound}, "
+                  "absolute: true}\n")
+    key = bound.split(":")[0]
+    with pytest.raises(RulesError) as err:
+        load_rules(path, SIGNALS)
+    message = str(err.value)
+    assert message.startswith(f"{path}: labels.turning.threshold.{key}: with absolute: true")
+    assert says in message and "\n" not in message
+    path = _write(tmp_path, "  turning:\n    threshold: {signal: yaw_rate, above: -1.0}\n")
+    assert load_rules(path, SIGNALS).label_names == ("turning",)  # a signed signal may dip

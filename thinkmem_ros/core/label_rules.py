@@ -342,6 +342,15 @@ def _parse_rule(source: str, name: str, spec: Any, defined: list[str]) -> Rule:
             raise RulesError(f"{where}.all: {later} are not labels defined above {name!r} "
                              f"(defined: {defined})")
         body = {**body, "all": tuple(names)}
+    if kind == "threshold" and body.get("absolute") is True:
+        above, below = body.get("above"), body.get("below")
+        if above is not None and above < 0:
+            raise RulesError(f"{where}.above: with absolute: true every observed frame is "
+                             f"above {above!r}, so the label is never off; a label needs "
+                             "negatives to teach anything")
+        if below is not None and below <= 0:
+            raise RulesError(f"{where}.below: with absolute: true no frame is below "
+                             f"{below!r}, so the label is never on")
     if "signal" not in body and kind != "co_occurrence":
         raise RulesError(f"{where}: missing 'signal'")
     if kind == "trend" and "window_s" not in body:
