@@ -108,6 +108,18 @@ def test_bundle_signature_roundtrip_and_tampering(tmp_path, keydir):
     assert issubclass(SignatureError, BundleError)
 
 
+def test_a_signed_manifest_that_gives_a_key_twice_does_not_verify(tmp_path, keydir):
+    """Signed bytes read last-wins here while every loader refuses them: one reading."""
+    bundle = _bundle(tmp_path / "b")
+    text = (bundle.path / "bundle.json").read_text()
+    (bundle.path / "bundle.json").write_text(
+        text.replace('"model_version": 3', '"model_version": 9, "model_version": 3', 1))
+    sign_bundle(bundle.path, keydir / "signer.sign.key")
+    with pytest.raises(SignatureError, match="signed but unparsable.*'model_version' appears "
+                                             "twice"):
+        verify_bundle_signature(bundle.path, keydir / "signer.sign.pub")
+
+
 def test_signed_manifest_but_swapped_onnx_fails_hash(tmp_path, keydir):
     bundle = _bundle(tmp_path / "b")
     sign_bundle(bundle.path, keydir / "signer.sign.key")

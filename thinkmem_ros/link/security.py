@@ -64,6 +64,7 @@ from thinkmem_ros.policy.bundle import (
     BundleError,
     BundleManifest,
     load_bundle,
+    parse_manifest,
     read_bundle_file,
 )
 
@@ -519,9 +520,9 @@ def verify_bundle_signature(folder: Path | str,
         raise SignatureError(
             f"{folder}: bundle.json signature does not verify with the configured key "
             "(tampered manifest or wrong signer)") from exc
-    try:
-        return BundleManifest.from_dict(json.loads(manifest), source=str(folder / MANIFEST))
-    except ValueError as exc:
+    try:  # the one reading every loader uses: a key given twice is refused, not last-wins
+        return parse_manifest(manifest, source=str(folder / MANIFEST))
+    except (BundleError, ValueError) as exc:
         raise SignatureError(f"{folder / MANIFEST}: signed but unparsable: {exc}") from exc
 
 
