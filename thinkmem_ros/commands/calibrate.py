@@ -42,11 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = None) -> dict:
     """The report as a dict: ``signals`` (per signal), ``warnings`` (list), ``bundle``."""
-    import yaml
-
     from thinkmem_ros.core.paths import resolve_bundle_path
-    from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
-    from thinkmem_ros.playback.recording import load_signal_map, read_samples, summarise
+    from thinkmem_ros.playback.recording import load_params, read_samples, summarise
     from thinkmem_ros.playback.stamp_check import (
         FUTURE_KEY,
         future_tolerance,
@@ -56,13 +53,12 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     )
     from thinkmem_ros.policy.bundle import load_bundle
 
-    signal_map = load_signal_map(params)
+    # read once, as the node reads it: its sections only, its names and types
+    values, signal_map = load_params(params)
     _check_as_the_node_does(signal_map)
-    tolerance = future_tolerance(_find_key(load_numbers_yaml(
-        Path(params).read_text(encoding="utf-8")), FUTURE_KEY), str(params))
+    tolerance = future_tolerance(values.get(FUTURE_KEY), str(params))
     if bundle is None:
-        bundle = _bundle_path_of(yaml.safe_load(Path(params).read_text(encoding="utf-8")),
-                                 params)
+        bundle = _bundle_path_of(values, params)
     folder = resolve_bundle_path(bundle)
     # verified, not only read: a report against a damaged or tampered bundle would be
     # advice about a model no node will load
@@ -140,13 +136,16 @@ def _check_as_the_node_does(signal_map) -> None:
                              f"it)") from None
 
 
-def _bundle_path_of(raw, params) -> str:
-    """The params file's bundle_path, '' when unset (the shipped bundle); else ValueError.
+def _bundle_path_of(values, params) -> str:
+    """The node's bundle_path in ``values``, '' when unset (the shipped bundle); else ValueError.
 
-    A number or a list there is a mistake the node refuses; falling back to the shipped
-    bundle would calibrate against a bundle the robot never runs, without a word.
+    ``values`` are the parameters the file gives the thinking node
+    (``recording.load_params``): a bundle_path in another node's section, or
+    nested anywhere else, is not the one the robot runs. A number or a list there is a
+    mistake the node refuses; falling back to the shipped bundle would calibrate against a
+    bundle the robot never runs, without a word.
     """
-    found = _find_key(raw, "bundle_path")
+    found = values.get("bundle_path")
     if found is None:
         return ""
     if not isinstance(found, str):

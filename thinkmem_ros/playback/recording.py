@@ -141,22 +141,150 @@ def _gap_after(steps: np.ndarray) -> float:
     return max(GAP_S, 10.0 * float(np.median(steps)))
 
 
-def _ros_parameters(raw: Any, seen: set[int] | None = None) -> list[dict]:
-    """Every ``ros__parameters`` mapping of a parameter file, at any namespace depth.
+def node_sections(raw: Any) -> list[tuple[str, dict]]:
+    """(node-name key, its ``ros__parameters`` mapping) of each section, in file order.
 
-    Each mapping is walked once: YAML aliases share one object, and a 2 kB chain of
-    aliases to aliases is 2^26 paths but only 27 mappings.
+    The key is the path of node-name levels joined with '/', as rcl joins them
+    (``/**``, ``thinking_node``, ``robot1/thinking_node``). Each mapping is walked once:
+    YAML aliases share one object, and a chain of aliases to aliases is 2^26 paths.
     """
-    seen = set() if seen is None else seen
-    found: list[dict] = []
-    if isinstance(raw, dict) and id(raw) not in seen:
-        seen.add(id(raw))
-        for key, value in raw.items():
-            if key == "ros__parameters" and isinstance(value, dict):
-                found.append(value)
+    found: list[tuple[str, dict]] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, list[str]]] = [(raw, [])]
+    while stack:
+        node, path = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        below = []
+        for key, value in node.items():
+            if key == "ros__parameters":
+                if isinstance(value, dict):
+                    found.append(("/".join(path), value))
             else:
-                found.extend(_ros_parameters(value, seen))
+                below.append((value, [*path, str(key)]))
+        stack.extend(reversed(below))  # depth first, in file order
     return found
+
+
+def node_name_of(keys: list[str], source: str = "params") -> str:
+    """The node name a parameter file configures: ``/thinking_node`` or its namespaced name.
+
+    A section naming thinking_node in a namespace (``/robot1/thinking_node:``, or
+    ``robot1: thinking_node:``) is read as the node launched there reads it, with the
+    ``/**`` sections; two different names (two robots in one file) cannot be told apart
+    offboard and are refused.
+    """
+    from thinkmem_ros.robot.node_config import NODE_NAME
+
+    named = sorted({"/" + "/".join(parts) for parts in
+                    ([part for part in key.split("/") if part] for key in keys if "*" not in key)
+                    if parts[-1:] == [NODE_NAME]})
+    if len(named) > 1:
+        raise ValueError(f"{source}: configures {NODE_NAME} under several names {named}; "
+                         f"the offboard tools read one node's parameters, so keep one "
+                         f"robot per file")
+    return named[0] if named else f"/{NODE_NAME}"
+
+
+def node_parameters(raw: Any, source: str = "params") -> dict[str, Any]:
+    """The parameters a file gives the thinking node: its sections merged as rcl merges them.
+
+    Only sections whose node-name key matches the node (``/**``, ``/thinking_node``,
+    ``/*``, or its namespaced name) are read, later ones overriding earlier ones name by
+    name: a section for another node is not the thinking node's. A mapping without any
+    ``ros__parameters`` is taken as the parameters themselves.
+    """
+    from thinkmem_ros.robot.node_config import selector_matches
+
+    sections = node_sections(raw)
+    if not sections:
+        return raw if isinstance(raw, dict) else {}
+    fqn = node_name_of([key for key, _ in sections], source)
+    merged: dict[str, Any] = {}
+    for key, section in sections:
+        if selector_matches(key, fqn):
+            _merge(merged, section)
+    if not merged:
+        keys = sorted({key for key, _ in sections})
+        raise ValueError(f"{source}: no parameters for {fqn} (under '/**:' or "
+                         f"'{fqn.rsplit('/', 1)[-1]}:'); the file only configures {keys}")
+    return merged
+
+
+def _merge(into: dict[str, Any], section: Mapping[str, Any]) -> None:
+    """Merge ``section`` into ``into`` name by name (nested mappings are copied).
+
+    A dotted key (``signals.speed.topic: x``) is the name rcl makes of nested ones.
+    """
+    for key, value in section.items():
+        *outer, last = str(key).split(".")
+        target = into
+        for part in outer:
+            if not isinstance(target.get(part), dict):
+                target[part] = {}
+            target = target[part]
+        if isinstance(value, dict):
+            if not isinstance(target.get(last), dict):
+                target[last] = {}
+            _merge(target[last], value)
+        else:
+            target[last] = value
+
+
+def flat_parameters(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{'signals': {'a': {'topic': t}}}`` -> ``{'signals.a.topic': t}`` (rcl's names)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flat_parameters(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+_RCL_TYPES = {bool: "bool", int: "integer", float: "double", str: "string"}
+_WANT = {"bool": "true or false", "integer": "a whole number",
+         "double": "a number with a decimal point", "string": "a string"}
+
+
+def _rcl_type(value: Any) -> str:
+    """The ROS parameter type of a YAML value, as rcl types its text."""
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return _RCL_TYPES.get(type(value), type(value).__name__)
+
+
+def check_parameter_types(params: Mapping[str, Any], source: str = "params") -> None:
+    """ValueError naming a parameter whose YAML type is not the one the node declares.
+
+    rcl types a value by its text (``10`` an integer, ``10.0`` a double, ``"10"`` a
+    string) and the node declares each parameter with one type, so ``frame_rate_hz: 10``
+    stops the node at start; the signal adapter keys are declared with dynamic typing and
+    checked by the adapter instead.
+    """
+    from thinkmem_ros.robot.node_config import PARAMETERS, ROS_PARAMETERS, signal_params
+
+    specs = {spec.name: spec for spec in PARAMETERS}
+    for name, value in flat_parameters(params).items():
+        parts = name.split(".")
+        if name in ROS_PARAMETERS:
+            want = "bool"
+        else:
+            spec = specs.get(name)
+            if spec is None and len(parts) == 3 and parts[0] == "signals":
+                spec = next((s for s in signal_params(parts[1]) if s.name == name), None)
+            if spec is None or spec.dynamic:
+                continue
+            want = _rcl_type(spec.default)
+        got = _rcl_type(value)
+        if got != want:
+            hint = (f"; write {value}.0" if (got, want) == ("integer", "double")
+                    and abs(value) < 10**15 else "")
+            raise ValueError(f"{source}: {name} must be {_WANT[want]}, got {_short(value)} "
+                             f"(a YAML {got}): the node declares it a {want} and does not "
+                             f"start with it{hint}")
 
 
 def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
@@ -166,12 +294,10 @@ def parse_signal_map(raw: Any, source: str = "params") -> SignalMap:
     ``<source>: signals.<name>.<key>``. Entries are read as the node reads them
     (``robot.node_config.source_from_entry``: a topic, type or field left out takes the
     node's default), so a file the robot runs is never refused offboard; a map with every
-    signal absent is refused, as the node refuses it.
+    signal absent is refused, as the node refuses it. Only the sections the thinking node
+    reads count (``node_parameters``).
     """
-    sections = _ros_parameters(raw) or ([raw] if isinstance(raw, dict) else [])
-    params: dict[str, Any] = {}
-    for section in sections:
-        params.update(section)
+    params = node_parameters(raw, source)
     signals = params.get("signals")
     if not isinstance(signals, dict) or not signals:
         raise ValueError(f"{source}: no 'signals' mapping (signals.<name>: {{topic, type, "
@@ -283,21 +409,52 @@ def _canonical(msg_type: str) -> str:
     return f"{parts[0]}/msg/{parts[1]}" if len(parts) == 2 else msg_type
 
 
-def load_signal_map(path: Path | str) -> SignalMap:
-    """Read a node parameter file's signal map (ValueError naming the file and key)."""
+def load_params(path: Path | str) -> tuple[dict[str, Any], SignalMap]:
+    """(the parameters a file gives the thinking node, its signal map), checked as the node checks.
+
+    The offboard tools read the file the node reads, so they refuse what the node refuses,
+    with the node's own checks (``robot.node_config``: the file's structure, YAML aliases,
+    a key given twice, the signal map's entries, parameter names with a suggestion for a
+    typo) and rcl's types (``check_parameter_types``). Only the thinking node's sections
+    are read (``node_parameters``). ValueError naming the file and the key.
+    """
     import yaml
 
     from thinkmem_ros.core.input_files import input_file
     from thinkmem_ros.core.yaml_numbers import load_numbers_yaml
+    from thinkmem_ros.robot.node_config import read_params_file, validate_ros_args
 
     path = input_file(path, "parameter file")  # a FIFO would block the read for ever
+    source = str(path)
     try:
         if path.stat().st_size > MAX_PARAMS_BYTES:
             raise ValueError(f"{path}: larger than {MAX_PARAMS_BYTES} bytes")
-        raw = load_numbers_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raw = load_numbers_yaml(path.read_text(encoding="utf-8"), unique_keys=True)
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read parameters: {exc}") from None
-    return parse_signal_map(raw, source=str(path))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise ValueError(f"{path}: cannot read parameters: {at}{problem}") from None
+    fqn = node_name_of([key for key, _ in node_sections(raw)], source)
+    read_params_file(path, fqn)  # the structure rcl needs; aliases; a name given twice
+    params = node_parameters(raw, source)
+    signal_map = parse_signal_map(params, source)
+    namespace, _, name = fqn.rpartition("/")  # checked as the node launched there checks
+    validate_ros_args(["--ros-args", "-r", f"__ns:={namespace or '/'}", "-r",
+                       f"__node:={name}", "--params-file", source])
+    check_parameter_types(params, source)
+    return params, signal_map
+
+
+def load_signal_map(path: Path | str) -> SignalMap:
+    """Read a node parameter file's signal map (ValueError naming the file and key).
+
+    The file is read as the node reads it (``load_params``): one the node refuses is
+    refused here, before a bundle is calibrated or trained for it.
+    """
+    return load_params(path)[1]
 
 
 def _messages(path: Path, topics: set[str]) -> tuple[Iterator[tuple[str, str, int, Any]],
