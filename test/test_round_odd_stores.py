@@ -202,3 +202,30 @@ def test_a_round_on_evidence_it_cannot_judge_publishes_nothing(tmp_path, kind):
     assert not (tmp_path / "pub" / "current").exists()
     assert report.gate is not None and any("too few" in r or "cannot" in r
                                            for r in report.gate.reasons)
+
+
+# ------------------------------------------------------------------ the event vocabulary
+
+def test_codes_of_one_episode_do_not_grow_the_vocabulary(running):
+    records = world.experiences("r1", 40, 5, seed=3)
+    unique = [replace(e, events=[*e.events, *(f"obj_{i}_{j}" for j in range(20))])
+              for i, e in enumerate(records)]
+    material = assemble(unique, [], running, RetrainConfig(epochs=1))
+    assert not [c for c in material.event_vocabulary if c.startswith("obj_")]
+    # the planted rule's codes are in every few episodes: they still join
+    assert {"EA", "EB", "EC"} <= set(material.event_vocabulary)
+
+
+def test_the_vocabulary_is_capped_most_frequent_first(running):
+    base = world.experiences("r1", 10, 1, seed=3)
+    # 5,000 codes, each in exactly 2 of 10 one-record episodes; "hot" in all 10
+    records = [replace(e, events=["hot", *(f"c{(k * 500 + j) % 5000}" for j in range(1000))])
+               for k, e in enumerate(base)]
+    material = assemble(records, [], running, RetrainConfig(epochs=1))
+    vocabulary = material.event_vocabulary
+    assert len(vocabulary) == 4096
+    assert vocabulary[:len(running.manifest.event_vocabulary)] == tuple(
+        running.manifest.event_vocabulary)
+    assert vocabulary[len(running.manifest.event_vocabulary)] == "hot"
+    small = assemble(records, [], running, RetrainConfig(epochs=1, max_event_vocabulary=12))
+    assert len(small.event_vocabulary) == 12 and "hot" in small.event_vocabulary
