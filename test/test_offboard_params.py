@@ -122,3 +122,23 @@ def test_the_tutorial_params_file_still_reads():
     signal_map = load_signal_map(REAL / "husky_params.yaml")
     assert signal_map.names == ("speed", "yaw_rate", "vibration", "gyro")
     assert (signal_map.frame_rate_hz, signal_map.stale_after_s) == (10.0, 0.5)
+
+
+def test_an_explicit_rate_that_differs_from_the_files_is_refused_not_dropped(tmp_path, capsys):
+    path = params(tmp_path, HUSKY)  # frame_rate_hz: 10.0, the rate the node runs at
+    code, err = train(capsys, tmp_path, path, "--rate", "20")
+    assert_one_line(code, err, "--rate 20", "frame_rate_hz 10", str(path))
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_rate_trains_a_file_that_leaves_the_rate_to_the_bundle(tmp_path, capsys):
+    from thinkmem_ros.policy.bundle import load_bundle
+
+    path = params(tmp_path, HUSKY.replace("    frame_rate_hz: 10.0", "    frame_rate_hz: 0.0"))
+    code, err = train(capsys, tmp_path, path, "--rate", "5")
+    assert code == 0, err
+    assert load_bundle(tmp_path / "bundle").manifest.frame_rate_hz == 5.0
+    # the same rate given twice is no conflict
+    code, err = train(capsys, tmp_path, params(tmp_path, HUSKY, "ten.yaml"), "--rate", "10")
+    assert code == 0, err
+    assert load_bundle(tmp_path / "bundle").manifest.frame_rate_hz == 10.0

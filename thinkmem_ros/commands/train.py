@@ -40,6 +40,18 @@ from thinkmem_ros.world.recipe import StreamRecipe
 
 HELP = "train a policy and export it as a model bundle"
 
+
+class DefaultRate(float):
+    """``--rate`` when none is given: a float, told apart from an explicit ``--rate`` by type.
+
+    With --bag the params file's frame_rate_hz, when set, is the rate (the node runs the
+    bundle at it); a --rate given as well must be seen to be checked against it, and an
+    explicit ``--rate 10`` equals the default. ``commands.train_bags`` (which this module
+    imports) reads ``is_default`` rather than the class.
+    """
+
+    is_default = True
+
 REPRODUCE_DEFAULT = (
     "thinkmem train --scenario mixed --duration 900 --streams 16 --stride 3 --rate 10 "
     "--window 64 --preset streaming-restart --epochs 45 --patience 8 --batch-size 256 "
@@ -77,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The recipe parser keeps its historical defaults (they read old recorded commands);
     # here they depend on --bag and are filled in by resolve_defaults.
     parser.set_defaults(streams=None, window=None)
+    parser.set_defaults(rate=DefaultRate(parser.get_default("rate")))
     parser.add_argument("--test-duration", type=float, default=600.0,
                         help="seconds of the held-out evaluation stream (0 = none)")
     parser.add_argument("--preset", default=None,

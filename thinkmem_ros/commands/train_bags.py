@@ -85,8 +85,23 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
                 if args.feedback_labels else None))
     except (ValueError, RulesError, BagError) as exc:
         raise SystemExit(one_line(exc)) from None
-    return _Inputs(signal_map, rules, hindsight, augment,
-                   signal_map.frame_rate_hz or args.rate)
+    return _Inputs(signal_map, rules, hindsight, augment, _rate(args, signal_map))
+
+
+def _rate(args: argparse.Namespace, signal_map) -> float:
+    """The params file's frame_rate_hz when it sets one, else --rate; exit on a conflict.
+
+    The node runs the bundle at the file's frame_rate_hz, so that is the rate to train
+    at; an explicit --rate that differs from it was dropped without a word, leaving a
+    user who asked for 20 Hz with a 10 Hz bundle.
+    """
+    given = not getattr(args.rate, "is_default", False)  # train.DefaultRate: not typed
+    if signal_map.frame_rate_hz and given and args.rate != signal_map.frame_rate_hz:
+        raise SystemExit(f"--rate {args.rate:g} Hz differs from frame_rate_hz "
+                         f"{signal_map.frame_rate_hz:g} Hz in {args.params}, the rate the node "
+                         f"will run the bundle at: leave --rate out, or change frame_rate_hz "
+                         f"(0 lets --rate choose)")
+    return float(signal_map.frame_rate_hz or args.rate)
 
 
 def _refuse_unreadable_inputs(args: argparse.Namespace) -> None:
