@@ -1,5 +1,7 @@
-"""A round's discovery reads only the episodes of its own signal set (``SignalSetFilter``)."""
+"""A round's discovery reads only the episodes of its own signal set (``SignalSetFilter``);
+its log line says where a publication went."""
 
+import logging
 from dataclasses import replace
 
 import consolidator_world as world
@@ -117,3 +119,21 @@ def test_refused_episodes_take_no_share_of_the_discovery_horizon(tmp_path, setup
     assert horizon["robots"] == 1 and horizon["episodes"] == 104
     assert horizon["left_out_episodes"] == 96  # this line's older episodes
     assert report.read["histories"]["refused_episodes"] == 200
+
+
+def test_the_round_log_line_says_a_publication_no_receiver_pushed(caplog):
+    from thinkmem_ros.consolidator.service import RoundReport
+
+    def line(**published) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="thinkmem_ros.consolidator.service"):
+            ConsolidatorService._log(RoundReport(reason="once", outcome="published",
+                                                 **published))
+        return caplog.records[-1].getMessage()
+
+    once = line(published_version=2, pushed_to=None)  # --once: no receiver in the process
+    assert "None" not in once, once
+    assert "published v2, pushed to no robot from this process" in once
+    assert "published v2 to 1 robot in" in line(published_version=2, pushed_to=1)
+    assert "published v2 to 3 robots in" in line(published_version=2, pushed_to=3)
+    assert "published in" in line()

@@ -903,8 +903,22 @@ class ConsolidatorService:
                  report.material or "none", gate,
                  report.policy or "n/a",
                  {k: v["status"] for k, v in report.artefacts.items()} or "n/a",
-                 report.outcome, "" if report.published_version is None else
-                 f" v{report.published_version} to {report.pushed_to} robots", report.seconds)
+                 report.outcome, _pushed(report), report.seconds)
+
+
+def _pushed(report: RoundReport) -> str:
+    """What the log line says of a publication: the version and where it went.
+
+    Why: a round with no receiver in its process (``--once``, a caller's ``run_round``)
+    pushes to nobody, and the line read "published v2 to None robots".
+    """
+    if report.published_version is None:
+        return ""
+    version, robots = report.published_version, report.pushed_to
+    if robots is None:
+        return (f" v{version}, pushed to no robot from this process (it runs no receiver: "
+                f"one serving the publish dir pushes it)")
+    return f" v{version} to {robots} robot{'' if robots == 1 else 's'}"
 
 
 LOGGED_NAMES = 8
