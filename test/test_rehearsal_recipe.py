@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from thinkmem_ros.consolidator.rehearsal import (
@@ -125,3 +126,35 @@ def test_a_world_recipe_that_cannot_be_rebuilt_is_a_rehearsal_error(
     assert says in text and text.startswith(f"bundle v{bundle.version}: ")
     assert "\n" not in text
     assert capsys.readouterr().err == ""  # argparse printed its usage before raising
+
+
+def test_consolidator_once_says_an_unbuildable_recipe_in_one_line(husky_bundle, tmp_path,
+                                                                  capsys):
+    """It reached the CLI's last net: 'RehearsalError: ...', exit 1, as if a bug."""
+    from cli_checks import assert_one_line, run
+
+    from thinkmem_ros.consolidator.store import ExperienceStore
+    from thinkmem_ros.link.experience import Experience, encode_experience
+    from thinkmem_ros.link.security import write_signing_keypair
+
+    bundle = with_command(husky_bundle, tmp_path / "b",
+                          "thinkmem train --scenario nowhere --duration 30")
+    m = load_bundle(bundle).manifest
+    rng = np.random.default_rng(0)
+    records = [Experience(
+        robot_id="husky1", episode_id=f"husky1.b.{ep}", seq=ep * 5 + i,
+        stamp=float(ep * 100 + i), labels=list(m.labels),
+        window=rng.normal(0, 1, (m.window, len(m.signals))).astype(np.float32),
+        probabilities=np.zeros(len(m.labels), np.float32), bundle_version=m.model_version,
+        bundle_sha256=m.sha256, signal_set=m.signal_set, events=[],
+        required=[label for label in m.labels if rng.random() < 0.3])
+        for ep in range(40) for i in range(5)]
+    with ExperienceStore(tmp_path / "c.db") as store:
+        store.insert_many([(e, encode_experience(e)) for e in records])
+    _, key = write_signing_keypair(tmp_path / "keys", "c")
+    code, err = run(capsys, "consolidator", "--once", "--db", tmp_path / "c.db",
+                    "--signing-key", key, "--publish-dir", tmp_path / "pub",
+                    "--initial-bundle", bundle, "--epochs", "1")
+    assert code == 2, err
+    assert_one_line(code, err, "thinkmem consolidator: error:", "unknown scenario 'nowhere'")
+    assert "RehearsalError" not in err

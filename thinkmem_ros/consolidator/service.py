@@ -89,7 +89,7 @@ from thinkmem_ros.consolidator.recall_server import (
     index_store,
 )
 from thinkmem_ros.consolidator.receive import option_message
-from thinkmem_ros.consolidator.rehearsal import RehearsalConfig
+from thinkmem_ros.consolidator.rehearsal import RehearsalConfig, RehearsalError
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
 from thinkmem_ros.consolidator.round_lock import RoundLock
 from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
@@ -498,6 +498,8 @@ class ConsolidatorService:
                 self.run_round(reason)
             except RoundAborted:
                 log.info("round aborted: stopping")
+            except RehearsalError as exc:  # the bundle's material: said in one line, no trace
+                log.error("consolidation round failed: %s", exc)
             except Exception as exc:  # keep serving; the next trigger retries
                 if is_fatal(exc):  # no retry mends it: stop (``store_damaged``)
                     self.store_damaged(exc)
@@ -1133,7 +1135,7 @@ def _check_store(config: ConsolidatorConfig, once: bool) -> None:
 def _check_bundles(config: ConsolidatorConfig, publisher, rehearsal: SituationSet | None
                    ) -> None:
     """Load the initial model, verify the published bundle, fit --rehearsal-npz to it."""
-    from thinkmem_ros.consolidator.rehearsal import RehearsalError, check_fits
+    from thinkmem_ros.consolidator.rehearsal import check_fits
     from thinkmem_ros.core.paths import resolve_bundle_path
     from thinkmem_ros.policy.runtime import PolicyRuntime
 
@@ -1252,6 +1254,9 @@ def _run_once(service: ConsolidatorService) -> int:
         service.run_round("once")
     except RoundAborted:  # the round's log line says it was aborted
         return 0
+    except RehearsalError as exc:  # e.g. a recorded recipe that no longer builds
+        print(f"thinkmem consolidator: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         if not is_fatal(exc):
             raise
