@@ -142,3 +142,9 @@ def test_rate_trains_a_file_that_leaves_the_rate_to_the_bundle(tmp_path, capsys)
     code, err = train(capsys, tmp_path, params(tmp_path, HUSKY, "ten.yaml"), "--rate", "10")
     assert code == 0, err
     assert load_bundle(tmp_path / "bundle").manifest.frame_rate_hz == 10.0
+
+
+def test_calibrate_refuses_an_empty_json_path(tmp_path, capsys):
+    code, err = calibrate(capsys, REAL / "husky_params.yaml", "--json", "")
+    assert_one_line(code, err, "thinkmem calibrate: error:", "--json")
+    assert "warning(s)" not in capsys.readouterr().out

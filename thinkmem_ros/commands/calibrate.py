@@ -209,12 +209,14 @@ def _against_bundle(name: str, binding, row: dict, manifest) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     """Print the calibration table and warnings; 2 on a configuration or bag error.
 
-    An unwritable --json is refused before the bag is read, not after.
+    An unwritable or empty --json is refused before the bag is read, not after.
     """
     from thinkmem_ros.playback.bag_files import BagError
     from thinkmem_ros.policy.bundle import BundleError
 
-    if args.json:
+    if args.json is not None:
+        if not args.json:  # skipped as "no --json", the report went nowhere with exit 0
+            raise SystemExit("thinkmem calibrate: error: --json needs a file name, got ''")
         check_output(args.json, "thinkmem calibrate: error: --json",
                      replaces=json_report("bag", "signals"))
     try:
