@@ -194,6 +194,16 @@ def test_train_refuses_a_signal_without_a_usable_sample(tmp_path, capsys):
     assert "signals.motion: no usable sample on /y (80 message(s)" in one_line_error(capsys)
 
 
+def test_train_refuses_a_label_that_is_always_positive(tmp_path, capsys):
+    """``above: -1`` on a value that is never negative: a head that always fires."""
+    pytest.importorskip("torch")
+    bag = float_bag(tmp_path / "b")
+    out = tmp_path / "o"
+    assert train(bag, params(tmp_path), rules(tmp_path, above=-1.0), out) != 0
+    assert "label(s) ['fast'] are always positive" in one_line_error(capsys)
+    assert not out.exists()
+
+
 def test_train_refuses_a_label_that_is_never_positive(tmp_path, capsys):
     pytest.importorskip("torch")
     bag = float_bag(tmp_path / "b")

@@ -200,18 +200,23 @@ def _windows(args: argparse.Namespace, inputs: _Inputs, bag, index: int, stream)
 
 
 def _refuse_labels_without_positives(data, rules_path: str) -> None:
-    """Exit naming each rules label that is never positive in the training windows.
+    """Exit naming each rules label that is never, or always, positive in the windows.
 
-    Such a label trains a head that never fires; its validation F1 looks perfect (no
-    positive to miss) and the bundle ships it. Usually a threshold on the wrong scale or
-    unit, or a recording that never shows the situation.
+    A never-positive label trains a head that never fires; its validation F1 looks perfect
+    (no positive to miss) and the bundle ships it. An always-positive one is the same
+    mistake the other way round (``above: -1`` on a speed): a head that always fires says
+    nothing. Usually a threshold on the wrong scale or unit, or a recording that never
+    shows (or never leaves) the situation.
     """
-    never = [name for j, name in enumerate(data.label_names)
-             if not (data.labels[:, j] > 0.5).any()]
-    if never:
-        raise SystemExit(f"{rules_path}: label(s) {never} are never positive in the "
-                         f"{len(data)} training situations; check their rules against "
-                         f"'thinkmem calibrate' (scale, unit, thresholds) or remove them")
+    positive = data.labels > 0.5
+    for kind, names in (("never", [n for j, n in enumerate(data.label_names)
+                                   if not positive[:, j].any()]),
+                        ("always", [n for j, n in enumerate(data.label_names)
+                                    if positive[:, j].all()])):
+        if names:
+            raise SystemExit(f"{rules_path}: label(s) {names} are {kind} positive in the "
+                             f"{len(data)} training situations; check their rules against "
+                             f"'thinkmem calibrate' (scale, unit, thresholds) or remove them")
 
 
 def _fit(args: argparse.Namespace, inputs: _Inputs, data):
