@@ -224,30 +224,41 @@ def _flood(endpoint: str, request: bytes, stop: threading.Event, peers: int,
             sock.close(0)
 
 
+def _answered_under_flood(server, request: bytes, client, query, *, peers: int,
+                         keys=None) -> int:
+    """How many of 20 recalls ``client`` gets answered while ``peers`` connections flood.
+
+    The flood runs until the server has answered 50 of its requests (the backlog is
+    built), and stops, and the client is closed, whatever happens.
+    """
+    stop = threading.Event()
+    flood = threading.Thread(target=_flood, args=(server.endpoint, request, stop, peers, keys),
+                             daemon=True)
+    flood.start()
+    try:
+        wait_for(lambda: server.served > 50, 10.0, "the flood answered")
+        answered = 0
+        for _ in range(20):
+            try:
+                client.recall(query)
+                answered += 1
+            except RecallError:
+                pass
+        return answered
+    finally:
+        stop.set()
+        flood.join(5.0)
+        client.close()
+
+
 def test_flooding_peers_do_not_make_a_robots_recall_time_out():
     index, emb = _index(20_000, dim=448)
     index.matrix()
     request = encode_frame(Kind.RECALL_REQ, {"id": 1, "robot_id": "x", "k": 64,
                                              "embedding": emb[1].tobytes()})
     with RecallServer(index) as server:
-        stop = threading.Event()
-        flood = threading.Thread(target=_flood, args=(server.endpoint, request, stop, 4),
-                                 daemon=True)
-        flood.start()
         client = RecallClient(server.endpoint, "r0", deadline_s=0.05, k=4)
-        try:
-            time.sleep(0.3)  # the backlog builds
-            answered = 0
-            for _ in range(20):
-                try:
-                    client.recall(emb[7])
-                    answered += 1
-                except RecallError:
-                    pass
-        finally:
-            stop.set()
-            flood.join(5.0)
-            client.close()
+        answered = _answered_under_flood(server, request, client, emb[7], peers=4)
     assert answered >= 15, f"{answered}/20 answered within 50 ms"
     assert server.served > 100, server.served
     assert server.shed > 0
@@ -262,24 +273,9 @@ def test_one_key_flooding_over_many_connections_gets_one_turn_not_one_per_connec
                                              "embedding": emb[1].tobytes()})
     with RecallServer(index, server_secret_file=fleet_keys / "server.key_secret",
                       allowed_clients=fleet_keys / "allowed") as server:
-        stop = threading.Event()
-        flood = threading.Thread(target=_flood, args=(server.endpoint, request, stop, 40,
-                                                      fleet_keys), daemon=True)
-        flood.start()
         client = _curve_client(server.endpoint, fleet_keys, "r2", deadline_s=0.05)
-        try:
-            wait_for(lambda: server.served > 50, 10.0, "the flood answered")
-            answered = 0
-            for _ in range(20):
-                try:
-                    client.recall(emb[7])
-                    answered += 1
-                except RecallError:
-                    pass
-        finally:
-            stop.set()
-            flood.join(5.0)
-            client.close()
+        answered = _answered_under_flood(server, request, client, emb[7], peers=40,
+                                         keys=fleet_keys)
     assert answered >= 15, f"{answered}/20 answered within 50 ms"
     assert server.shed > 0
 
