@@ -79,9 +79,9 @@ from thinkmem_ros.consolidator.discovery_log import (
 )
 from thinkmem_ros.consolidator.engine import ENGINES, make_engine
 from thinkmem_ros.consolidator.gate import GateConfig, GateReport
-from thinkmem_ros.consolidator.histories import newest_within
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.knowledge import KnowledgeConfig, KnowledgeStore, consolidate
+from thinkmem_ros.consolidator.line_episodes import RefusedEpisodes, line_histories
 from thinkmem_ros.consolidator.recall_server import (
     DEFAULT_MAX_AGE_S,
     DEFAULT_RECALL_EXPERIENCES,
@@ -96,7 +96,6 @@ from thinkmem_ros.consolidator.round_marks import RoundMarkError, RoundMarks
 from thinkmem_ros.consolidator.round_read import (
     DEFAULT_RESERVOIR,
     DEFAULT_ROUND_EXPERIENCES,
-    PAGE,
     Reservoir,
     read_round,
 )
@@ -105,7 +104,6 @@ from thinkmem_ros.consolidator.store import (
     DEFAULT_FLUSH_ROWS,
     ExperienceStore,
     StoreDamaged,
-    StoreError,
     StoreReadOnly,
     holds_store,
     is_damage,
@@ -351,11 +349,7 @@ class ConsolidatorService:
         self._trigger_lock = threading.Lock()
         self._engine = None  # discovery's engine, made on the first round
         self._seen_events: set[str] = set()
-        # the episodes of stored experiences this line refuses, judged through a row id
-        # for a set of served fingerprints (``_refused_episodes``)
-        self._refused: set[tuple[str, str]] = set()
-        self._judged_through = 0
-        self._judged_line: frozenset = frozenset()
+        self._refused = RefusedEpisodes()  # episodes of other lines, judged once each
         self.publisher = Publisher(PublishConfig(config.publish_dir, config.signing_key,
                                                  endorsements=config.endorsements),
                                    resolve_bundle_path(config.initial_bundle))
@@ -602,8 +596,9 @@ class ConsolidatorService:
             experiences = read.experiences
             # discovery's input: the histories carried in the store, the new rows folded in,
             # of this line's episodes only
-            histories, folded = self._line_histories(
-                store, *carried_histories(store, cfg.discovery_events))
+            histories, folded = line_histories(
+                store, *carried_histories(store, cfg.discovery_events),
+                self._refused.of(store, frozenset(self.accept.served)), cfg.discovery_events)
             log_, _ = log_from_rows(histories, cfg.partitions)
             del histories
         report.experiences, report.episodes = len(experiences), len(log_.episode_ids)
@@ -723,82 +718,6 @@ class ConsolidatorService:
         self.accept.serve(load_bundle(publication.path))
         report.timings["publish_s"] = round(time.perf_counter() - t, 3)
         report.outcome = "published" if report.canaries is None else "published to canaries"
-
-    def _line_histories(self, store: ExperienceStore, rows: list[tuple], folded: dict
-                        ) -> tuple[list[tuple], dict]:
-        """Discovery's histories less the episodes of experiences this line refuses.
-
-        ``rows`` and ``folded`` are ``carried_histories``'s answer. Why: the histories
-        carried in the store are per episode, whatever signal set recorded it, so a store
-        holding another robot model's experiences (another line's store, a bundle line
-        changed under it, rows a bare receiver wrote) had discovery mine that model's
-        events and promote its regularities, while the round's training read none of its
-        experiences (``SignalSetFilter``: a round reads only its line's experiences). An
-        episode is left out when any of its experiences carries another line's signal set
-        (``_refused_episodes``).
-
-        The horizon is chosen among this line's episodes: when it held every episode the
-        store carries, the refused ones are dropped from it; when it left episodes out,
-        the refused ones took part of the budget, so it is chosen again, fairly between
-        robots as ``carried`` does, over every carried history of this line
-        (``newest_within``; only such a store pays that read). ``folded["refused_episodes"]``
-        counts the episodes left out for their signal set.
-        """
-        refused = self._refused_episodes(store)
-        if not refused:
-            return rows, folded
-        budget = self.config.discovery_events
-        own = [r for r in rows if (r[0], r[1]) not in refused]
-        folded = {**folded, "refused_episodes": len(refused)}
-        if budget <= 0:
-            return own, folded
-        turn = folded.get("through_id", store.last_id())  # ``carried``'s tie-break
-        if folded["horizon"]["left_out_episodes"] and len(own) < len(rows):
-            try:
-                own = [r for r in store.histories() if (r[0], r[1]) not in refused]
-            except StoreError as exc:
-                if is_fatal(exc):
-                    raise
-                log.warning("%s: discovery reads this line's episodes of the horizon the "
-                            "refused ones shared", exc)
-        own, horizon = newest_within(own, budget, turn)
-        folded["horizon"] = {"max_events": budget, "episodes": horizon.episodes,
-                             "events": horizon.events, "scan_cost": horizon.cost,
-                             "robots": horizon.robots, "left_out_episodes": horizon.left_out}
-        return own, folded
-
-    def _refused_episodes(self, store: ExperienceStore) -> set[tuple[str, str]]:
-        """(robot, episode) of every stored experience of a signal set this line refuses.
-
-        Judged by the fingerprint each row carries (``store.signal_sets`` counts them by
-        column), so only the rows of a fingerprint this line does not serve are read. A
-        record without one (wire versions 1-2) is judged by its bundle and window, which
-        takes decoding every such row each round: its episode stays in discovery, as the
-        receiver, which refuses other lines' records of that kind, stored it. Rows already
-        judged are not read again while the served fingerprints stay the same, so a round
-        reads only what arrived since the last one.
-        """
-        served = frozenset(self.accept.served)
-        if served != self._judged_line:  # another line: every row is judged again
-            self._judged_line, self._judged_through = served, 0
-            self._refused.clear()
-        through = store.last_id()
-        if through <= self._judged_through:
-            return self._refused
-        for fingerprint in store.signal_sets():
-            if not fingerprint or fingerprint in served:
-                continue
-            after = self._judged_through
-            while after < through:
-                page = list(store.iter_experiences(after_id=after, limit=PAGE,
-                                                   signal_set=fingerprint))
-                self._refused.update((exp.robot_id, exp.episode_id)
-                                     for row_id, exp in page if row_id <= through)
-                if len(page) < PAGE:
-                    break
-                after = page[-1][0]
-        self._judged_through = through
-        return self._refused
 
     def _mark(self, current, previous) -> tuple[int, Reservoir | None]:
         """The running bundle's mark (0: read the whole store) and recorded reservoir.
