@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_real_recording import BAG, PARAMS, RULES
 
 from thinkmem_ros.consolidator.rehearsal import (
     RehearsalConfig,
@@ -24,10 +25,6 @@ from thinkmem_ros.consolidator.rehearsal import (
 )
 from thinkmem_ros.policy.bundle import load_bundle
 from thinkmem_ros.world.recipe import StreamRecipe
-
-REAL = Path(__file__).parent / "data" / "real"
-BAG, PARAMS, RULES = (REAL / "husky_outdoor.bag", REAL / "husky_params.yaml",
-                      REAL / "husky_rules.yaml")
 
 
 @pytest.fixture(scope="module")
