@@ -72,15 +72,6 @@ def heldout_mask(episodes: Sequence[tuple[str, str]], first_stamps: Sequence[flo
     return held
 
 
-def required_labels(experiences: Iterable[Experience]) -> list[str]:
-    """Every label some record says was needed, in first-seen order."""
-    seen: dict[str, None] = {}
-    for exp in experiences:
-        for label in exp.required or ():
-            seen.setdefault(label, None)
-    return list(seen)
-
-
 def encode_events(events: Sequence[str], lookup: dict[str, int], max_events: int
                   ) -> np.ndarray:
     """Known event names -> ids (1..), last ``max_events``, right-aligned, 0 = padding."""

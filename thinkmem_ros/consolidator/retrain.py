@@ -233,12 +233,13 @@ def candidate_vocabulary(running: Sequence[str], experiences: Sequence[Experienc
     not know.
     """
     base = grow(running, (c for u in units for c in u.pattern))
+    known = set(base)  # a tuple's `in` scanned up to 4,096 codes per event
     episodes: dict[str, set] = {}
     for exp in experiences:
         if exp.required is None:
             continue
         for name in set(exp.events):
-            if name not in base:
+            if name not in known:
                 episodes.setdefault(name, set()).add((exp.robot_id, exp.episode_id))
     seen = sorted((name for name, eps in episodes.items()
                    if len(eps) >= cfg.new_event_min_episodes),
