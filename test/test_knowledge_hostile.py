@@ -155,3 +155,14 @@ def test_a_key_that_disagreed_no_longer_hides_the_better_row(tmp_path):
         store.save([better])
         with pytest.raises(KnowledgeStoreError, match="key 'zzz'"):
             store.units()
+
+
+def test_an_empty_file_is_no_store_to_list(tmp_path, capsys):
+    """SQLite opens a 0-byte file as an empty database; "no knowledge units" with exit 0
+    would tell whoever named the wrong file that the consolidator found nothing."""
+    empty = tmp_path / "consolidator.sqlite"
+    empty.touch()
+    code, err = run(capsys, "knowledge", "list", "--db", empty)
+    assert_one_line(code, err, "thinkmem knowledge:", empty.name, "no consolidator store")
+    assert code == 2
+    assert empty.stat().st_size == 0  # looking wrote nothing

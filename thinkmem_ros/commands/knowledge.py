@@ -56,6 +56,7 @@ def _refuse(text) -> int:
 def main(args: argparse.Namespace) -> int:
     """Print the units; exit 2 when the database is missing or cannot be read as one."""
     from thinkmem_ros.consolidator.knowledge import KnowledgeStore, KnowledgeStoreError
+    from thinkmem_ros.consolidator.store import StoreError, holds_store
 
     if not Path(args.db).exists():  # sqlite would silently create an empty file
         return _refuse(f"no database at {args.db}")
@@ -64,6 +65,11 @@ def main(args: argparse.Namespace) -> int:
     try:  # SQLite's open of a FIFO waits for a writer forever
         input_file(args.db, "--db")
     except ValueError as exc:
+        return _refuse(exc)
+    try:  # an empty file is a valid SQLite database, and listed "no knowledge units"
+        if not holds_store(args.db):
+            return _refuse(f"{args.db} holds no consolidator store (an empty database)")
+    except StoreError as exc:
         return _refuse(exc)
     try:  # a folder, a file that is not SQLite, a newer schema
         with KnowledgeStore(args.db, read_only=True) as store:  # looking writes nothing
