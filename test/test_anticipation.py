@@ -276,6 +276,29 @@ def test_rules_round_trip_and_tamper_detection(tmp_path):
         RuleSet.load(tmp_path)
 
 
+def test_a_repeated_key_in_the_rules_or_their_sidecar_is_refused(tmp_path):
+    """Plain json keeps the last of two equal keys, so a sidecar holding a wrong sha256
+    first and the right one last passed its tamper check, and a rule read one of two
+    horizons; another reader may take the other."""
+    RuleSet((ABC,), {}).save(tmp_path)
+    meta_text = (tmp_path / RULES_META).read_text()
+    (tmp_path / RULES_META).write_text('{"sha256": "' + "0" * 64 + '", ' + meta_text[1:])
+    with pytest.raises(RulesArtefactError, match="'sha256' appears twice"):
+        RuleSet.load(tmp_path)
+    RuleSet((ABC,), {}).save(tmp_path)
+    text = (tmp_path / RULES_JSON).read_text()
+    assert text.count('"horizon_s": ') == 1
+    raw = text.replace('"horizon_s": ', '"horizon_s": 1e9, "horizon_s": ').encode()
+    import hashlib
+
+    (tmp_path / RULES_JSON).write_bytes(raw)
+    meta = json.loads(meta_text)
+    meta["sha256"] = hashlib.sha256(raw).hexdigest()
+    (tmp_path / RULES_META).write_text(json.dumps(meta))
+    with pytest.raises(RulesArtefactError, match="'horizon_s' appears twice"):
+        RuleSet.load(tmp_path)
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"antecedent": [], "consequent": "C", "thinking": "t", "max_gaps_s": [],
       "horizon_s": 1.0}, "1..8 codes"),

@@ -192,6 +192,7 @@ def test_feedback_waiting_for_its_frame_is_bounded_oldest_dropped_first():
     ('{"stamp": 1, "reward": NaN}', "feedback.reward"),
     ('{"stamp": 1}', "neither"),
     ('{"stamp": 1, "reward": 1, "extra": 2}', "unknown keys"),
+    ('{"stamp": 1, "required": ["bad label"], "required": []}', "appears twice"),
 ])
 def test_parse_feedback_refuses_bad_messages_naming_the_field(text, field):
     with pytest.raises(FeedbackError, match=field):

@@ -22,6 +22,7 @@ from thinkmem_ros.consolidator.publish import PublishConfig, Publisher, push_fra
 from thinkmem_ros.link.experience import Experience
 from thinkmem_ros.link.key_endorsement import (
     ENDORSEMENTS_KEY,
+    EndorsementError,
     KeyEndorsement,
     endorse,
     load_chain,
@@ -373,3 +374,14 @@ def test_publisher_and_cli_refuse_bad_chains(keys, source_bundle, tmp_path, caps
         assert exit_info.value.code != 0 and message.startswith("thinkmem keys: "), argv
         assert "\n" not in message and "Traceback" not in message, message
     assert len(load_chain(keys["chain"])) == 1  # nothing was appended by a refused call
+
+
+def test_a_chain_file_with_a_repeated_key_is_refused(keys, tmp_path):
+    """The chain file names the endorsements a publisher ships; with a key twice, plain
+    json read the last list, and a reviewer reading the first saw another chain."""
+    text = keys["chain"].read_text()
+    doubled = tmp_path / "doubled.json"
+    doubled.write_text(text.replace('"endorsements":', '"endorsements": [], "endorsements":', 1))
+    assert doubled.read_text() != text
+    with pytest.raises(EndorsementError, match="'endorsements' appears twice"):
+        load_chain(doubled)

@@ -323,6 +323,18 @@ def test_a_trust_list_no_endorsement_leads_to_is_refused(robot, caplog, case):
     assert words in store.refused, store.refused
 
 
+def test_a_trust_file_that_holds_a_key_twice_is_refused(robot):
+    """With plain json the last "keys" won: a list naming an outsider first read as the
+    rotated list and was trusted, while anyone reading the file saw the outsider."""
+    rotated(robot)
+    path = robot.bundles / TRUST_FILE
+    outsider = public_hex(nacl.signing.SigningKey.generate().verify_key)
+    path.write_text(path.read_text().replace('"keys":', f'"keys": ["{outsider}"], "keys":', 1))
+    assert outsider in path.read_text()
+    with pytest.raises(TrustStoreError, match="'keys' appears twice"):
+        TrustStore(TrustStoreConfig(robot.bundles, robot.pub))
+
+
 def test_a_refused_trust_file_is_said_once_however_often_it_is_read(robot, caplog):
     """The node reads the list at start (twice) and again per hot swap; each read logged
     the same REFUSED line, so a robot's log repeated it at every swap."""

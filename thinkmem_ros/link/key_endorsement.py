@@ -56,7 +56,7 @@ from thinkmem_ros.link.security import (
     load_verify_key,
     verify_signed_bundle,
 )
-from thinkmem_ros.policy.bundle import Bundle
+from thinkmem_ros.policy.bundle import Bundle, unique_keys_object
 
 ENDORSEMENT_FORMAT = 1
 CHAIN_FORMAT = 1
@@ -274,7 +274,8 @@ def load_chain(path: Path | str) -> list[KeyEndorsement]:
         if path.stat().st_size > MAX_CHAIN_FILE_BYTES:
             raise EndorsementError("malformed", f"{path}: larger than {MAX_CHAIN_FILE_BYTES} "
                                                 "bytes")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"),
+                          object_pairs_hook=unique_keys_object)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise EndorsementError("malformed", f"{path}: cannot read key chain: {reason}") from None

@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from thinkmem_ros.policy.bundle import read_artefact_files, verify_artefact
+from thinkmem_ros.policy.bundle import read_artefact_files, unique_keys_object, verify_artefact
 
 RULES_JSON = "rules.json"
 RULES_META = "rules.meta.json"
@@ -231,7 +231,7 @@ def _rules_document(raw: bytes, source: Path) -> dict:
     the list, so a file of a million rules is refused without constructing them.
     """
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys_object)
     except RecursionError:
         raise RulesArtefactError(f"{source}: nested too deeply") from None
     except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError

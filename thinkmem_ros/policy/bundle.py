@@ -430,7 +430,7 @@ def verify_artefact(folder: Path | str, files: dict[str, bytes], meta_name: str,
     folder = Path(folder)
     path = folder / meta_name
     try:
-        meta = json.loads(files[meta_name].decode("utf-8"))
+        meta = json.loads(files[meta_name].decode("utf-8"), object_pairs_hook=unique_keys_object)
     except RecursionError:
         raise error(f"{path}: cannot parse JSON: nested too deeply") from None
     except ValueError as exc:  # UnicodeDecodeError, JSONDecodeError included

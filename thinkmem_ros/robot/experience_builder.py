@@ -53,6 +53,7 @@ import numpy as np
 
 from thinkmem_ros.core.vocabulary import EPISODE_START_EVENT
 from thinkmem_ros.link.experience import LIMITS, Experience, ExperienceError, valid_name
+from thinkmem_ros.policy.bundle import unique_keys_object
 from thinkmem_ros.robot.activation import FrameResult
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def parse_feedback(text: str) -> Feedback:
     if len(text) > MAX_FEEDBACK_CHARS:
         raise FeedbackError(f"feedback: {len(text)} characters exceed {MAX_FEEDBACK_CHARS}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys_object)
     except RecursionError:
         raise FeedbackError("feedback: not JSON (nested too deeply)") from None
     except ValueError as exc:  # JSONDecodeError, and int strings beyond Python's digit limit

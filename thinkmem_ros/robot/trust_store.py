@@ -58,7 +58,12 @@ from thinkmem_ros.link.key_endorsement import (
     write_json_atomic,
 )
 from thinkmem_ros.link.security import SecurityError
-from thinkmem_ros.policy.bundle import MAX_MANIFEST_BYTES, Bundle, read_bundle_file
+from thinkmem_ros.policy.bundle import (
+    MAX_MANIFEST_BYTES,
+    Bundle,
+    read_bundle_file,
+    unique_keys_object,
+)
 
 log = logging.getLogger(__name__)
 _REFUSALS_SAID: set[tuple[str, str]] = set()
@@ -202,7 +207,8 @@ class TrustStore:
         """Parse the file; TrustStoreError naming it when it is unreadable or malformed."""
         where = f"trust list {self.path}"
         try:  # capped, no special files: a FIFO here blocked the start, /dev/zero filled memory
-            data = json.loads(read_bundle_file(self.path, MAX_CHAIN_FILE_BYTES).decode("utf-8"))
+            data = json.loads(read_bundle_file(self.path, MAX_CHAIN_FILE_BYTES).decode("utf-8"),
+                              object_pairs_hook=unique_keys_object)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise TrustStoreError(f"{where}: cannot read: {exc}{_HINT}") from None
         except RecursionError:  # damage or a hostile file, not a bug: one line, no traceback
