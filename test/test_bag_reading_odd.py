@@ -2,8 +2,8 @@
 
 Real files written with ``rosbags``' writers, then shaped as real tools leave them: a
 metadata.yaml whose QoS text differs from the QoS stored in the storage file (as in
-ros2/rosbag2's own test fixtures), a lone ``.mcap`` file, a folder of complete ``.mcap``
-files without metadata.yaml, and a pre-Iron sqlite3 bag of a type installed nowhere.
+ros2/rosbag2's own test fixtures), a lone ``.mcap`` or ``.db3`` file, a folder of complete
+storage files without metadata.yaml, and a pre-Iron sqlite3 bag of a type installed nowhere.
 """
 
 from __future__ import annotations
@@ -69,21 +69,27 @@ def test_a_bag_whose_metadata_qos_differs_from_its_storage_reads_whole(tmp_path,
     assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
 
 
-# --- a lone .mcap file, and a folder of .mcap files without metadata.yaml -----------------
+# --- a lone storage file, and a folder of storage files without metadata.yaml -------------
 
-def lone_mcap(tmp_path: Path, name: str = "drive.mcap") -> Path:
-    """The MCAP file of a written bag on its own, as ``ros2 bag play drive.mcap`` takes it."""
-    bag = speed_bag(tmp_path / "written")
-    return next(bag.glob("*.mcap")).rename(tmp_path / name)
+SUFFIX = {"mcap": ".mcap", "sqlite3": ".db3"}
 
 
-def test_a_lone_mcap_file_reads_as_a_bag(tmp_path, capsys):
+def lone_mcap(tmp_path: Path, name: str = "drive.mcap", storage: str = "mcap") -> Path:
+    """The storage file of a written bag on its own, as ``ros2 bag play drive.mcap`` takes
+    it."""
+    bag = speed_bag(tmp_path / "written", storage)
+    return next(bag.glob(f"*{SUFFIX[storage]}")).rename(tmp_path / name)
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_a_lone_storage_file_reads_as_a_bag(tmp_path, capsys, storage):
     """A lone .mcap was refused ('not a bag: ... a rosbag2 bag is a folder') although it
-    holds its own summary and ``ros2 bag play drive.mcap`` plays it."""
-    drive = lone_mcap(tmp_path)
+    holds its own summary and ``ros2 bag play drive.mcap`` plays it; a lone .db3 too,
+    though its tables hold its topics, counts and times as well."""
+    drive = lone_mcap(tmp_path, f"drive{SUFFIX[storage]}", storage)
     assert cli.main(["bag", "info", str(drive)]) == 0
     out = capsys.readouterr().out
-    assert f"messages: {N}" in out and "storage:  mcap" in out
+    assert f"messages: {N}" in out and f"storage:  {storage}" in out
     info = checked_bag_info(drive)
     assert info.topics == {"/x": ("std_msgs/msg/Float64", N)}
     assert info.end_ns - info.start_ns == round((N - 1) * 1e9 / RATE)
@@ -91,17 +97,22 @@ def test_a_lone_mcap_file_reads_as_a_bag(tmp_path, capsys):
     assert train(drive, params(tmp_path), rules(tmp_path), tmp_path / "out") == 0
 
 
-def test_a_folder_of_complete_mcap_files_without_metadata_reads_whole(tmp_path, capsys):
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_a_folder_of_complete_storage_files_without_metadata_reads_whole(tmp_path, capsys,
+                                                                         storage):
     """Such a folder was sent to ``ros2 bag reindex`` ('a recording stopped before it
-    closed'), which needs a ROS install; each MCAP file carries its own summary."""
+    closed'), which needs a ROS install; each MCAP file carries its own summary, and each
+    .db3 file its own tables."""
     folder = tmp_path / "run"
     folder.mkdir()
     after = START_NS + N * round(1e9 / RATE)  # the second file goes on where the first ends
-    written = (speed_bag(tmp_path / "a"), speed_bag(tmp_path / "b", start_ns=after))
+    written = (speed_bag(tmp_path / "a", storage),
+               speed_bag(tmp_path / "b", storage, start_ns=after))
     for k, bag in enumerate(written):
-        next(bag.glob("*.mcap")).rename(folder / f"run_{k}.mcap")
+        next(bag.glob(f"*{SUFFIX[storage]}")).rename(folder / f"run_{k}{SUFFIX[storage]}")
     assert cli.main(["bag", "info", str(folder)]) == 0
-    assert f"messages: {2 * N}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"messages: {2 * N}" in out and f"storage:  {storage}" in out
     stamps = [m.timestamp_ns for m in BagStream(folder)]
     assert len(stamps) == 2 * N and stamps == sorted(stamps)
     assert stamps[-1] - stamps[0] == round((2 * N - 1) * 1e9 / RATE)
@@ -119,6 +130,20 @@ def test_a_truncated_lone_mcap_file_is_one_line_naming_it(tmp_path, capsys):
     drive.rename(killed / "killed_0.mcap")
     assert cli.main(["bag", "info", str(killed)]) == 1
     assert "holds killed_0.mcap: a recording stopped before it closed" in one_line_error(capsys)
+
+
+def test_an_empty_or_cut_db3_file_is_one_line_naming_it(tmp_path, capsys):
+    """A .db3 that is no database, whole or in a folder without metadata.yaml."""
+    drive = lone_mcap(tmp_path, "drive.db3", "sqlite3")
+    drive.write_bytes(drive.read_bytes()[:3000])
+    assert cli.main(["bag", "info", str(drive)]) == 1
+    line = one_line_error(capsys)
+    assert str(drive) in line and "cannot open bag" in line
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "killed_0.db3").touch()
+    assert cli.main(["bag", "info", str(killed)]) == 1
+    assert "holds killed_0.db3: a recording stopped before it closed" in one_line_error(capsys)
 
 
 # --- a pre-Iron sqlite3 bag of a type neither the bag nor this machine defines ------------

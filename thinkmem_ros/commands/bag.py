@@ -88,7 +88,8 @@ class PlayVerb:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the ``ros2 bag play`` options this player supports."""
-        parser.add_argument("bag", help="rosbag2 folder, a lone .mcap file or a ROS 1 .bag")
+        parser.add_argument("bag", help="rosbag2 folder, a lone .mcap or .db3 file, "
+                                         "or a ROS 1 .bag")
         parser.add_argument("--rate", type=positive_float, default=1.0,
                             help="playback speed factor (default 1.0)")
         parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
@@ -134,7 +135,8 @@ class InfoVerb:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Only the bag folder."""
-        parser.add_argument("bag", help="rosbag2 folder, a lone .mcap file or a ROS 1 .bag")
+        parser.add_argument("bag", help="rosbag2 folder, a lone .mcap or .db3 file, "
+                                         "or a ROS 1 .bag")
 
     def main(self, args: argparse.Namespace) -> int:
         """Print the summary, once a pass over the bag has confirmed its metadata."""

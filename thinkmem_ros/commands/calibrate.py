@@ -31,7 +31,8 @@ RATE_TOLERANCE = 0.05
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``thinkmem calibrate``."""
-    parser.add_argument("bag", help="recording: rosbag2 folder, .mcap file or ROS 1 .bag file")
+    parser.add_argument("bag", help="recording: rosbag2 folder, a lone .mcap or .db3 "
+                                     "file, or ROS 1 .bag file")
     parser.add_argument("--params", required=True,
                         help="node parameter file with the signals map (topics, adapters)")
     parser.add_argument("--bundle", default=None,

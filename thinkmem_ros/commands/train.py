@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     own = parser.add_argument_group(
         "training on your own recordings (instead of the synthetic world)")
     own.add_argument("--bag", action="append", default=[], metavar="BAG",
-                     help="a recording (rosbag2 folder, .mcap file or ROS 1 .bag); "
+                     help="a recording (rosbag2 folder, .mcap or .db3 file, or ROS 1 .bag); "
                           "repeat for several")
     own.add_argument("--labels", metavar="RULES.yaml|feedback",
                      help="labelling rules (threshold, trend, co_occurrence) for --bag, or "

@@ -433,12 +433,12 @@ def _convert_hint(path: Path) -> str:
 
 
 def _reader(path: Path):
-    """An open rosbags reader of a rosbag2 folder or of a lone ``.mcap`` file.
+    """An open rosbags reader of a rosbag2 folder or of a lone ``.mcap`` or ``.db3`` file.
 
-    ``ros2 bag play drive.mcap`` plays one MCAP file as it stands (the launch file's
+    ``ros2 bag play drive.mcap`` plays one storage file as it stands (the launch file's
     ``play_bag:=/data/run.mcap``), and so do these paths: an MCAP file carries its own
-    summary (topics, counts, time range and definitions), where a ``.db3`` needs its
-    folder's metadata.yaml.
+    summary (topics, counts, time range and definitions), and a ``.db3`` file its topics
+    and messages as tables that give the same.
     """
     from rosbags.rosbag2 import Reader
 
@@ -449,10 +449,10 @@ def _reader(path: Path):
         raise BagError(f"{path} is a ROS 1 bag: {_convert_hint(path)} (bag info and bag "
                        "play read it directly)")
     if not path.is_dir():
-        if path.suffix != ".mcap":
+        if path.suffix not in STORAGE_SUFFIXES:
             raise BagError(f"not a bag: {path} is a file that is no ROS 1 bag (no "
-                           f"'#ROSBAG V2.0' header) and no .mcap file, and a rosbag2 bag "
-                           "of another storage is a folder")
+                           f"'#ROSBAG V2.0' header) and no .mcap or .db3 file, and a "
+                           "rosbag2 bag of another storage is a folder")
         return _opened(Reader(path), path)
     if not (path / "metadata.yaml").is_file():
         return _metadataless_reader(path)
@@ -469,32 +469,36 @@ def _opened(reader, path: Path):
     return reader
 
 
+STORAGE_SUFFIXES = (".mcap", ".db3")
+"""The rosbag2 storage files read without metadata.yaml: they describe themselves."""
+
+
 def _storage_files(folder: Path) -> list[Path]:
     """The .db3 and .mcap files of a bag folder in recording order (``_2`` before ``_10``)."""
     def order(file: Path) -> tuple:
         stem, _, number = file.stem.rpartition("_")
         return (stem, int(number)) if number.isdigit() else (file.stem, -1)
 
-    return sorted((p for p in folder.iterdir() if p.suffix in (".db3", ".mcap")),
+    return sorted((p for p in folder.iterdir() if p.suffix in STORAGE_SUFFIXES),
                   key=lambda p: (*order(p), p.name))
 
 
 def _metadataless_reader(path: Path):
-    """A reader of a folder of complete MCAP files that has no metadata.yaml.
+    """A reader of a folder of complete storage files that has no metadata.yaml.
 
     A recorder stopped before it closed leaves no metadata.yaml, yet an MCAP file that
-    it did close holds its own summary, and the folder reads as it stands. A .db3 file
-    (no summary of its own) or an MCAP file cut short (no summary, no end) still needs
-    ``ros2 bag reindex``, which the error says.
+    it did close holds its own summary, and a .db3 file its topics and messages, so the
+    folder reads as it stands (``ros2 bag reindex``, which needs a ROS install, only
+    writes that metadata.yaml). An MCAP file cut short (no summary, no end) or a .db3
+    file that is no database still needs the reindex, which the error says.
     """
     from rosbags.rosbag2 import Reader
 
     stored = _storage_files(path)
-    if not stored or any(p.suffix != ".mcap" for p in stored):
-        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}"
-                       f"{_reindex_hint(path, stored)}")
+    if not stored:
+        raise BagError(f"not a rosbag2 bag (no metadata.yaml file): {path}")
     reader = Reader(stored[0])
-    reader.storage = McapFolder(stored)
+    reader.storage = StorageFolder(stored)
     try:
         return _opened(reader, path)
     except BagError as exc:
@@ -513,13 +517,14 @@ def _reindex_hint(path: Path, stored: list[Path], why: str = "") -> str:
             f"{path}` repairs")
 
 
-class McapFolder:
-    """A rosbags storage over MCAP files without metadata.yaml, read as a split bag.
+class StorageFolder:
+    """A rosbags storage over MCAP or .db3 files without metadata.yaml, read as a split bag.
 
-    Each file's summary gives its connections, counts and time range; the folder's are
-    their union (a topic's connections in several files are counted together, as
-    ``per_topic`` counts a split bag's). Messages come file by file, each through
-    rosbags' own MCAP reader, and ``BagStream`` merges the files by time.
+    Each file gives its own connections, counts and time range (an MCAP file's summary, a
+    .db3 file's tables); the folder's are their union (a topic's connections in several
+    files are counted together, as ``per_topic`` counts a split bag's). Messages come
+    file by file, each through rosbags' own reader of its storage, and ``BagStream``
+    merges the files by time.
     """
 
     def __init__(self, files: list[Path]) -> None:
@@ -533,10 +538,11 @@ class McapFolder:
     def open(self) -> None:
         """Open every file, closing those already open when one fails."""
         from rosbags.rosbag2.storage_mcap import McapReader
+        from rosbags.rosbag2.storage_sqlite3 import Sqlite3Reader
 
         try:
             for file in self.files:
-                storage = McapReader(file)
+                storage = (McapReader if file.suffix == ".mcap" else Sqlite3Reader)(file)
                 storage.open()
                 self.storages.append(storage)
         except BaseException:
@@ -570,9 +576,10 @@ class McapFolder:
 
 
 def _declared_by(path: Path) -> str:
-    """What states a bag's counts and time range: its metadata.yaml or its MCAP files."""
-    return ("its metadata.yaml" if (path / "metadata.yaml").is_file()
-            else "its MCAP summary")
+    """What states a bag's counts and time range: its metadata.yaml or its storage files."""
+    if (path / "metadata.yaml").is_file():
+        return "its metadata.yaml"
+    return "its MCAP summary" if _storage_of(path) == "mcap" else "its database tables"
 
 
 def _check_metadata_lists(path: Path) -> None:
@@ -625,11 +632,14 @@ def check_bag_path(path: Path | str) -> Path:
 
 
 def _storage_of(path: Path) -> str:
-    """The storage metadata.yaml names; an MCAP file or folder without one is ``mcap``."""
+    """The storage metadata.yaml names; without one, that of the storage files."""
     import yaml
 
+    if path.is_file():
+        return "sqlite3" if path.suffix == ".db3" else "mcap"
     if not (path / "metadata.yaml").is_file():
-        return "mcap"
+        stored = _storage_files(path)
+        return "sqlite3" if stored and stored[0].suffix == ".db3" else "mcap"
     meta = yaml.safe_load((path / "metadata.yaml").read_text())
     return str(meta.get("rosbag2_bagfile_information", {}).get("storage_identifier", ""))
 
@@ -938,7 +948,7 @@ def _per_file_messages(reader, conns: list, start: int | None) -> list[Iterator]
     from rosbags.rosbag2.reader import DirectoryReader
 
     directory = reader.storage
-    if isinstance(directory, McapFolder):
+    if isinstance(directory, StorageFolder):
         conns = conns or directory.connections
         return [one.messages(_file_connections(one, conns), start)
                 for one in directory.storages]
