@@ -35,14 +35,18 @@ def test_required_roundtrips_and_v1_records_still_decode():
 
 def test_direct_material_uses_only_records_that_say_what_was_needed():
     records = [rec(0, ["trend"], ["A", "X", "B"]), rec(1, None), rec(2, []),
-               rec(3, ["trend"], shape=(5, 3)), rec(4, ["unknown_label"])]
+               rec(3, ["trend"], shape=(5, 3)), rec(4, ["unknown_label"]),
+               rec(5, ["hazard", "inspect_wheel"])]
     material = direct_material(records, label_names=("trend", "hazard"),
                                signal_names=("a", "b", "c"), window=4,
                                event_vocabulary=("A", "B"), max_events=3)
     data = material.data
-    assert len(data) == 2 and data.labels.tolist() == [[1, 0], [0, 0]]
+    # a label outside the set is left out of its row; the row's other labels stay (the
+    # hazard positive beside a judge's free-form word was lost with the whole record)
+    assert len(data) == 4 and data.labels.tolist() == [[1, 0], [0, 0], [0, 0], [0, 1]]
     assert data.events[0].tolist() == [0, 1, 2]  # unknown X dropped, right-aligned
-    assert material.skipped == {"no_required": 1, "shape": 1, "unknown_label": 1}
+    assert material.skipped == {"no_required": 1, "shape": 1}
+    assert material.labels_left_out == 2
 
 
 def test_heldout_split_is_by_first_stamp_not_by_id():

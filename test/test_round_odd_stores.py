@@ -67,7 +67,8 @@ def test_a_label_named_by_one_record_is_not_grown(running):
     records = _many_labels(120, 5, every=2)  # 300 records name one label each, 300 none
     material = assemble(records, [], running, RetrainConfig(epochs=1))
     assert material.label_names == tuple(running.manifest.labels)
-    assert material.counts["skipped_unknown_label"] == 300
+    assert material.counts["labels_left_out"] == 300
+    assert material.counts["direct_train"] + material.counts["direct_heldout"] == 600
 
 
 def test_a_new_label_needs_records_from_more_than_one_episode(running):
@@ -127,7 +128,7 @@ def test_a_round_on_free_form_labels_never_publishes_past_the_wire_limit(tmp_pat
                    window=np.zeros((world.K, 7), np.float32), labels=labels,
                    probabilities=np.zeros(len(labels), np.float32),
                    bundle_version=bundle.version, seq=0)
-    assert report.material["skipped_unknown_label"] == 300, report.material
+    assert report.material["labels_left_out"] == 300, report.material
 
 
 # ------------------------------------------------------------------ evidence the gate needs

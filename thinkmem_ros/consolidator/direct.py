@@ -34,12 +34,17 @@ from thinkmem_ros.link.experience import Experience
 
 @dataclass
 class DirectMaterial:
-    """Direct (s, g) rows plus what was skipped and why (for the round log)."""
+    """Direct (s, g) rows plus what was skipped and why (for the round log).
+
+    ``labels_left_out``: rows kept whose ``required`` also named labels outside the set
+    built for (a judge's free-form word that has not earned a label yet).
+    """
 
     data: SituationSet
     episodes: list[tuple[str, str]]  # (robot_id, episode_id) per group index
     first_stamps: list[float] = field(default_factory=list)  # earliest stamp per group
     skipped: dict[str, int] = field(default_factory=dict)
+    labels_left_out: int = 0
 
 
 def episode_key(robot_id: str, episode_id: str) -> int:
@@ -85,11 +90,18 @@ def encode_events(events: Sequence[str], lookup: dict[str, int], max_events: int
 def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[str],
                     signal_names: Sequence[str], window: int,
                     event_vocabulary: Sequence[str], max_events: int) -> DirectMaterial:
-    """Build (s, g) rows for the given shapes from the records that carry ``required``."""
+    """Build (s, g) rows for the given shapes from the records that carry ``required``.
+
+    A label ``required`` names outside ``label_names`` is left out of the row, the rest of
+    it kept: the feedback still says which of the set's labels were needed and which not
+    (skipping such records lost their base-label positives to every free-form word a
+    judge wrote beside them).
+    """
     label_names, signal_names = tuple(label_names), tuple(signal_names)
     label_index = {name: j for j, name in enumerate(label_names)}
     lookup = {name: i + 1 for i, name in enumerate(event_vocabulary)}
-    skipped = {"no_required": 0, "shape": 0, "unknown_label": 0}
+    skipped = {"no_required": 0, "shape": 0}
+    left_out = 0
     groups_of: dict[tuple[str, str], int] = {}
     first: list[float] = []
     signals, masks, events, labels, groups = [], [], [], [], []
@@ -101,11 +113,9 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
             skipped["shape"] += 1
             continue
         target = np.zeros(len(label_names), np.float32)
-        unknown = [g for g in exp.required if g not in label_index]
-        if unknown:
-            skipped["unknown_label"] += 1
-            continue
-        target[[label_index[g] for g in exp.required]] = 1.0
+        known = [label_index[g] for g in exp.required if g in label_index]
+        left_out += len(known) < len(exp.required)
+        target[known] = 1.0
         mask = np.ones(exp.window.shape, np.float32) if exp.mask is None \
             else exp.mask.astype(np.float32)
         signals.append(np.where(mask > 0, exp.window, 0.0).astype(np.float32))
@@ -129,7 +139,7 @@ def direct_material(experiences: Iterable[Experience], *, label_names: Sequence[
         signal_names=signal_names, event_vocabulary=tuple(event_vocabulary),
         meta={"source": "direct"})
     return DirectMaterial(data=data, episodes=list(groups_of), first_stamps=first,
-                          skipped=skipped)
+                          skipped=skipped, labels_left_out=left_out)
 
 
 MATERIAL_CHUNK = 20_000  # experiences per task when an engine builds the material
@@ -157,7 +167,7 @@ def merge_direct(parts: Sequence[DirectMaterial]) -> DirectMaterial:
     """Consecutive chunks' material as one.
 
     Rows in order, episodes numbered by first appearance over all chunks, each episode's
-    earliest stamp, skipped counts summed.
+    earliest stamp, skipped and left-out counts summed.
     """
     groups_of: dict[tuple[str, str], int] = {}
     first: list[float] = []
@@ -178,7 +188,8 @@ def merge_direct(parts: Sequence[DirectMaterial]) -> DirectMaterial:
     data = SituationSet.concat([p.data for p in parts])
     data.groups = np.concatenate(remapped).astype(np.int64)
     return DirectMaterial(data=data, episodes=list(groups_of), first_stamps=first,
-                          skipped=skipped)
+                          skipped=skipped,
+                          labels_left_out=sum(p.labels_left_out for p in parts))
 
 
 def split_heldout(material: DirectMaterial, fraction: float

@@ -206,8 +206,9 @@ def candidate_labels(running: Sequence[str], experiences: Sequence[Experience],
     labels records' ``required`` name with ``cfg.new_label_min_*`` evidence, most-evidenced
     first, until ``LIMITS["max_labels"]``: a record carries one probability per label of
     the bundle, and one with more is refused on the robot and by the consolidator. A label
-    left out is not learned this round; records that name it are skipped by the direct
-    material (``skipped_unknown_label``), and a unit whose label is left out is not trained.
+    left out is not learned this round; records that name it keep their other labels in
+    the direct material (``labels_left_out``), and a unit whose label is left out is not
+    trained.
     """
     from thinkmem_ros.link.experience import LIMITS
 
@@ -399,6 +400,7 @@ def assemble(experiences: Sequence[Experience], units: Sequence[KnowledgeUnit],
     counts = {"rehearsal": 0 if old is None else len(old), "direct_train": len(train_dir),
               "direct_heldout": len(heldout), "discovered": 0 if disc is None else len(disc),
               "rehearsal_heldout": 0 if old_held is None else len(old_held),
+              "labels_left_out": direct.labels_left_out,
               **{f"skipped_{k}": v for k, v in direct.skipped.items()}}
     return Material(train=train, heldout=heldout, units=units, counts=counts,
                     heldout_rehearsal=old_held)
