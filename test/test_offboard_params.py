@@ -1,9 +1,9 @@
 """``thinkmem calibrate`` and ``thinkmem train --bag`` read a params file as the node does.
 
 The same file drives the node on the robot and the offboard tools; a file the node refuses
-(an unknown name, an alias, an integer where it declares a double, a key given twice)
-must be refused offboard too, naming the file and the key, and only the sections the
-thinking node reads may count.
+(an unknown name, an alias, an integer where it declares a double, a key given twice, a
+value outside the range it declares) must be refused offboard too, naming the file and the
+key, and only the sections the thinking node reads may count.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ REFUSED = {
     "other_node": (HUSKY.replace("/**:", "some_other_node:"),
                    ["/thinking_node", "some_other_node"]),
     "duplicate": (HUSKY + "    frame_rate_hz: 5.0\n", ["'frame_rate_hz'", "twice"]),
+    "out_of_range": (HUSKY.replace("stale_after_s: 0.5", "stale_after_s: 7200.0"),
+                     ["stale_after_s", "[0.001, 3600]", "7200.0"]),
     "two_robots": (HUSKY.replace("/**:", "/robot1/thinking_node:")
                    + "/robot2/thinking_node:\n  ros__parameters:\n    frame_rate_hz: 5.0\n",
                    ["/robot1/thinking_node", "/robot2/thinking_node"]),

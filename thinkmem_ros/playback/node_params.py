@@ -142,8 +142,18 @@ def _rcl_type(value: Any) -> str:
     return _RCL_TYPES.get(type(value), type(value).__name__)
 
 
+def _in_range(spec, value: Any) -> bool:
+    """Whether ``value`` lies in the range the node declares for ``spec``.
+
+    rcl's bounds are inclusive; a parameter without one, or a non-number, is in range.
+    """
+    if spec.min is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return spec.min <= value <= spec.max
+
+
 def check_parameter_types(params: Mapping[str, Any], source: str = "params") -> None:
-    """ValueError naming a parameter whose YAML type is not the one the node declares.
+    """ValueError naming a parameter whose YAML type or value the node refuses at start.
 
     rcl types a value by its text (``10`` an integer, ``10.0`` a double, ``"10"`` a
     string) and the node declares each parameter with one type, so ``frame_rate_hz: 10``
@@ -171,3 +181,7 @@ def check_parameter_types(params: Mapping[str, Any], source: str = "params") -> 
             raise ValueError(f"{source}: {name} must be {_WANT[want]}, got {short_repr(value)} "
                              f"(a YAML {got}): the node declares it a {want} and does not "
                              f"start with it{hint}")
+        if spec is not None and not _in_range(spec, value):
+            raise ValueError(f"{source}: {name} must be in [{spec.min:g}, {spec.max:g}], got "
+                             f"{short_repr(value)}: the node declares that range and does "
+                             "not start with a value outside it")
