@@ -58,17 +58,18 @@ def test_knowledge_list_of_a_non_database(files, capsys, db, reason):
 
 def test_knowledge_list_looks_without_writing(tmp_path, capsys):
     """Listing opens the file read-only: an empty file stays empty (it used to become a
-    database with knowledge tables), and an experience store no round has written
-    knowledge to lists no units."""
+    database with knowledge tables; it is refused as no store now), and an experience
+    store no round has written knowledge to lists no units."""
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
     store = tmp_path / "store.db"
     with sqlite3.connect(store) as conn:
         conn.execute("CREATE TABLE experiences (id INTEGER)")
     before = store.read_bytes()
-    for db in (empty, store):
-        assert cli.main(["knowledge", "list", "--db", str(db)]) == 0
-        assert "no knowledge units" in capsys.readouterr().out
+    assert cli.main(["knowledge", "list", "--db", str(store)]) == 0
+    assert "no knowledge units" in capsys.readouterr().out
+    assert cli.main(["knowledge", "list", "--db", str(empty)]) == 2
+    assert "no consolidator store" in capsys.readouterr().err
     assert empty.stat().st_size == 0 and store.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "store.db"]
 
