@@ -198,6 +198,32 @@ def test_a_gap_in_the_recording_is_named_and_neither_trained_nor_scored(tmp_path
     assert "frames without any fresh signal not scored" in err
 
 
+def test_a_topic_that_starts_late_or_stops_early_is_named(tmp_path, capsys):
+    """A sensor first heard 30 s into the recording (another topic ran from its start),
+    or silent for its last 30 s: frames there have it masked, yet calibrate said 0
+    warnings and training said nothing, since only silences between samples counted."""
+    from test_bag_hostile import write_bag
+
+    from thinkmem_ros import cli
+    from thinkmem_ros.playback.bag_files import _typestore
+
+    store = _typestore()
+    late = int(30 * RATE)
+    total = N + late
+    for name, ks in (("late", range(late, total)), ("early", range(N))):
+        other = [(START_NS + round(k * 1e9 / RATE), "/other", "std_msgs/msg/Float64",
+                  float64(store, 0.0)) for k in range(total)]
+        rows = [(START_NS + round(k * 1e9 / RATE), "/x", "std_msgs/msg/Float64",
+                 float64(store, speed(k))) for k in ks]
+        bag = write_bag(tmp_path / name, sorted(other + rows))
+        assert cli.main(["calibrate", str(bag), "--params", str(params(tmp_path))]) == 0
+        start = 0.0 if name == "late" else (N - 1) / RATE
+        said = f"motion: no sample for 30.0 s from {start:.1f} s"
+        assert said in capsys.readouterr().out, name
+        assert train(bag, params(tmp_path), rules(tmp_path), tmp_path / f"out_{name}") == 0
+        assert f"WARN {bag}: {said}" in capsys.readouterr().err, name
+
+
 def test_calibrate_checks_the_signals_the_bundle_lacks_too(tmp_path, capsys):
     """A field typo on a signal the comparison bundle does not have printed a NaN row and
     only 'not a signal of the bundle': the sample checks were skipped for it."""

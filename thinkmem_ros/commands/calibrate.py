@@ -93,12 +93,9 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             warnings.append(f"{name}: {repeated} of {count} samples arrive at the same time "
                             "as the one before (recorded twice, or two publishers on one "
                             "topic?): its rate counts them all")
-        gaps = samples.gaps(name)
-        if gaps:
-            start, length = max(gaps, key=lambda g: g[1])
-            warnings.append(f"{name}: no sample for {length:.1f} s from {start:.1f} s"
-                            f"{f' ({len(gaps)} gaps)' if len(gaps) > 1 else ''}: frames "
-                            "there have no input (its rate is over the rest)")
+        gap = samples.gap_warning(name)
+        if gap is not None:
+            warnings.append(gap)
         row["refused_by_stamp"] = stamps[name].as_row()
         warnings += stamp_warnings(name, stamps[name], tolerance)
         warnings += _against_bundle(name, binding, row, manifest)

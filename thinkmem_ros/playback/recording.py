@@ -127,16 +127,33 @@ class Samples:
         return int((np.diff(t) == 0).sum()) if t.size > 1 else 0
 
     def gaps(self, name: str) -> list[tuple[float, float]]:
-        """(start s, length s) of each silence in ``name``.
+        """(start s, length s) of each silence in ``name``, from the recording's start to its end.
 
         A silence is no sample for longer than ``GAP_S`` and ten of its median intervals.
+        A topic that starts late or stops early is silent from the start or to the end
+        too: frames there have it masked, and only the silences between samples were
+        counted (a magnetometer first heard 60 s into a 92 s drive said nothing).
         """
         t = self.times[name]
-        if t.size < 2:
+        if t.size == 0:
             return []
         steps = np.diff(t)
-        at = np.flatnonzero(steps > _gap_after(steps))
-        return [(float(t[i]), float(steps[i])) for i in at]
+        limit = _gap_after(steps) if steps.size else GAP_S
+        edges = [(0.0, float(t[0]))] if t[0] > limit else []
+        edges += [(float(t[i]), float(steps[i])) for i in np.flatnonzero(steps > limit)]
+        if self.duration_s - t[-1] > limit:
+            edges.append((float(t[-1]), float(self.duration_s - t[-1])))
+        return edges
+
+    def gap_warning(self, name: str) -> str | None:
+        """One line naming ``name``'s longest silence (None without any)."""
+        gaps = self.gaps(name)
+        if not gaps:
+            return None
+        start, length = max(gaps, key=lambda g: g[1])
+        return (f"{name}: no sample for {length:.1f} s from {start:.1f} s"
+                f"{f' ({len(gaps)} gaps)' if len(gaps) > 1 else ''}: frames there have no "
+                "input (its rate is over the rest)")
 
 
 GAP_S = 5.0
@@ -505,6 +522,9 @@ def check_readable(path: Path | str, samples: Samples, signal_map: SignalMap,
                            f"({values.size} message(s), none gave a finite number within "
                            f"float32's range; check the field and index, or declare it "
                            f"absent: true)")
+        gap = None if binding.absent else samples.gap_warning(name)
+        if gap is not None:
+            warnings.append(f"{path}: {gap}")
     return warnings
 
 
