@@ -123,3 +123,29 @@ def test_a_topic_missing_from_a_bag_of_many_names_only_the_first_few(tmp_path, c
     err = capsys.readouterr().err
     assert "'/x' is not in" in err and "'/t009'] and 290 more" in err, err
     assert "/t010" not in err and len(err) < 400
+
+
+def test_a_type_not_installed_here_is_read_with_a_warning_the_node_would_refuse(tmp_path,
+                                                                               capsys):
+    """Calibrate read a robot's own type from the bag's definition without a word, while
+    the node on the same machine refuses to start on the same file."""
+    from test_bag_hostile import START_NS, WHEEL, _store, params, write_bag
+
+    from thinkmem_ros.robot.node_config import source_from_entry
+
+    store = _store(custom=True)
+    rows = [(START_NS + k * 100_000_000, "/wheel", WHEEL, bytes(store.serialize_cdr(
+        store.types[WHEEL](speed=0.5, note="x"), WHEEL))) for k in range(50)]
+    bag = write_bag(tmp_path / "b", rows, store=store)
+    params_file = params(tmp_path, "speed", "/wheel", WHEEL)
+    entry = yaml.safe_load(params_file.read_text())["/**"]["ros__parameters"]["signals"]
+    with pytest.raises(ValueError, match="signals.motion.type: .*'acme_msgs' is not installed"):
+        source_from_entry("motion", entry["motion"]).validated("motion")
+    args = argparse.Namespace(bag=str(bag), params=str(params_file), bundle=None, json=None)
+    assert command.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"WARN motion: the node on this machine cannot subscribe to {WHEEL} until its " \
+           "package is installed, and refuses to start with this file (signals.motion.type: " \
+           in out and "read with the bag's own definition" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("motion "))
+    assert "0.5" in row.split()  # the values are still read

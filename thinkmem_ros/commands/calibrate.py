@@ -10,8 +10,10 @@ repeat or mask values), a signal the bundle needs that the map lacks, or one it 
 uses. Header stamps are judged as the node's situation buffer judges them, with the
 bag's receive times as the node's clock (``playback.stamp_check``): a signal whose
 samples the node would refuse as future (beyond ``future_stamp_tolerance_s``), duplicate
-or out of order is warned about with counts. Exit 0 with warnings printed; 2 on a
-configuration error (naming the key).
+or out of order is warned about with counts. A signal whose message type is not
+installed on this machine is read with the bag's own definition and warned about: the
+node here refuses to start on it. Exit 0 with warnings printed; 2 on a configuration
+error (naming the key).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
 
     # read once, as the node reads it: its sections only, its names and types
     values, signal_map = load_params(params)
-    _check_as_the_node_does(signal_map)
+    warnings = _check_as_the_node_does(signal_map)
     tolerance = future_tolerance(values.get(FUTURE_KEY), str(params))
     if bundle is None:
         bundle = _bundle_path_of(values, params)
@@ -68,7 +70,6 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     samples = read_samples(bag, with_stamps(signal_map))
     stats = summarise(samples, signal_map.names)
     stamps = judge_stamps(samples, signal_map, tolerance)
-    warnings: list[str] = []
     rows: dict[str, dict] = {}
     undecodable = samples.undecodable()
     for name, binding in signal_map.bindings.items():
@@ -108,23 +109,27 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             "duration_s": samples.duration_s, "signals": rows, "warnings": warnings}
 
 
-def _check_as_the_node_does(signal_map) -> None:
+def _check_as_the_node_does(signal_map) -> list[str]:
     """Refuse what the node refuses at start: a field the message lacks, a norm of a number.
 
     Those mistakes only show as "no usable sample" in the recording; the node names them
     and will not start, so calibration names them too (ValueError, exit 2). A message
-    type that is not installed here (a robot's own package) cannot be checked: its
-    fields are read from the bag's own definitions as before.
+    type that is not installed here (a robot's own package) cannot be checked, and the
+    node here refuses to start on it: that is a warning, not an error, as the values are
+    still read from the bag's own definitions and the robot may have the package. The
+    warnings are returned.
     """
     from thinkmem_ros.robot.msg_fields import canonical_type, check_adapter, message_class
 
+    warnings = []
     for name, binding in signal_map.bindings.items():
         if binding.absent:
             continue
         try:
             msg_type = canonical_type(binding.msg_type)
             message_class(msg_type)
-        except ValueError:
+        except ValueError as exc:
+            warnings.append(_not_installed(name, binding, exc))
             continue
         try:
             check_adapter(msg_type, binding.adapter)
@@ -132,6 +137,14 @@ def _check_as_the_node_does(signal_map) -> None:
             key = getattr(exc, "key", "field")
             raise ValueError(f"signals.{name}.{key}: {exc} (the node refuses to start with "
                              f"it)") from None
+    return warnings
+
+
+def _not_installed(name: str, binding, exc: ValueError) -> str:
+    """The warning for a signal whose type the node on this machine cannot subscribe to."""
+    return (f"{name}: the node on this machine cannot subscribe to {binding.msg_type} until "
+            f"its package is installed, and refuses to start with this file (signals.{name}"
+            f".type: {exc}); the values here are read with the bag's own definition")
 
 
 def _bundle_path_of(values, params) -> str:
