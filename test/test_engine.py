@@ -190,6 +190,8 @@ def test_the_engines_build_the_same_material(ray_engine):
     records += [replace(e, seq=1000 + i, robot_id="r2")
                 for i, e in enumerate(world.experiences("r2", 20, 5, seed=3))]
     records.insert(7, replace(records[0], required=None, seq=5000))  # one skipped
+    records.insert(9, replace(records[1], required=[*records[1].required, "inspect"],
+                              seq=5001))  # a label outside the set: left out, row kept
     options = dict(label_names=(*world.THINKING, "consider:EC"),
                    signal_names=tuple(f"s{i}" for i in range(7)), window=world.K,
                    event_vocabulary=("EA", "EB", "EC", "EX"), max_events=6)
@@ -200,4 +202,6 @@ def test_the_engines_build_the_same_material(ray_engine):
             assert np.array_equal(getattr(got.data, name), getattr(whole.data, name)), name
         assert got.episodes == whole.episodes and got.first_stamps == whole.first_stamps
         assert got.skipped == whole.skipped and got.skipped["no_required"] >= 1
-    assert len(whole.data) == 250 and len(set(whole.data.groups.tolist())) == 50
+        assert got.labels_left_out == whole.labels_left_out
+    assert len(whole.data) == 251 and len(set(whole.data.groups.tolist())) == 50
+    assert whole.labels_left_out == 1
