@@ -149,3 +149,49 @@ def test_a_type_not_installed_here_is_read_with_a_warning_the_node_would_refuse(
            in out and "read with the bag's own definition" in out, out
     row = next(line for line in out.splitlines() if line.startswith("motion "))
     assert "0.5" in row.split()  # the values are still read
+
+
+def _joint_bag(tmp_path: Path, joints: list[int]) -> Path:
+    """``/joint_states`` at 10 Hz, message k naming ``joints[k]`` rotors."""
+    import numpy as np
+    from test_bag_hostile import START_NS, _store, write_bag
+
+    store, kind = _store(), "sensor_msgs/msg/JointState"
+    t = store.types
+
+    def message(n: int) -> bytes:
+        header = t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](
+            sec=0, nanosec=0), frame_id="")
+        return bytes(store.serialize_cdr(t[kind](
+            header=header, name=[f"rotor_{j}" for j in range(n)], position=np.ones(n),
+            velocity=np.zeros(n), effort=np.zeros(0)), kind))
+
+    rows = [(START_NS + k * 100_000_000, "/joint_states", kind, message(n))
+            for k, n in enumerate(joints)]
+    return write_bag(tmp_path / "joints", rows, store=store)
+
+
+@pytest.mark.parametrize("joints, key, says", [
+    ([4] * 50, {"index": 7}, "rotor3: no usable sample on /joint_states: index 7 is past "
+     "the end of position (4 elements) in every message"),
+    ([4] * 50, {"element": "rotor_9"}, "rotor3: no usable sample on /joint_states: element "
+     "'rotor_9' is missing from name in every message"),
+    ([4, 8] * 25, {"index": 7}, "rotor3: 25 of 50 messages gave no number: index 7 is past "
+     "the end of position (4 elements) in 25 of 50 messages"),
+    ([4] * 50, {"index": 0, "scale": 1e300}, "rotor3: no usable sample on /joint_states: the "
+     "adapted value is beyond float32 (the node's window type) in every message"),
+], ids=["index-past-the-end", "element-nobody-names", "some-messages-too-short",
+        "beyond-float32"])
+def test_a_signal_without_numbers_is_told_why(tmp_path, capsys, joints, key, says):
+    """An index past the end of a JointState array, or a name no message carries, said
+    only "no usable sample on /joint_states": nothing to tell which key to fix."""
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump({"/**": {"ros__parameters": {
+        "frame_rate_hz": 10.0, "signals": {"rotor3": {
+            "topic": "/joint_states", "type": "sensor_msgs/msg/JointState",
+            "field": "position", **key}}}}}))
+    args = argparse.Namespace(bag=str(_joint_bag(tmp_path, joints)), params=str(params_file),
+                              bundle=None, json=None)
+    assert command.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"WARN {says}\n" in out, out

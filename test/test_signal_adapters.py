@@ -137,6 +137,54 @@ def test_bad_data_is_nan_never_an_exception():
     assert SignalAdapter("data", norm=True).read(Float64MultiArray(data=[3.0, 4.0])) == 5.0
 
 
+def _joints(**kwargs):
+    """A JointState as rosbags deserialises it from a recording (arrays are numpy)."""
+    from rosbags.typesys import Stores, get_typestore
+
+    t = get_typestore(Stores.ROS2_KILTED).types
+    stamp = t["builtin_interfaces/msg/Time"](sec=0, nanosec=0)
+    fields = {"name": ["a", "b", "c", "d"], "position": np.arange(4.0),
+              "velocity": np.zeros(4), "effort": np.zeros(0), **kwargs}
+    return t["sensor_msgs/msg/JointState"](
+        header=t["std_msgs/msg/Header"](stamp=stamp, frame_id=""), **fields)
+
+
+@pytest.mark.parametrize("raw, why", [
+    ({"field": "position", "index": 7}, "index 7 is past the end of position (4 elements)"),
+    ({"field": "position", "element": "rotor_9"}, "element 'rotor_9' is missing from name"),
+    ({"field": "effort", "element": "c"},
+     "element 'c' (position 2 in name) is past the end of effort (0 elements)"),
+    ({"field": "position.9"}, "position 9 is past the end of position (4 elements)"),
+    ({"field": "positon", "index": 1}, "the message has no field 'positon'"),
+    ({"field": "header.stmp.sec"}, "header has no field 'stmp'"),
+    ({"field": "header.frame_id"}, "header.frame_id is not a number (str is not a number)"),
+    ({"field": "name", "index": 0},
+     "the selected element of name is not a number (str is not a number)"),
+    ({"field": "header", "index": 0}, "header is std_msgs/msg/Header, not an array"),
+    ({"field": "position", "index": 1, "scale": 1e308, "offset": 1e308},
+     "the selected element of position is 1, not finite after remove_gravity, scale and "
+     "offset"),
+    ({"field": "velocity", "norm": True, "element": "b"},
+     "the selected element of velocity is not a vector (float64 is not a vector)"),
+], ids=["index-past-end", "element-unnamed", "element-past-end", "dotted-past-end",
+        "field-typo", "nested-typo", "string", "string-element", "not-an-array",
+        "overflow", "norm-of-a-number"])
+def test_why_nan_says_which_key_gave_no_number(raw, why):
+    """Calibrate said only "no usable sample" for an index past the end of the array or an
+    element no message names; the adapter now says why, without ``read`` doing more."""
+    adapter = parse_adapter("rotor3", raw)
+    msg = _joints()
+    assert math.isnan(adapter.read(msg))
+    assert adapter.why_nan(msg) == why
+
+
+def test_why_nan_names_a_sensor_that_sends_nan():
+    msg = _joints(position=np.array([0.0, math.nan, math.inf, 1.0]))
+    assert SignalAdapter("position.1").why_nan(msg) == "position.1 is nan, not a finite number"
+    assert parse_adapter("r", {"field": "position", "element": "c"}).why_nan(msg) == \
+        "the selected element of position is inf, not a finite number"
+
+
 @pytest.mark.parametrize("raw, says", [
     ({"field": "data", "scael": 2.0}, "signals.s: unknown key 'scael' (did you mean 'scale'?)"),
     ({"field": "data", "scale": "2"}, "signals.s.scale must be a finite number, got '2'"),

@@ -7,10 +7,12 @@ per signal: samples, rate, NaN count, p1/p50/p99, the bundle's training range an
 and a warning for each mismatch: a declared unit that differs from the bundle's, a median
 outside the training range, a sensor slower than the bundle's frame rate (frames would
 repeat or mask values), a signal the bundle needs that the map lacks, or one it never
-uses. Header stamps are judged as the node's situation buffer judges them, with the
-bag's receive times as the node's clock (``playback.stamp_check``): a signal whose
-samples the node would refuse as future (beyond ``future_stamp_tolerance_s``), duplicate
-or out of order is warned about with counts. A signal whose message type is not
+uses; a signal whose messages give no number is told why (``SignalAdapter.why_nan``: an
+index past the end of its array, an element no message names, ...). Header stamps are
+judged as the node's situation buffer judges them, with the bag's receive times as the
+node's clock (``playback.stamp_check``): a signal whose samples the node would refuse as
+future (beyond ``future_stamp_tolerance_s``), duplicate or out of order is warned about
+with counts. A signal whose message type is not
 installed on this machine is read with the bag's own definition and warned about: the
 node here refuses to start on it. Exit 0 with warnings printed; 2 on a configuration
 error (naming the key).
@@ -20,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from thinkmem_ros.commands import check_output, json_report, one_line
@@ -67,7 +72,8 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
     # advice about a model no node will load
     manifest = load_bundle(folder).manifest
     # header stamps are read in the same pass, to be judged as the node's buffer will
-    samples = read_samples(bag, with_stamps(signal_map))
+    counted, nan_reasons = _counting_why_nan(signal_map)
+    samples = read_samples(bag, with_stamps(counted))
     stats = summarise(samples, signal_map.names)
     stamps = judge_stamps(samples, signal_map, tolerance)
     rows: dict[str, dict] = {}
@@ -83,12 +89,13 @@ def calibrate(bag: str | Path, params: str | Path, bundle: str | Path | None = N
             row["undecodable"] = bad
             warnings.append(f"{name}: {bad} of {total} messages on {binding.topic} could not "
                             f"be decoded (wrong type or damaged bag); they are not counted")
+        why = _why_no_number(nan_reasons[name].reasons, row["samples"])
         if row["samples"] == 0 or "p50" not in row:
-            warnings.append(f"{name}: no usable sample on {binding.topic}")
+            warnings.append(f"{name}: no usable sample on {binding.topic}{why}")
             continue
         if row["nan"]:
             warnings.append(f"{name}: {row['nan']} of {row['samples']} messages gave no "
-                            "number (field missing or not finite)")
+                            f"number{why}")
         repeated, count = samples.repeated(name), samples.times[name].size
         if repeated > 0.1 * count:
             warnings.append(f"{name}: {repeated} of {count} samples arrive at the same time "
@@ -145,6 +152,50 @@ def _not_installed(name: str, binding, exc: ValueError) -> str:
     return (f"{name}: the node on this machine cannot subscribe to {binding.msg_type} until "
             f"its package is installed, and refuses to start with this file (signals.{name}"
             f".type: {exc}); the values here are read with the bag's own definition")
+
+
+class _WhyNan:
+    """An adapter that counts why its messages gave no number, for the warnings to say.
+
+    The node's adapter only says NaN, and must stay that cheap; calibration reads a
+    recording once, so each NaN message is asked again (``SignalAdapter.why_nan``).
+    """
+
+    def __init__(self, adapter) -> None:
+        from thinkmem_ros.policy.situation import FLOAT32_MAX
+
+        self.adapter = adapter
+        self.limit = FLOAT32_MAX
+        self.reasons: Counter[str] = Counter()
+
+    def read(self, msg) -> float:
+        value = self.adapter.read(msg)
+        if math.isnan(value):
+            self.reasons[self.adapter.why_nan(msg)] += 1
+        elif abs(value) > self.limit:  # summarise counts it unusable, as the node does
+            self.reasons["the adapted value is beyond float32 (the node's window type)"] += 1
+        return value
+
+
+def _counting_why_nan(signal_map):
+    """(``signal_map`` read through ``_WhyNan`` adapters, those adapters by signal name)."""
+    counters = {name: _WhyNan(b.adapter) for name, b in signal_map.bindings.items()}
+    bindings = {name: replace(b, adapter=counters[name])
+                for name, b in signal_map.bindings.items()}
+    return replace(signal_map, bindings=bindings), counters
+
+
+def _why_no_number(reasons: Counter, total: int) -> str:
+    """': <reason> in every message' (or in n of them), most common first; '' for none.
+
+    Each cause has its own fix (an index, an element name, a sensor sending NaN), so the
+    warning names it instead of "no usable sample"; three are enough to act on.
+    """
+    parts = [f"{why} in {'every message' if n == total else f'{n} of {total} messages'}"
+             for why, n in reasons.most_common(3)]
+    if len(reasons) > 3:
+        parts.append(f"{len(reasons) - 3} other reason(s)")
+    return ": " + "; ".join(parts) if parts else ""
 
 
 def _bundle_path_of(values, params) -> str:

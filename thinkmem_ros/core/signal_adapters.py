@@ -27,7 +27,8 @@ This module is torch-free and ROS-free on purpose: it reads any object with attr
 so the same adapter serves rclpy messages on the robot and the dataclasses ``rosbags``
 deserialises when a recording is calibrated or trained on. ``read`` never raises on bad
 data: a missing field, an unknown element name or a non-finite number gives NaN, which
-the situation window counts as an invalid sample.
+the situation window counts as an invalid sample. ``why_nan`` says why, for the tools that
+read a recording offboard; ``read`` never pays for it.
 
 One exception to "non-finite is invalid": a ranger's infinities are readings (REP 117).
 ``sensor_msgs/Range.range`` and ``sensor_msgs/LaserScan.ranges`` use +inf for "nothing
@@ -175,6 +176,46 @@ class SignalAdapter:
             return math.nan
         return self.adapt(value)
 
+    def why_nan(self, msg: Any) -> str:
+        """Why ``read`` gives NaN for ``msg``, in the terms of the signal's keys.
+
+        ``read`` runs on every message on the robot and only says NaN; "no usable sample"
+        leaves a user guessing between a wrong index, a name no message carries and a
+        sensor sending NaN. The cause is worked out again here, offboard (calibrate),
+        for the messages that gave no number only.
+        """
+        value, why = self._selected(msg)
+        if why:
+            return why
+        what = self.field if self.index is None and self.element is None else (
+            f"the selected element of {self.field}")
+        try:
+            number = vector_norm(value) if self.norm else _number(value)
+        except Exception as exc:  # noqa: BLE001 - the reason is the answer
+            return f"{what} is not a {'vector' if self.norm else 'number'} ({exc})"
+        if not math.isfinite(number):
+            return f"{what} is {number}, not a finite number"
+        return f"{what} is {number:g}, not finite after remove_gravity, scale and offset"
+
+    def _selected(self, msg: Any) -> tuple[Any, str]:
+        """(the selected value, '') as ``select`` picks it, or (None, why it has none)."""
+        value, why = _walk_why(msg, self.segments)
+        if why or (self.index is None and self.element is None):
+            return value, why
+        if self.index is not None:
+            return _element_why(value, self.index, self.field, f"index {self.index}")
+        names, why = _walk_why(msg, self.name_segments)
+        if why:
+            return None, why
+        try:
+            position = list(names).index(self.element)
+        except ValueError:
+            return None, f"element {self.element!r} is missing from {self.name_field}"
+        except TypeError:
+            return None, f"{self.name_field} is not a list of names"
+        return _element_why(value, position, self.field, f"element {self.element!r} "
+                            f"(position {position} in {self.name_field})")
+
     def adapt(self, value: float) -> float:
         """Steps 3-6 on an already selected (and normed) number: gravity, abs, scale, offset."""
         value = value - self.remove_gravity
@@ -192,6 +233,33 @@ class SignalAdapter:
             if f.name != "field" and value != getattr(defaults, f.name):
                 out[f.name] = value
         return out
+
+
+def _walk_why(obj: Any, segments: tuple[str | int, ...]) -> tuple[Any, str]:
+    """(the value at ``segments``, '') or (None, why the walk stopped there)."""
+    for depth, seg in enumerate(segments):
+        where = ".".join(map(str, segments[:depth])) or "the message"
+        if isinstance(seg, int):
+            obj, why = _element_why(obj, seg, where, f"position {seg}")
+            if why:
+                return None, why
+        elif hasattr(obj, seg):
+            obj = getattr(obj, seg)
+        else:
+            return None, f"{where} has no field {seg!r}"
+    return obj, ""
+
+
+def _element_why(array: Any, position: int, name: str, what: str) -> tuple[Any, str]:
+    """(``array[position]``, '') or (None, why ``what`` is not there)."""
+    try:
+        return array[position], ""
+    except IndexError:
+        size = len(array)
+        return None, f"{what} is past the end of {name} ({size} element{'s' * (size != 1)})"
+    except Exception:  # noqa: BLE001 - the reason is the answer
+        kind = getattr(array, "__msgtype__", type(array).__name__)  # rosbags' message name
+        return None, f"{name} is {kind}, not an array"
 
 
 def ranger_limit(msg: Any, segments: tuple[str | int, ...], value: float) -> float:
