@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from thinkmem_ros.bench.discovery_horizon import RULE, build_store
 from thinkmem_ros.consolidator.store import ExperienceStore
 
@@ -40,3 +42,47 @@ def test_bad_options_are_one_line():
                            "--sizes", "3000,x"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _refused(monkeypatch, capsys, argv: list[str]) -> str:
+    """The one line ``main(argv)`` exits 2 with, the run (patched to fail) never started."""
+    from thinkmem_ros.bench import discovery_horizon
+
+    def no_run(*_args, **_kwargs):
+        raise AssertionError("the run started before the outputs were checked")
+
+    monkeypatch.setattr(discovery_horizon, "run", no_run)
+    with pytest.raises(SystemExit) as exited:
+        discovery_horizon.main(["--sizes", "1000", "--horizon", "1024", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_users_file_at_json_or_plot_is_refused_before_the_run(tmp_path, monkeypatch,
+                                                                   capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("my notes\n")
+    assert "refusing to overwrite" in _refused(monkeypatch, capsys, ["--json", str(victim)])
+    fake = tmp_path / "old.png"
+    fake.write_text("not an image\n")
+    assert "refusing to overwrite" in _refused(monkeypatch, capsys, ["--plot", str(fake)])
+    assert victim.read_text() == "my notes\n" and fake.read_text() == "not an image\n"
+
+
+def test_a_folder_or_a_format_not_png_is_refused_before_the_run(tmp_path, monkeypatch,
+                                                                  capsys):
+    assert "is a folder" in _refused(monkeypatch, capsys, ["--json", str(tmp_path)])
+    assert ".png" in _refused(monkeypatch, capsys, ["--plot", str(tmp_path / "victim.yaml")])
+    assert not (tmp_path / "victim.yaml").exists()
+
+
+def test_an_earlier_report_is_replaced(tmp_path, monkeypatch):
+    from thinkmem_ros.bench import discovery_horizon
+
+    out = tmp_path / "h.json"
+    out.write_text(json.dumps({"experiment": "discovery_horizon", "results": {}}))
+    monkeypatch.setattr(discovery_horizon, "run", lambda *a: {"rows": []})
+    assert discovery_horizon.main(["--sizes", "1000", "--horizon", "1024",
+                                   "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["results"] == {"rows": []}

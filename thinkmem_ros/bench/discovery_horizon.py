@@ -133,7 +133,40 @@ def plot(report: dict, path: str | Path) -> None:
     save(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _a_png(path: Path) -> bool:
+    """Whether an existing --plot is a PNG (an earlier plot: replacing it loses nothing)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(PNG_MAGIC)) == PNG_MAGIC
+    except OSError:
+        return False
+
+
+def _check_outputs(parser: OneLineParser, args) -> None:
+    """Refuse --json and --plot before the run: one line, exit 2.
+
+    Why: both were written only after minutes of stores built and rounds timed, over
+    whatever was there (a text file of the user's became a report), and a folder or a
+    format matplotlib cannot save failed then with a traceback, the results lost.
+    """
+    from thinkmem_ros.core.output_files import check_output, json_report
+
+    if args.plot and Path(args.plot).suffix.lower() != ".png":
+        parser.error(f"--plot {args.plot}: the plot is a PNG; give a path ending in .png")
+    try:
+        if args.json:
+            check_output(args.json, "--json", replaces=json_report("experiment", "results"))
+        if args.plot:
+            check_output(args.plot, "--plot", replaces=("a PNG image", _a_png))
+    except SystemExit as refused:
+        parser.error(str(refused.code))
+
+
+def _options(argv: list[str] | None):
+    """Parsed and checked options (sizes, horizon, outputs): bad ones exit 2 in one line."""
     parser = OneLineParser(prog="python -m thinkmem_ros.bench.discovery_horizon",
                            description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES),
@@ -144,28 +177,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", help="write the PNG here")
     args = parser.parse_args(argv)
     try:
-        sizes = tuple(int(s) for s in args.sizes.split(","))
+        args.sizes = tuple(int(s) for s in args.sizes.split(","))
     except ValueError:
         parser.error(f"--sizes {args.sizes!r} is not a comma-separated list of integers")
-    if not sizes or min(sizes) < 1000 or args.horizon < 1024:
+    if not args.sizes or min(args.sizes) < 1000 or args.horizon < 1024:
         parser.error("--sizes must be >= 1000 events each and --horizon >= 1024")
+    _check_outputs(parser, args)
+    return parser, args
 
-    def shown(row: dict) -> None:
-        print(f"{row['stored_events']:,} events stored: " + "; ".join(
-            f"{way} {row[way]['seconds']} s, {row[way]['peak_rss_gb']} GB, "
-            f"{row[way]['events_read']:,} read, rule found {row[way]['rule_found']}"
-            for way in ("horizon", "whole")), flush=True)
 
-    report = run(sizes, args.horizon, shown)
-    if args.json:
-        from thinkmem_ros.bench.common import finish_report
+def _shown(row: dict) -> None:
+    print(f"{row['stored_events']:,} events stored: " + "; ".join(
+        f"{way} {row[way]['seconds']} s, {row[way]['peak_rss_gb']} GB, "
+        f"{row[way]['events_read']:,} read, rule found {row[way]['rule_found']}"
+        for way in ("horizon", "whole")), flush=True)
 
-        report = finish_report({"results": report}, name="discovery_horizon", quick=False,
-                               seeds=1, json_path=args.json)
-    else:
-        print(json.dumps(report, indent=2))
-    if args.plot:
-        plot(report.get("results", report), args.plot)
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print each size's row, write the outputs (checked before the run)."""
+    from thinkmem_ros.core.output_files import one_line
+
+    parser, args = _options(argv)
+    report = run(args.sizes, args.horizon, _shown)
+    try:
+        if args.json:
+            from thinkmem_ros.bench.common import finish_report
+
+            report = finish_report({"results": report}, name="discovery_horizon",
+                                   quick=False, seeds=1, json_path=args.json)
+        else:
+            print(json.dumps(report, indent=2))
+        if args.plot:
+            plot(report.get("results", report), args.plot)
+    except OSError as exc:  # checked at start; a disk that filled up since
+        print(f"{parser.prog}: {one_line(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 
