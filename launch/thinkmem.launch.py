@@ -23,10 +23,16 @@ The node's input topics are relative: with ``namespace:=robot1`` it reads
 ``/robot1/sensors/...``, so two robots launched side by side never read each other's
 sensors.
 
-Experience shipping: ``consolidator_endpoint`` (when not empty) and
-``signing_public_key`` (when not empty) override the params file; with
+``bundle``, ``use_sim_time``, ``robot_id``, ``consolidator_endpoint`` and
+``signing_public_key`` override the params file only when given; with
 ``consolidator:=true`` and no endpoint given, the node ships to the local consolidator.
-Arguments left empty leave the params file's values alone.
+Arguments left empty leave the params file's values alone (``bundle`` and ``use_sim_time``
+used to be passed always, so a params file's own ``bundle_path`` or ``use_sim_time: true``
+was silently replaced by the shipped bundle and wall-clock time). Playback adds ``--clock``
+only with ``use_sim_time:=true`` given here.
+
+The local consolidator keeps its store (``consolidator.db``) and published bundles
+(``consolidator_bundles/``) in the folder the launch was started from, its own defaults.
 """
 
 import os
@@ -43,7 +49,6 @@ from launch.conditions import IfCondition
 from launch.event_handlers import OnProcessExit
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution, PythonExpression
 from launch_ros.actions import Node
-from launch_ros.descriptions import ParameterValue
 from launch_ros.substitutions import ExecutableInPackage, FindPackageShare
 
 from launch import LaunchDescription
@@ -52,13 +57,19 @@ PACKAGE = "thinkmem_ros"
 LOCAL_CONSOLIDATOR = "tcp://127.0.0.1:5755"
 
 
-def _shipping_overrides(context) -> dict[str, str]:
-    """Node parameters from the shipping arguments; empty arguments override nothing."""
+def _overrides(context) -> dict[str, object]:
+    """Node parameters from the launch arguments; empty arguments override nothing."""
     endpoint = LaunchConfiguration("consolidator_endpoint").perform(context)
     local = LaunchConfiguration("consolidator").perform(context).lower() == "true"
     public_key = LaunchConfiguration("signing_public_key").perform(context)
     robot_id = LaunchConfiguration("robot_id").perform(context)
-    out = {}
+    bundle = LaunchConfiguration("bundle").perform(context)
+    sim_time = LaunchConfiguration("use_sim_time").perform(context)
+    out: dict[str, object] = {}
+    if bundle:
+        out["bundle_path"] = bundle
+    if sim_time:
+        out["use_sim_time"] = sim_time.lower() == "true"
     if robot_id:  # robots sharing one graph (namespaces) must ship under ids of their own
         out["robot_id"] = robot_id
     if endpoint or local:
@@ -70,10 +81,8 @@ def _shipping_overrides(context) -> dict[str, str]:
 
 def _node(context) -> list:
     """The thinking node, and the handler that ends the launch when it exits."""
-    params = [LaunchConfiguration("params_file"), {
-        "bundle_path": ParameterValue(LaunchConfiguration("bundle"), value_type=str),
-        "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool)}]
-    overrides = _shipping_overrides(context)
+    params = [LaunchConfiguration("params_file")]
+    overrides = _overrides(context)
     if overrides:
         params.append(overrides)
     node = Node(package=PACKAGE, executable="thinking_node", name="thinking_node",
@@ -134,7 +143,8 @@ def generate_launch_description() -> LaunchDescription:
     """Declare the arguments; the processes are chosen once they are known."""
     arguments = [
         DeclareLaunchArgument("bundle", default_value="",
-                              description="model bundle folder; '' = the shipped default"),
+                              description="model bundle folder; '' = the params file's "
+                              "bundle_path (the shipped default when it has none)"),
         DeclareLaunchArgument(
             "params_file",
             default_value=PathJoinSubstitution([FindPackageShare(PACKAGE), "config",
@@ -142,9 +152,10 @@ def generate_launch_description() -> LaunchDescription:
             description="node parameters (YAML)"),
         DeclareLaunchArgument("namespace", default_value="",
                               description="namespace of the node, its inputs and outputs"),
-        DeclareLaunchArgument("use_sim_time", default_value="false",
-                              choices=["true", "false", "True", "False"],
-                              description="follow /clock (bag playback with --clock)"),
+        DeclareLaunchArgument("use_sim_time", default_value="",
+                              choices=["", "true", "false", "True", "False"],
+                              description="follow /clock (bag playback with --clock); '' = "
+                              "the params file's use_sim_time, playback without --clock"),
         DeclareLaunchArgument("play_bag", default_value="",
                               description="rosbag2 to play into the node; '' = no playback"),
         DeclareLaunchArgument("play_rate", default_value="1.0",

@@ -222,7 +222,8 @@ def _launch_module(monkeypatch):
 
 def _processes(module, **arguments):
     context = {"consolidator": "false", "consolidator_endpoint": "", "signing_key": "",
-               "signing_public_key": "", "robot_id": "", **arguments}
+               "signing_public_key": "", "robot_id": "", "bundle": "", "use_sim_time": "",
+               **arguments}
     description = module.generate_launch_description()
     opaque = [e for e in description.args[0] if type(e).__name__ == "OpaqueFunction"]
     assert len(opaque) == 1
@@ -257,6 +258,24 @@ def test_launch_passes_a_robot_id_to_the_node_only_when_given(monkeypatch):
 
     assert not any("robot_id" in p for p in node_params())
     assert {"robot_id": "robot1"} in node_params(robot_id="robot1")
+
+
+def test_launch_leaves_the_params_files_bundle_and_clock_alone_unless_given(monkeypatch):
+    """``bundle`` and ``use_sim_time`` were passed to the node always, after the params
+    file: a file's own ``bundle_path`` or ``use_sim_time: true`` was silently replaced by
+    the shipped bundle and wall-clock time."""
+    module = _launch_module(monkeypatch)
+
+    def node_params(**arguments):
+        node = next(a for a in _processes(module, **arguments) if type(a).__name__ == "Node")
+        params = node.kwargs["parameters"]
+        assert type(params[0]).__name__ == "LaunchConfiguration"  # the params file first
+        return {k: v for p in params[1:] for k, v in p.items()}
+
+    assert node_params() == {}
+    assert node_params(bundle="/opt/models/v7", use_sim_time="True") == {
+        "bundle_path": "/opt/models/v7", "use_sim_time": True}
+    assert node_params(use_sim_time="false") == {"use_sim_time": False}
 
 
 def test_launch_finds_executables_in_the_package_not_by_joined_paths(monkeypatch, tmp_path):
