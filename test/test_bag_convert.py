@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -154,6 +155,51 @@ def test_rosbag2_readers_point_a_ros1_bag_to_convert(ros1_bag, tmp_path):
     done = _cli("info", str(truncated))
     assert done.returncode == 1 and "cannot open ROS 1 bag" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_ros1_bag_check_that_cannot_read_the_file_says_why():
+    """/proc/self/mem is a regular file whose first read fails (EIO), as root or not."""
+    with pytest.raises(BagError, match="cannot read /proc/self/mem: Input/output error"):
+        is_ros1_bag("/proc/self/mem")
+
+
+def _unprivileged() -> list[str]:
+    """A prefix that cannot bypass permission bits: as root, setpriv drops the capabilities
+    that let root read a chmod 000 file anyway."""
+    if os.geteuid() != 0:
+        return []
+    drop = [shutil.which("setpriv") or "setpriv",
+            "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search"]
+    try:
+        works = subprocess.run([*drop, "true"], capture_output=True, timeout=30).returncode == 0
+    except OSError:
+        works = False
+    if not works:
+        pytest.skip("running as root, and setpriv cannot drop the capabilities to read anything")
+    return drop
+
+
+REAL = ROOT / "test" / "data" / "real"
+
+
+@pytest.mark.parametrize("argv", [
+    ["bag", "info", "BAG"], ["bag", "convert", "BAG", "OUT"], ["bag", "play", "BAG"],
+    ["calibrate", "BAG", "--params", "PARAMS"],
+    ["train", "--bag", "BAG", "--params", "PARAMS", "--labels", "RULES", "--out", "OUT"],
+], ids=["info", "convert", "play", "calibrate", "train"])
+def test_an_unreadable_ros1_bag_is_named_unreadable_not_no_bag(tmp_path, argv):
+    """A chmod 000 ROS 1 bag read as "no '#ROSBAG V2.0' header" or "not a bag"."""
+    bag = tmp_path / "h.bag"
+    shutil.copyfile(REAL / "husky_outdoor.bag", bag)
+    names = {"BAG": bag, "OUT": tmp_path / "out", "PARAMS": REAL / "husky_params.yaml",
+             "RULES": REAL / "husky_rules.yaml"}
+    bag.chmod(0)
+    done = subprocess.run([*_unprivileged(), sys.executable, "-m", "thinkmem_ros.cli",
+                           *[str(names.get(a, a)) for a in argv]], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"cannot read {bag}: Permission denied" in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------- playing it for real

@@ -416,16 +416,21 @@ def is_ros1_bag(path: Path | str) -> bool:
     """True when ``path`` is a ROS 1 bag file (checked by its magic bytes, not its name).
 
     Only a regular file is opened: opening a FIFO waits for a writer for ever, and Python
-    retries the interrupted open after a SIGINT or SIGTERM handler has run.
+    retries the interrupted open after a SIGINT or SIGTERM handler has run. A regular file
+    that cannot be read is a BagError naming why: answered False, an unreadable ROS 1 bag
+    was reported as "no '#ROSBAG V2.0' header" or "not a bag", blaming its content.
     """
     path = Path(path)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return False
+    except OSError:  # missing or unreachable: said by whoever opens it (check_bag_path)
+        return False
+    try:
         with path.open("rb") as handle:
             return handle.read(len(ROS1_MAGIC)) == ROS1_MAGIC
-    except OSError:  # a folder, unreadable, missing: not a ROS 1 bag file
-        return False
+    except OSError as exc:
+        raise BagError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _convert_hint(path: Path) -> str:
