@@ -1,6 +1,10 @@
 """The README's result tables are rendered from benchmark JSON by a command."""
 
 import json
+import os
+import threading
+
+import pytest
 
 from thinkmem_ros.bench.summary import main, render
 
@@ -19,4 +23,37 @@ def test_render_results_and_curves(tmp_path, capsys):
     path.write_text(json.dumps(report))
     assert main([str(path)]) == 0
     assert "### exp5" in capsys.readouterr().out
-    assert main([]) == 2
+
+
+def _exit(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def test_help_prints_the_usage_and_where_the_format_is_described(capsys):
+    code, out, _ = _exit(["--help"], capsys)
+    assert code == 0 and out.startswith("usage:") and "REPORT.json" in out
+    assert "README" in out and "DESIGN.md" not in out
+
+
+def test_no_report_is_one_line_exit_2(capsys):
+    code, out, err = _exit([], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+
+
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path, capsys):
+    """Opening the FIFO would block for a writer; a watchdog opens one so a failure ends."""
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"experiment": "x"}))
+    watchdog = threading.Timer(5.0, lambda: open(fifo, "w").close())
+    watchdog.start()
+    try:
+        code, out, err = _exit([str(good), str(fifo)], capsys)
+    finally:
+        watchdog.cancel()
+    assert code == 2 and "FIFO" in err and len(err.strip().splitlines()) == 1
+    assert out == ""  # refused before any report was rendered

@@ -2,15 +2,20 @@
 
     python -m thinkmem_ros.bench.summary bench_results/*.json > bench_results/RESULTS.md
 
-Generic on purpose: every benchmark follows DESIGN.md §4 (``results`` rows of
-``{"mean", "std"}`` or plain numbers, ``curves`` keyed by x), so one renderer serves all.
+Generic on purpose: every benchmark writes the JSON the README's "Benchmarks" section
+describes (``results`` rows of ``{"mean", "std"}`` or plain numbers, ``curves`` keyed by x),
+so one renderer serves all.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+from thinkmem_ros.core.arguments import OneLineParser
+from thinkmem_ros.core.input_files import input_file
 
 
 def _cell(value) -> str:
@@ -60,13 +65,29 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _reports(argv: list[str] | None) -> list[Path]:
+    """The report paths of the command line, each a file; else one line, exit 2.
+
+    Why a parser: every argument was taken for a report, so ``--help`` was refused as a
+    missing file. Why the kind checked first: a FIFO blocked the open for ever, waiting for
+    a writer, and sections already printed before a bad path came later.
+    """
+    parser = OneLineParser(prog="python -m thinkmem_ros.bench.summary",
+                           description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 1)[1],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("reports", nargs="+", metavar="REPORT.json",
+                        help="benchmark JSON files (thinkmem bench NAME --json ...)")
+    args = parser.parse_args(argv)
+    try:
+        return [input_file(p, "report") for p in args.reports]
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print one section per JSON file given on the command line."""
-    paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
-    if not paths:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for path in paths:
+    for path in _reports(argv):
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(report, dict):
