@@ -144,8 +144,9 @@ class Publisher:
     def __init__(self, config: PublishConfig, initial_bundle: Path | str) -> None:
         self.config = config
         self.root: Path = config.root
+        # made by the first publication, not here: a consolidator refused at start left an
+        # empty publish folder behind (the checks that refuse it need this object)
         self.history = self.root / HISTORY
-        self.history.mkdir(parents=True, exist_ok=True)
         for stale in self.history.glob(".staging-*"):  # a crash mid-publication left these
             shutil.rmtree(stale, ignore_errors=True)
         self.initial = load_bundle(initial_bundle)
@@ -166,7 +167,9 @@ class Publisher:
         return self.initial
 
     def versions(self) -> list[int]:
-        """Versions present in the history, ascending."""
+        """Versions present in the history, ascending (none before the first publication)."""
+        if not self.history.is_dir():
+            return []
         return sorted(int(m.group(1)) for p in self.history.iterdir()
                       if (m := _VERSION_DIR.fullmatch(p.name)) and p.is_dir())
 
@@ -197,6 +200,7 @@ class Publisher:
             raise PublishError(f"staged bundle is v{version}, the next version is v{expected}")
         staged = load_bundle(staged.path)  # re-verify: the staging folder may have changed
         target = self.history / f"v{version:06d}"
+        self.history.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.history))
         try:
             # value/memctl artefacts listed (with sha256) in extras.artefacts travel along;

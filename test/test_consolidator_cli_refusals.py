@@ -1,0 +1,72 @@
+"""A refused ``thinkmem consolidator`` start says why in one line and leaves nothing behind.
+
+The project rule: bad input prints one line naming the option, exits 2 and changes
+nothing. Each case here broke it once: a refused start left an empty ``history/`` in
+the publish folder, a receiver logged that it was bound before refusing its store, and a
+publish folder that is a file came out as a bare ``[Errno 20]`` naming no option.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from thinkmem_ros.commands import consolidator
+from thinkmem_ros.consolidator.store import ExperienceStore
+from thinkmem_ros.core.arguments import OneLineParser
+from thinkmem_ros.link.security import write_signing_keypair
+
+
+@pytest.fixture
+def sign(tmp_path) -> Path:
+    """The consolidator's signing key (as ``thinkmem keys --name consolidator`` writes it)."""
+    return write_signing_keypair(tmp_path / "keys", "consolidator")[1]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    """Exit status and stderr of ``thinkmem consolidator ARGV`` run in this process.
+
+    The signal handlers a started service installs are put back, so pytest's stay.
+    """
+    parser = OneLineParser(prog="thinkmem consolidator")
+    consolidator.add_arguments(parser)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = consolidator.main(parser.parse_args([str(a) for a in argv]))
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    return code, capsys.readouterr().err
+
+
+def assert_one_line(code: int, err: str, *names: object) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for name in names:
+        assert str(name) in err, err
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+SERVE = ("--bind", "tcp://127.0.0.1:*", "--curve", "off")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--db", "c2.db", "--once"], "--db"),
+    (["--db", "c.db", "--rehearsal-npz", "garbage.npz", *SERVE], "garbage.npz"),
+    (["--db", "c.db", "--rehearsal-npz", "garbage.npz", "--canary-fraction", "0.5", *SERVE],
+     "garbage.npz"),
+], ids=["once-no-store", "serve-bad-npz", "canary-bad-npz"])
+def test_a_refused_start_creates_nothing(tmp_path, sign, capsys, monkeypatch, argv, says):
+    """It left the publish folder with an empty history/ (made before the checks ran)."""
+    monkeypatch.chdir(tmp_path)
+    ExperienceStore(tmp_path / "c.db").close()
+    (tmp_path / "garbage.npz").write_bytes(b"not an npz")
+    before = tree(tmp_path)
+    code, err = run_cli(capsys, *argv, "--publish-dir", "pub2", "--signing-key", sign)
+    assert_one_line(code, err, "thinkmem consolidator: error:", says)
+    assert tree(tmp_path) == before
