@@ -121,6 +121,21 @@ def test_config_names_bad_values(kwargs, key):
         DemoConfig(**kwargs)
 
 
+@pytest.mark.parametrize("folders, shown", [
+    ((), "--out's summary.json, timeline.png, before_after.png and node.log are the demo's "
+         "to replace"),
+    (("bag",), "--out's bag/, summary.json, timeline.png, before_after.png and node.log are "
+               "the demo's to replace"),
+])
+def test_the_check_out_line_names_what_it_checks(folders, shown):
+    """The offline demo replaces no folder: its line read "--out's  are the demo's to"."""
+    from thinkmem_ros.demo.offline import offline_steps
+    from thinkmem_ros.demo.own_folders import check_out_step
+
+    assert check_out_step(folders).description == shown
+    assert offline_steps()[0].description == check_out_step(()).description
+
+
 # ------------------------------------------------------------------ offline path
 
 def test_offline_demo_writes_summary_and_png(source_bundle, tmp_path):

@@ -130,4 +130,14 @@ def check_out_step(names: Iterable[str]) -> Step:
         if not (out / MARKER).exists():  # its files here are the demo's to replace next run
             (out / MARKER).write_text(OUT_MARKER_TEXT, encoding="utf-8")
 
-    return Step("check out", check, f"--out's {', '.join(names)} are the demo's to replace")
+    return Step("check out", check, _check_out_description(names))
+
+
+def _check_out_description(folders: tuple[str, ...]) -> str:
+    """The step's line, naming every folder (``bag/``) and file it checks.
+
+    The files are always there, so the sentence reads right when a run replaces no
+    folder: the offline demo's was "--out's  are the demo's to replace".
+    """
+    shown = [f"{name}/" for name in folders] + list(OUTPUT_FILES)
+    return f"--out's {', '.join(shown[:-1])} and {shown[-1]} are the demo's to replace"
