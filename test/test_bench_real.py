@@ -39,3 +39,44 @@ def test_information_bound_and_per_label_drop_report_every_label(toy):
     bound = information_bound(data, test, "temperature", seed=0, epochs=1)
     assert bound["absent_signal_trained_without_signal"] == "temperature"
     assert 0.0 <= bound["absent_signal_f1_trained_without"] <= 1.0
+
+
+@pytest.fixture
+def seeds_run(monkeypatch):
+    """``real.run`` with both parts replaced by stubs that note the seeds they were given."""
+    from thinkmem_ros.bench import real
+
+    given = []
+
+    def recording(seeds, **_kwargs):
+        given.append(seeds)
+        return {"per_label_f1_holdout": {}, "f1_holdout": 0.0, "f1_holdout_std": 0.0}
+
+    monkeypatch.setattr(real, "real_recording", recording)
+    monkeypatch.setattr(real, "absent_signals",
+                        lambda quick, **_k: {"absent_signal_f1_drop_per_signal": {}})
+    return real, given
+
+
+def test_an_explicit_seed_count_is_honoured_with_quick(seeds_run):
+    real, given = seeds_run
+    assert real.run(quick=True, seeds=5)["config"]["seeds"] == 5
+    assert real.run(quick=True)["config"]["seeds"] == 1
+    assert real.run()["config"]["seeds"] == 3
+    assert given == [5, 1, 3]
+
+
+def test_the_command_runs_real_with_its_own_defaults_and_reports_them(seeds_run, capsys):
+    """3 seeds (1 with --quick), what docs/results/real.json and the README's figure used."""
+    import argparse
+    import json
+
+    from thinkmem_ros.commands.bench import main
+
+    real, given = seeds_run
+    for quick, seeds in ((False, None), (True, None), (True, 5)):
+        args = argparse.Namespace(name="real", quick=quick, seeds=seeds, json_path=None,
+                                  plot_path=None, bundle=None, preset=None)
+        assert main(args) == 0
+        assert json.loads(capsys.readouterr().out)["experiment"] == "real"
+    assert given == [3, 1, 5]
