@@ -70,3 +70,25 @@ def test_a_refused_start_creates_nothing(tmp_path, sign, capsys, monkeypatch, ar
     code, err = run_cli(capsys, *argv, "--publish-dir", "pub2", "--signing-key", sign)
     assert_one_line(code, err, "thinkmem consolidator: error:", says)
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("publish_dir, says", [
+    ("some_file", "--publish-dir some_file: not a folder"),
+    ("some_file/pub", "some_file: not a folder"),
+    ("pub", "--publish-dir pub: pub/history is not a folder"),
+], ids=["a-file", "inside-a-file", "history-a-file"])
+def test_a_publish_dir_that_cannot_be_a_folder_is_refused_by_name(tmp_path, sign, capsys,
+                                                                  monkeypatch, publish_dir,
+                                                                  says):
+    """A file there came out as "[Errno 20] Not a directory: 'some_file/history'"."""
+    monkeypatch.chdir(tmp_path)
+    ExperienceStore(tmp_path / "c.db").close()
+    (tmp_path / "some_file").write_text("mine")
+    (tmp_path / "pub").mkdir()
+    (tmp_path / "pub" / "history").write_text("mine")
+    before = tree(tmp_path)
+    code, err = run_cli(capsys, "--db", "c.db", "--publish-dir", publish_dir,
+                        "--signing-key", sign, "--once")
+    assert_one_line(code, err, "thinkmem consolidator: error:", says)
+    assert tree(tmp_path) == before
+    assert (tmp_path / "some_file").read_text() == "mine"

@@ -59,6 +59,7 @@ if __name__ == "__main__":  # ``python -m``: a Ctrl-C while the imports below lo
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -1051,6 +1052,27 @@ def _check_store(config: ConsolidatorConfig, once: bool) -> None:
             store.check_writable()  # receiver, which probes it the same way)
 
 
+def check_publish_dir(publish_dir: Path) -> None:
+    """Refuse a --publish-dir no round can publish into; ValueError naming the option.
+
+    Why: a file given as the folder came out as "[Errno 20] Not a directory:
+    'pub/history'", naming no option, and a folder this user cannot write failed only
+    once the lock or a round's publication tried to write it.
+    """
+    from thinkmem_ros.consolidator.publish import HISTORY
+
+    history = publish_dir / HISTORY
+    if history.exists() and not history.is_dir():
+        raise ValueError(f"--publish-dir {publish_dir}: {history} is not a folder")
+    found = next(p for p in (publish_dir, *publish_dir.absolute().parents)
+                 if p.exists() or p.is_symlink())  # a dangling link cannot become a folder
+    where = "" if found == publish_dir else f"{found}: "
+    if not found.is_dir():
+        raise ValueError(f"--publish-dir {publish_dir}: {where}not a folder")
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise ValueError(f"--publish-dir {publish_dir}: {where}cannot be written")
+
+
 def _check_bundles(config: ConsolidatorConfig, publisher, rehearsal: SituationSet | None
                    ) -> None:
     """Load the initial model, verify the published bundle, fit --rehearsal-npz to it."""
@@ -1114,6 +1136,7 @@ def _prepare(args: argparse.Namespace, made: list[ConsolidatorService]
                          "exits, it serves no robots; drop "
                          f"{'it' if len(served) == 1 else 'them'}")
     check_canary_choice(config.canary)
+    check_publish_dir(config.publish_dir)
     made.append(ConsolidatorService(config))
     if config.engine != "embedded":  # a cluster that cannot be reached fails here
         made[0]._discovery_engine()
