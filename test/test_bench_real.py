@@ -80,3 +80,21 @@ def test_the_command_runs_real_with_its_own_defaults_and_reports_them(seeds_run,
         assert main(args) == 0
         assert json.loads(capsys.readouterr().out)["experiment"] == "real"
     assert given == [3, 1, 5]
+
+
+@pytest.mark.parametrize("name", ["faults", "fleet"])
+def test_seeds_given_to_a_benchmark_that_runs_each_case_once_are_refused(name, monkeypatch):
+    """faults and fleet ran once whatever --seeds said, and the report said it had run N."""
+    import argparse
+
+    from thinkmem_ros.bench import load
+    from thinkmem_ros.commands.bench import main
+
+    module = load(name)
+    monkeypatch.setattr(module, "run", lambda **_k: pytest.fail("the run started"))
+    args = argparse.Namespace(name=name, quick=True, seeds=3, json_path=None,
+                              plot_path=None, bundle=None, preset=None)
+    with pytest.raises(SystemExit) as refused:
+        main(args)
+    assert "--seeds does not apply" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -1,7 +1,8 @@
 """Benchmarks behind ``thinkmem bench NAME``; each module has ``run`` and ``plot``.
 
-``run(quick: bool, seeds: int) -> dict`` returns the DESIGN.md §4 JSON minus ``machine``
-(added by the command); ``plot(result, path)`` draws the PNG a person reads next to it.
+``run(quick: bool, seeds: int) -> dict`` returns the README's benchmark JSON (Benchmarks)
+minus ``machine`` (added by the command); ``plot(result, path)`` draws the PNG a person
+reads next to it.
 """
 
 BENCHMARKS: tuple[str, ...] = (

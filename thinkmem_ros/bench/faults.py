@@ -26,6 +26,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+SEEDS_APPLY = False
+"""Each probe is one fault, run once: ``--seeds`` is refused rather than ignored."""
+
 
 def _link(quick: bool) -> list[dict]:
     from thinkmem_ros.bench.fault_probes_link import run_probes

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 ROBOTS = 1000
+SEEDS_APPLY = False
+"""Each size is one long run of one stream: ``--seeds`` is refused rather than ignored."""
 N_CODES = 5000
 N_RULES = 10
 BACKGROUND = 20.0

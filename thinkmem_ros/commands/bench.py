@@ -46,6 +46,9 @@ def main(args: argparse.Namespace) -> int:
     if args.plot_path:  # and a format matplotlib cannot save
         check_plot(args.plot_path, "--plot")
     module = load(args.name)
+    if args.seeds is not None and not getattr(module, "SEEDS_APPLY", True):
+        raise SystemExit(f"bench {args.name}: --seeds does not apply (it runs each case "
+                         "once); leave it out")
     seeds = _seeds(module, args)
     extra = {}
     if args.bundle is not None:
