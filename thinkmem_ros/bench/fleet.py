@@ -292,6 +292,7 @@ def run(quick: bool, seeds: int) -> dict:
                                              / reads["rows"][0]["stored_before"], 1)},
     }
     return {
+        "metric": "embedded.discovery_s_1e7",
         "results": results,
         "curves": {"discovery": rows, "ray": [ray_row]},
         "ingest": {"one_receiver": one, "two_receivers": two, "receiver_kill": kill,
