@@ -8,7 +8,10 @@ publish folder that is a file came out as a bare ``[Errno 20]`` naming no option
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,9 @@ from thinkmem_ros.commands import consolidator
 from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.security import write_signing_keypair
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 
 @pytest.fixture
@@ -92,3 +98,32 @@ def test_a_publish_dir_that_cannot_be_a_folder_is_refused_by_name(tmp_path, sign
     assert_one_line(code, err, "thinkmem consolidator: error:", says)
     assert tree(tmp_path) == before
     assert (tmp_path / "some_file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("db, says", [
+    ("bad/dir", "--db bad/dir: cannot open store: path 'bad/dir' is a folder"),
+    ("some_file/c.db", "some_file is not a folder"),
+], ids=["a-folder", "inside-a-file"])
+def test_receive_refuses_its_store_before_it_binds(tmp_path, db, says):
+    """It logged "receiver bound to ..., store bad/dir" and then refused: two lines."""
+    (tmp_path / "bad" / "dir").mkdir(parents=True)
+    (tmp_path / "some_file").write_text("mine")
+    before = tree(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "thinkmem_ros.cli", "consolidator", "receive", "--db", db,
+         "--bind", "tcp://127.0.0.1:*", "--curve", "off"],
+        capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=60)
+    assert_one_line(done.returncode, done.stderr, "thinkmem consolidator receive: error:",
+                    says)
+    assert "READY" not in done.stdout and tree(tmp_path) == before
+
+
+def test_serving_names_the_option_of_a_store_it_cannot_open(tmp_path, sign, capsys,
+                                                           monkeypatch):
+    """It said "cannot open store: path 'bad/dir' is a folder", naming no option."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad" / "dir").mkdir(parents=True)
+    code, err = run_cli(capsys, "--db", "bad/dir", "--publish-dir", "pub",
+                        "--signing-key", sign, *SERVE)
+    assert_one_line(code, err, "thinkmem consolidator: error: --db bad/dir: cannot open")
+    assert not (tmp_path / "pub").exists()

@@ -48,7 +48,12 @@ from pathlib import Path
 from thinkmem_ros.consolidator.canary import CanaryStateError, read_state
 from thinkmem_ros.consolidator.ingest import SignalSetFilter, open_receiver
 from thinkmem_ros.consolidator.publish import CURRENT, HISTORY, push_frame
-from thinkmem_ros.consolidator.store import DEFAULT_FLUSH_ROWS, StoreDamaged
+from thinkmem_ros.consolidator.store import (
+    DEFAULT_FLUSH_ROWS,
+    ExperienceStore,
+    StoreDamaged,
+    StoreError,
+)
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.core.open_files import raise_open_files_limit
 from thinkmem_ros.core.paths import resolve_bundle_path
@@ -209,6 +214,24 @@ class ReceiveProcess:
         self.stop()
 
 
+def check_store(db_path: Path | str) -> None:
+    """Refuse a --db no receiver can write, before anything binds; StoreError naming it.
+
+    Why: the receiver opens its store on its own thread once bound, so a folder given as
+    --db logged "receiver bound to ..." first and was refused on a second line. A store
+    that does not exist yet is made by the receiver, folders and all, if it can be.
+    """
+    path = Path(db_path)
+    try:
+        if path.exists() or path.is_symlink():
+            with ExperienceStore(path) as store:
+                store.check_writable()
+        elif not (found := next(p for p in path.absolute().parents if p.exists())).is_dir():
+            raise StoreError(f"{found} is not a folder")
+    except StoreError as exc:
+        raise StoreError(f"--db {path}: {str(exc).removeprefix(f'{path}: ')}") from None
+
+
 _CONFIG_FIELD = re.compile(r"\b([A-Z][A-Za-z]*)Config\.([a-z_]+)")
 # config fields whose option is not ``--<field>`` or ``--<owner>-<field>``; an owner-qualified
 # key ("rehearsal.max_rows") wins over a bare field name
@@ -264,11 +287,13 @@ def run(args: argparse.Namespace, prog: str = "thinkmem consolidator receive") -
 
 def _start_and_serve(args: argparse.Namespace, prog: str) -> int:
     try:
-        process = ReceiveProcess(ReceiveConfig(
+        config = ReceiveConfig(
             db_path=args.db, bind=args.bind, curve=args.curve,
             server_secret_file=args.server_key, allowed_clients=args.allow,
             initial_bundle=args.initial_bundle, publish_dir=args.publish_dir,
-            flush_rows=args.flush_rows))
+            flush_rows=args.flush_rows)
+        check_store(config.db_path)  # before the receiver binds and says so
+        process = ReceiveProcess(config)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: process.stop())
         process.start()  # opens the store: a bad --db fails here, by name

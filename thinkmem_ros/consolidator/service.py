@@ -89,7 +89,7 @@ from thinkmem_ros.consolidator.recall_server import (
     RecallServer,
     index_store,
 )
-from thinkmem_ros.consolidator.receive import option_message
+from thinkmem_ros.consolidator.receive import check_store, option_message
 from thinkmem_ros.consolidator.rehearsal import RehearsalConfig, RehearsalError
 from thinkmem_ros.consolidator.retrain import NothingToTrain, RetrainConfig
 from thinkmem_ros.consolidator.round_lock import RoundLock
@@ -1047,9 +1047,7 @@ def _check_store(config: ConsolidatorConfig, once: bool) -> None:
     if once and not holds_store(config.db_path):
         raise ValueError(f"--db {config.db_path}: holds no store yet (a round reads a "
                          f"store the serving consolidator filled)")
-    if once or Path(config.db_path).exists():  # a damaged or read-only one: one line here
-        with ExperienceStore(config.db_path) as store:  # (serving creates a new one in the
-            store.check_writable()  # receiver, which probes it the same way)
+    check_store(config.db_path)  # a damaged or read-only one, or a folder: one line here
 
 
 def check_publish_dir(publish_dir: Path) -> None:
