@@ -53,10 +53,11 @@ def _play(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def _clock_heard(ros, env: dict[str, str], *args: str):
+def _clock_heard(ros, env: dict[str, str], *args: str, arrivals: list[float] | None = None):
     """(/clock values in ns, /chatter texts, the finished command) of one playback.
 
     /chatter is subscribed too: the player waits for a subscriber on every played topic.
+    ``arrivals`` gets the monotonic time each /clock message arrived.
     """
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from rosgraph_msgs.msg import Clock
@@ -65,8 +66,13 @@ def _clock_heard(ros, env: dict[str, str], *args: str):
     heard: list[int] = []
     chatter: list[str] = []
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-    subs = [ros.create_subscription(
-        Clock, "/clock", lambda m: heard.append(m.clock.sec * 10**9 + m.clock.nanosec), qos),
+    arrivals = [] if arrivals is None else arrivals
+
+    def on_clock(m) -> None:
+        heard.append(m.clock.sec * 10**9 + m.clock.nanosec)
+        arrivals.append(time.monotonic())
+
+    subs = [ros.create_subscription(Clock, "/clock", on_clock, qos),
         ros.create_subscription(String, "/chatter", lambda m: chatter.append(m.data), qos)]
     try:
         done = _play(env, *args, *WAIT)
@@ -100,6 +106,41 @@ def test_without_clock_option_the_recorded_clock_plays_as_recorded(ros, ros_env,
     assert chatter == [f"m{k}" for k in range(COUNT)], chatter
     assert heard == [round(k * 1e9 / RATE_HZ) for k in range(COUNT)]
     assert "left out" not in done.stdout
+
+
+def _chatter_bag(path: Path, count: int) -> Path:
+    """A rosbag2 of /chatter alone at RATE_HZ, ``count`` messages."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_KILTED)
+    string = store.types["std_msgs/msg/String"]
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as writer:
+        chatter = writer.add_connection("/chatter", "std_msgs/msg/String", typestore=store)
+        for k in range(count):
+            writer.write(chatter, START_NS + round(k * 1e9 / RATE_HZ), bytes(
+                store.serialize_cdr(string(data=f"m{k}"), "std_msgs/msg/String")))
+    return path
+
+
+def test_clock_hz_counts_wall_clock_seconds_at_any_rate(ros, ros_env, tmp_path):
+    """ros2 bag play --clock HZ ticks from a wall timer: a 9.9 s bag at --rate 10 plays in
+    ~1 s, so --clock 50 is ~50 ticks 0.2 s of bag time apart. Counted in bag time it was
+    ~500 ticks in that second (500 Hz), 0.02 s apart."""
+    count, rate, hz = 100, 10.0, 50.0
+    arrivals: list[float] = []
+    heard, chatter, done = _clock_heard(ros, ros_env, str(_chatter_bag(tmp_path / "b", count)),
+                                        "--rate", str(rate), "--clock", str(hz),
+                                        arrivals=arrivals)
+    assert done.returncode == 0, done.stderr
+    assert len(chatter) == count and f"{len(heard)} /clock ticks" in done.stdout, done.stdout
+    wall_s = (count - 1) / RATE_HZ / rate
+    assert 0.6 * wall_s * hz <= len(heard) <= wall_s * hz + 2, len(heard)
+    assert 0.5 * hz <= (len(heard) - 1) / (arrivals[-1] - arrivals[0]) <= 1.5 * hz
+    steps_s = [(b - a) / 1e9 for a, b in zip(heard, heard[1:], strict=False)]
+    assert sorted(steps_s)[len(steps_s) // 2] == pytest.approx(rate / hz, abs=0.01), steps_s
+    end_ns = START_NS + round((count - 1) * 1e9 / RATE_HZ)
+    assert heard[0] == START_NS and all(START_NS <= ns <= end_ns for ns in heard)
 
 
 # ---------------------------------------------------------------- ROS 1 bags' errors

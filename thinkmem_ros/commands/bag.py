@@ -95,7 +95,9 @@ class PlayVerb:
         parser.add_argument("--loop", action="store_true", help="repeat until interrupted")
         parser.add_argument("--clock", type=positive_float, nargs="?", const=40.0,
                             default=None, metavar="HZ",
-                            help="publish /clock from bag time (default 40 Hz when given)")
+                            help="publish /clock (the bag time reached) HZ times per "
+                            "wall-clock second, whatever --rate, as ros2 bag play "
+                            "(default 40 Hz when given)")
         parser.add_argument("--topics", nargs="+", default=None, help="only these topics")
         parser.add_argument("--start-offset", type=non_negative_float, default=0.0,
                             help="skip this many seconds from the start of the bag")

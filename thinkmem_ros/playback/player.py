@@ -19,7 +19,9 @@ naming them and everything else plays. A ROS 1 ``.bag`` is converted to a tempor
 rosbag2 first (``bag_files.convert_ros1``), so it plays like any recording.
 
 With ``clock_hz`` (``--clock``) the player's /clock is the one clock: a recorded /clock
-(sim time, ``record -a``) is left out, and ``play_bag`` says so in one line.
+(sim time, ``record -a``) is left out, and ``play_bag`` says so in one line. It ticks
+``clock_hz`` times per wall-clock second, as ``ros2 bag play --clock`` (a wall timer),
+each tick carrying the bag time reached then, so ``--rate`` changes how far it moves.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class PlayConfig:
 
     rate: float = 1.0
     loop: bool = False
-    clock_hz: float | None = None  # publish /clock at this rate (bag time), None = off
+    clock_hz: float | None = None  # /clock ticks per wall-clock second, None = off
     topics: tuple[str, ...] | None = None  # None = every topic in the bag
     start_offset_s: float = 0.0
     delay_s: float = 0.0
@@ -261,25 +263,31 @@ class BagPlayer:
         self._clock_pub.publish(msg)
         self.stats.clock_ticks += 1
 
+    def _tick_until(self, ticks: _ClockTicks | None, bag_ns: int) -> bool:
+        """Publish each /clock tick due up to bag time ``bag_ns``; False when stopped."""
+        while ticks is not None and ticks.bag_ns() <= bag_ns:
+            if not self._wait_until(ticks.wall_ns()):
+                return False
+            self._publish_clock(ticks.bag_ns())
+            ticks.advance(time.monotonic_ns())
+        return True
+
     def _play_once(self) -> bool:
         """One pass over the messages (read as they are played); False when stopped."""
         first_ns: int | None = None
         wall0 = time.monotonic_ns()
         rate = self._config.rate
-        clock_step = round(1e9 / self._config.clock_hz) if self._clock_pub else 0
-        next_clock = 0
+        ticks: _ClockTicks | None = None
         last_ns: int | None = None
         for msg in self._messages:
             if first_ns is None:
-                first_ns = next_clock = msg.timestamp_ns
-                wall0 = time.monotonic_ns()
+                first_ns, wall0 = msg.timestamp_ns, time.monotonic_ns()
+                if self._clock_pub is not None:
+                    ticks = _ClockTicks(first_ns, wall0, 1e9 / self._config.clock_hz, rate)
             _check_gap(msg, last_ns)
             last_ns = max(msg.timestamp_ns, last_ns or msg.timestamp_ns)
-            while clock_step and next_clock <= msg.timestamp_ns:
-                if not self._wait_until(wall0 + round((next_clock - first_ns) / rate)):
-                    return False
-                self._publish_clock(next_clock)
-                next_clock += clock_step
+            if not self._tick_until(ticks, msg.timestamp_ns):
+                return False
             publisher = self._publishers.get(msg.topic)
             if publisher is None:
                 continue  # a skipped type (skip_unknown)
@@ -333,6 +341,36 @@ class BagPlayer:
             self._node.destroy_publisher(pub)
         if self._clock_pub is not None:
             self._node.destroy_publisher(self._clock_pub)
+
+
+@dataclass
+class _ClockTicks:
+    """When /clock ticks in one pass: every ``period_ns`` of wall time from ``wall0``.
+
+    ``ros2 bag play --clock HZ`` publishes from a wall timer, so HZ counts wall-clock
+    seconds whatever ``--rate``; counted in bag time, --rate 10 sent 400 ticks a second.
+    Each tick carries the bag time reached at its wall time (``rate`` bag ns per wall ns).
+    """
+
+    first_ns: int
+    wall0: int
+    period_ns: float
+    rate: float
+    index: int = 0
+
+    def wall_ns(self) -> int:
+        return self.wall0 + round(self.index * self.period_ns)
+
+    def bag_ns(self) -> int:
+        return self.first_ns + round(self.index * self.period_ns * self.rate)
+
+    def advance(self, now_ns: int) -> None:
+        """Move to the next tick, or past the missed ones when late (as a timer does).
+
+        A player held up (a slow publish, a loaded machine) sends one tick at once, not a
+        burst of stale times.
+        """
+        self.index = max(self.index + 1, int((now_ns - self.wall0) // self.period_ns))
 
 
 CLOCK_END_NS = 2**31 * 10**9
