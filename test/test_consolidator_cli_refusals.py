@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from thinkmem_ros.commands import consolidator
+from thinkmem_ros.consolidator.round_lock import RoundLock, RoundLockError
 from thinkmem_ros.consolidator.store import ExperienceStore
 from thinkmem_ros.core.arguments import OneLineParser
 from thinkmem_ros.link.security import write_signing_keypair
@@ -127,3 +129,29 @@ def test_serving_names_the_option_of_a_store_it_cannot_open(tmp_path, sign, caps
                         "--signing-key", sign, *SERVE)
     assert_one_line(code, err, "thinkmem consolidator: error: --db bad/dir: cannot open")
     assert not (tmp_path / "pub").exists()
+
+
+def test_a_start_refused_after_the_lock_leaves_no_lock_behind(tmp_path, sign, capsys,
+                                                              monkeypatch):
+    """An address in use left c3.db.rounds.lock and pub5/.rounds.lock behind."""
+    monkeypatch.chdir(tmp_path)
+    before = tree(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = run_cli(capsys, "--db", "c3.db", "--publish-dir", "pub5", "--signing-key",
+                            sign, "--bind", f"tcp://127.0.0.1:{port}", "--curve", "off")
+    assert_one_line(code, err, "thinkmem consolidator: error:", f"127.0.0.1:{port}")
+    assert tree(tmp_path) == before
+
+
+def test_a_lock_another_consolidator_holds_leaves_nothing_behind(tmp_path):
+    ExperienceStore(tmp_path / "c.db").close()
+    before = tree(tmp_path)
+    with RoundLock(tmp_path / "c.db", tmp_path / "pub"):
+        held = tree(tmp_path)
+        with pytest.raises(RoundLockError, match="another consolidator"):
+            RoundLock(tmp_path / "c.db", tmp_path / "new" / "pub")
+        assert tree(tmp_path) == held
+    assert tree(tmp_path) != before  # a lock that was used stays, for the next start

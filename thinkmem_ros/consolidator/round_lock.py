@@ -25,21 +25,31 @@ class RoundLock:
 
     def __init__(self, db_path: Path | str, publish_dir: Path | str) -> None:
         self._fds: list[int] = []
+        self._made: list[Path] = []  # the files and folders taking the locks created
         publish = Path(publish_dir)
         # beside the store file itself: through a symlink to it (or a second link) a lock
         # file beside the link let a second consolidator run rounds on the same store
         store_lock = Path(f"{os.path.realpath(db_path)}.rounds.lock")
         try:
-            publish.mkdir(parents=True, exist_ok=True)
+            self._make_folder(publish)
             for path, what in ((store_lock, f"the store {db_path}"),
                                (publish / ".rounds.lock", f"the publish folder {publish}")):
                 self._take(path, what)
         except BaseException:
-            self.release()
+            self.discard()
             raise
 
+    def _make_folder(self, folder: Path) -> None:
+        missing = [p for p in (folder, *folder.parents) if not p.exists()]
+        folder.mkdir(parents=True, exist_ok=True)
+        self._made += reversed(missing)
+
     def _take(self, path: Path, what: str) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self._made.append(path)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -53,6 +63,22 @@ class RoundLock:
         """Free both locks (idempotent)."""
         while self._fds:
             os.close(self._fds.pop())
+
+    def discard(self) -> None:
+        """Free both locks and remove the lock files and folders taking them created.
+
+        Why: a start refused after the lock was taken (its address in use) left
+        ``<db>.rounds.lock`` and a publish folder behind, where a refused command
+        changes nothing. The files go while still locked, so a consolidator starting
+        meanwhile either meets the lock or makes a file of its own.
+        """
+        for path in reversed(self._made):
+            try:
+                path.rmdir() if path.is_dir() else path.unlink()
+            except OSError:  # a folder something else has written into since: kept
+                pass
+        self._made.clear()
+        self.release()
 
     def __enter__(self) -> RoundLock:
         return self

@@ -1111,7 +1111,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with lock:
         try:
-            return _run_locked(made[0], args)
+            return _run_locked(made[0], args, lock)
         finally:  # an in-process caller (``thinkmem consolidator``, tests) gets its own back
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -1163,8 +1163,13 @@ def _close(made: list[ConsolidatorService]) -> None:
         service.close()
 
 
-def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
-    """One round (``--once``) or serve until stopped, holding the round lock."""
+def _run_locked(service: ConsolidatorService, args: argparse.Namespace, lock: RoundLock
+                ) -> int:
+    """One round (``--once``) or serve until stopped, holding the round lock.
+
+    A start refused here (an address in use) discards the lock's files: refused, nothing
+    is left behind.
+    """
     if service.stop_event.is_set():  # stopped while the inputs loaded: nothing started
         return 0
     if args.once:
@@ -1173,6 +1178,7 @@ def _run_locked(service: ConsolidatorService, args: argparse.Namespace) -> int:
         service.start()
     except Exception as exc:  # noqa: BLE001 - a bind that fails (address in use), a bad store
         service.close()
+        lock.discard()
         print(f"thinkmem consolidator: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
     if not service.stop_event.is_set():
