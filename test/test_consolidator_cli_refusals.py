@@ -155,3 +155,12 @@ def test_a_lock_another_consolidator_holds_leaves_nothing_behind(tmp_path):
             RoundLock(tmp_path / "c.db", tmp_path / "new" / "pub")
         assert tree(tmp_path) == held
     assert tree(tmp_path) != before  # a lock that was used stays, for the next start
+
+
+def test_the_lock_of_a_store_in_a_folder_not_made_yet(tmp_path):
+    """Serving --db nodir/c.db (the store makes its folder) failed with "[Errno 2] No such
+    file or directory: '.../nodir/c.db.rounds.lock'"; a refused start takes the folder back."""
+    lock = RoundLock(tmp_path / "nodir" / "c.db", tmp_path / "pub")
+    assert (tmp_path / "nodir" / "c.db.rounds.lock").is_file()
+    lock.discard()
+    assert tree(tmp_path) == []

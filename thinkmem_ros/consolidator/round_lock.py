@@ -32,6 +32,7 @@ class RoundLock:
         store_lock = Path(f"{os.path.realpath(db_path)}.rounds.lock")
         try:
             self._make_folder(publish)
+            self._make_folder(store_lock.parent)  # a new store's folder: the store makes it too
             for path, what in ((store_lock, f"the store {db_path}"),
                                (publish / ".rounds.lock", f"the publish folder {publish}")):
                 self._take(path, what)
