@@ -60,6 +60,7 @@ reads them and a set of ``bundle_path`` that cannot work is refused with its rea
 
 from __future__ import annotations
 
+import difflib
 import errno
 import faulthandler
 import functools
@@ -92,6 +93,7 @@ from rclpy.node import Node
 from rclpy.parameter import Parameter
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.signals import SignalHandlerOptions
+from rclpy.utilities import remove_ros_args
 from std_msgs.msg import Float32MultiArray, MultiArrayDimension, MultiArrayLayout, String
 
 from thinkmem_ros.core.paths import resolve_bundle_path
@@ -143,6 +145,7 @@ from thinkmem_ros.robot.node_config import (
     NodeConfig,
     ParamsFileError,
     ParamSpec,
+    args_outside_ros,
     check_parameter_names,
     signal_params,
     topic_key,
@@ -1065,6 +1068,21 @@ class ThinkingNode(Node):
         super().destroy_node()
 
 
+USAGE = f"""\
+usage: {NODE_NAME} [--ros-args -p name:=value | --params-file FILE ...]
+
+The thinkmem robot node: reads the sensor topics, runs the thinking policy of a model
+bundle on them and publishes thinking/activation, thinking/probabilities and /diagnostics.
+
+Every parameter, with its default, description and range, is in config/thinkmem.yaml
+(installed as share/thinkmem_ros/config/thinkmem.yaml) and in the README ("ROS interface
+of thinking_node"). An invalid parameter or params file stops the node at start (exit 2).
+
+options:
+  -h, --help  show this help and exit
+"""
+
+
 def _refuse(reason: object) -> int:
     """One line on stderr naming what is wrong; exit status 2."""
     text = " ".join(str(reason).split())
@@ -1073,22 +1091,79 @@ def _refuse(reason: object) -> int:
     return 2
 
 
+def _refuse_ros_args(exc: Exception) -> int:
+    """Refuse ROS arguments rcl cannot parse; an unknown flag is named as such."""
+    if isinstance(exc, _rclpy.UnknownROSArgsError):  # a typo'd --params-file
+        return _refuse(f"unknown ROS arguments {exc} (see ros2 run --help; the params file "
+                       f"option is --params-file)")
+    return _refuse(exc)
+
+
+def _usage_error(arg: str) -> int:
+    """One line on stderr naming an argument the node does not take; exit status 2.
+
+    Why: the node takes no arguments of its own, and one rcl leaves to the program was
+    silently ignored: ``--help`` started the node, and ``--ros-arg -p robot_id:=r1`` ran
+    it as robot "robot".
+    """
+    hint = "ROS arguments go after --ros-args"
+    if difflib.get_close_matches(arg, ["--ros-args"], n=1, cutoff=0.75):
+        hint = "did you mean --ros-args? ROS arguments go after it"
+    print(f"{NODE_NAME}: error: unknown argument {arg!r} ({hint}; see {NODE_NAME} --help)",
+          file=sys.stderr, flush=True)
+    return 2
+
+
+def _first_stray(args: list[str]) -> str | None:
+    """The first of ``args`` that is no deprecated ``from:=to`` remap, or None.
+
+    rcl still applies such a remap outside ``--ros-args`` (warning that it is deprecated),
+    so it is left to rcl's own split in ``_command_line``.
+    """
+    return next((arg for arg in args if ":=" not in arg), None)
+
+
+def _command_line(argv: list[str]) -> int | None:
+    """The exit status of a command line that must not start the node; None to start it.
+
+    ``--help`` is answered, and a stray argument named, before any params file is read
+    (rcl's split reads them all). Then the params files are checked (``validate_ros_args``)
+    before rcl reads them, and rclpy's own split (``remove_ros_args``) has the last word
+    on what is left to the program, as ``ros2 run`` and ``ros2 launch`` arguments go.
+    """
+    outside = args_outside_ros(argv)[1:]
+    if "-h" in outside or "--help" in outside:
+        print(USAGE, end="", flush=True)
+        return 0
+    stray = _first_stray(outside)
+    if stray is None:
+        try:
+            validate_ros_args(argv)
+            stray = next(iter(remove_ros_args(argv)[1:]), None)
+        except ParamsFileError as exc:
+            return _refuse(exc)
+        except (_rclpy.UnknownROSArgsError, _rclpy.RCLError) as exc:
+            return _refuse_ros_args(exc)
+    return None if stray is None else _usage_error(stray)
+
+
 def main(args: list[str] | None = None) -> int:
     """Run the node until Ctrl-C or SIGTERM (exit 0); exit 2 on an invalid configuration.
 
-    Params files are checked before rcl parses them (``validate_ros_args``) so a missing,
-    unparsable or misspelt one is refused in one line; whatever rcl still refuses is
-    reported the same way instead of as a traceback. A crash in native code (rcl, DDS,
-    ONNX Runtime) prints every thread's Python stack on stderr before the process dies
-    (``faulthandler``), so a robot's log says where it happened. The streaming policy's
-    compiled step is loaded before rclpy starts, while Ctrl-C is still a plain
-    KeyboardInterrupt.
+    ``args`` is a command line as ``sys.argv`` holds it, the program first. ``--help``
+    prints the usage and exits 0 without starting ROS; an argument outside
+    ``--ros-args ... [--]`` is refused in one line (exit 2). Params files are checked
+    before rcl parses them (``validate_ros_args``) so a missing, unparsable or misspelt
+    one is refused in one line; whatever rcl still refuses is reported the same way
+    instead of as a traceback. A crash in native code (rcl, DDS, ONNX Runtime) prints
+    every thread's Python stack on stderr before the process dies (``faulthandler``), so
+    a robot's log says where it happened. The streaming policy's compiled step is loaded
+    before rclpy starts, while Ctrl-C is still a plain KeyboardInterrupt.
     """
     faulthandler.enable()
-    try:
-        validate_ros_args(sys.argv if args is None else args)
-    except ParamsFileError as exc:
-        return _refuse(exc)
+    status = _command_line(list(sys.argv if args is None else args))
+    if status is not None:
+        return status
     try:
         # before rclpy takes over Ctrl-C: the seconds of numba's import and compile are
         # where a Ctrl-C once crashed the node (see ``warm_up``)
@@ -1112,11 +1187,8 @@ def _run(args: list[str] | None, stop: StopSignals) -> int:
     """
     try:
         init = rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    except _rclpy.UnknownROSArgsError as exc:  # a typo'd --params-file
-        return _refuse(f"unknown ROS arguments {exc} (see ros2 run --help; the params file "
-                       f"option is --params-file)")
-    except _rclpy.RCLError as exc:
-        return _refuse(exc)
+    except (_rclpy.UnknownROSArgsError, _rclpy.RCLError) as exc:
+        return _refuse_ros_args(exc)
     with init:
         try:
             node = ThinkingNode()

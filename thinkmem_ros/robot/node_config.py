@@ -947,6 +947,25 @@ def _ros_sections(argv: Sequence[str]) -> list[list[str]]:
     return sections
 
 
+def args_outside_ros(argv: Sequence[str]) -> list[str]:
+    """The arguments of ``argv`` outside every ``--ros-args ... [--]`` section, in order.
+
+    The split rcl makes, made without rcl: rcl reads every params file while it splits,
+    and ``--help`` must answer, and a stray argument be named, before a params file is
+    read. ``argv[0]`` (the program) is kept, as rcl keeps it.
+    """
+    outside: list[str] = []
+    inside = False
+    for arg in argv:
+        if arg == "--ros-args":
+            inside = True
+        elif arg == "--" and inside:
+            inside = False
+        elif not inside:
+            outside.append(arg)
+    return outside
+
+
 def node_fqn_from_args(argv: Sequence[str], default_name: str = NODE_NAME) -> str:
     """Fully qualified node name after ``-r __node:=`` / ``-r __ns:=`` remaps in ``argv``."""
     name, namespace = default_name, "/"
