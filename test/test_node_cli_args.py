@@ -1,8 +1,10 @@
-"""The node's own command line: ``--help`` answers, a stray argument is refused.
+"""The node's command line: ``--help`` answers, a stray argument or empty params file is refused.
 
 The node takes no arguments of its own; everything else goes after ``--ros-args``. Each
-case here once started the node: ``--help`` ran it until killed, ``--bogus`` was ignored
-and ``--ros-arg -p robot_id:=r1`` (one letter short) ran it as robot "robot".
+refused case here once started the node: ``--help`` ran it until killed, ``--bogus`` was
+ignored, ``--ros-arg -p robot_id:=r1`` (one letter short) ran it as robot "robot", and a
+params file with nothing for this node (empty, comments only, another node's or
+namespace's sections) ran it on defaults without a word.
 """
 
 from __future__ import annotations
@@ -130,3 +132,85 @@ def test_what_ros2_launch_passes_still_starts_the_node(ros_env, tmp_path):
         rc = proc.wait(timeout=15.0)
     assert "ready:" in log and "[cli_args.thinking_node]" in log, log
     assert rc == 0, log
+
+
+# ------------------------------------------------------------------ params files
+
+NOTHING = {
+    "zero-bytes": ("", [], "it has no node sections"),
+    "comments-only": ("# robot1's overrides go here\n", [], "it has no node sections"),
+    "other-node": ("other_node:\n  ros__parameters:\n    robot_id: r1\n", [],
+                   "its sections ['other_node'] name other nodes"),
+    "other-namespace": ("/thinking_node:\n  ros__parameters:\n    robot_id: r1\n",
+                        ["-r", "__ns:=/robot1"], "its sections ['/thinking_node'] name"),
+}
+
+
+@pytest.mark.ros
+@pytest.mark.parametrize("case", sorted(NOTHING))
+def test_a_params_file_with_nothing_for_this_node_is_refused(case, ros_env, tmp_path):
+    text, remaps, says = NOTHING[case]
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    rc, out, err = run_node(node_env(ros_env), "--ros-args", *remaps, "--params-file",
+                            str(path))
+    assert rc == 2, (rc, out, err)
+    fqn = "/robot1/thinking_node" if remaps else "/thinking_node"
+    assert len(lines(err)) == 1, err
+    assert err.startswith(f"thinking_node: refusing to start: params file {str(path)!r} "
+                          f"holds no parameters for this node ({fqn}): {says}"), err
+    looked = err.partition("looked for a section ")[2]
+    assert looked.startswith("'/**'") and f"'{fqn}'" in looked, err
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+SETS_NOTHING = "/**:\n  ros__parameters: {}\n"
+SETS_RATE = "thinking_node:\n  ros__parameters:\n    frame_rate_hz: 5.0\n"
+
+
+@pytest.mark.parametrize("files, args", [
+    ([SETS_NOTHING], []),  # launch_ros writes this for an empty parameter dict
+    (["thinking_node:\n  ros__parameters: {}\n"], []),
+    ([SETS_NOTHING, SETS_RATE], []),  # the other file sets them
+    (["/cli/thinking_node:\n  ros__parameters:\n    robot_id: r1\n"],
+     ["-r", "__ns:=/cli"]),  # launch_ros: a dict under a fully qualified name
+    (["/*/thinking_node:\n  ros__parameters:\n    robot_id: r1\n"], ["-r", "__ns:=/cli"]),
+    (["a:\n  ros__parameters:\n    robot_id: r1\n"], ["-r", "__node:=a", "-r", "__node:=b"]),
+    (["tn:\n  ros__parameters:\n    robot_id: r1\n"], ["-r", "other:__node:=x", "-r",
+                                                       "thinking_node:__node:=tn"]),
+], ids=["empty-wildcard-section", "empty-own-section", "other-file-sets", "launch-fqn",
+        "wildcard-namespace", "first-remap-wins", "node-prefixed-remap"])
+def test_a_params_file_with_a_section_for_this_node_passes(files, args, tmp_path):
+    from thinkmem_ros.robot.node_config import validate_ros_args
+
+    paths = [write(tmp_path, f"p{index}.yaml", text) for index, text in enumerate(files)]
+    files_args = [arg for path in paths for arg in ("--params-file", path)]
+    validate_ros_args(["prog", "--ros-args", *args, *files_args])
+    validate_ros_args(["prog", "--ros-args", *args, "--params-file", str(PARAMS),
+                       *files_args])
+
+
+def test_the_node_name_is_the_one_rcl_gives(tmp_path):
+    # rcl applies the first remap that matches, and a deprecated one outside --ros-args
+    from thinkmem_ros.robot.node_config import ParamsFileError, validate_ros_args
+
+    second = write(tmp_path, "b.yaml", "b:\n  ros__parameters:\n    robot_id: r1\n")
+    with pytest.raises(ParamsFileError, match=r"for this node \(/a\)"):
+        validate_ros_args(["prog", "--ros-args", "-r", "__node:=a", "-r", "__node:=b",
+                           "--params-file", second])
+    dep = write(tmp_path, "dep.yaml", "dep:\n  ros__parameters:\n    robot_id: r1\n")
+    validate_ros_args(["prog", "__node:=dep", "--ros-args", "--params-file", dep])
+
+
+def test_an_empty_file_is_refused_beside_one_that_sets_parameters(tmp_path):
+    from thinkmem_ros.robot.node_config import ParamsFileError, validate_ros_args
+
+    empty = write(tmp_path, "empty.yaml", "")
+    with pytest.raises(ParamsFileError, match="empty.yaml' holds no parameters"):
+        validate_ros_args(["prog", "--ros-args", "--params-file", str(PARAMS),
+                           "--params-file", empty])

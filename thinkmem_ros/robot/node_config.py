@@ -758,6 +758,18 @@ def selector_matches(selector: str, node_fqn: str) -> bool:
 def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[str, str]:
     """Flat ``{name: raw value}`` of the parameters ``path`` gives ``node_fqn``.
 
+    See ``params_and_sections``, which also names the file's node sections.
+    """
+    return params_and_sections(path, node_fqn)[0]
+
+
+def params_and_sections(path: str | Path, node_fqn: str = f"/{NODE_NAME}"
+                        ) -> tuple[dict[str, str], list[str]]:
+    """The parameters ``path`` gives ``node_fqn`` (as ``read_params_file``), and its sections.
+
+    The sections are the node-name keys above each ``ros__parameters`` in the file, as
+    written (``/**``, ``robot1/thinking_node``), whichever node they match.
+
     Structure is checked for the whole file the way rcl will read it (a mapping of node
     names, optionally nested in namespaces, each holding ``ros__parameters``; no value
     outside it, none empty), so rcl never refuses it later with a traceback; names are
@@ -799,11 +811,12 @@ def read_params_file(path: str | Path, node_fqn: str = f"/{NODE_NAME}") -> dict[
     except RecursionError:
         raise ParamsFileError(f"{where}: nested too deeply") from None
     if root is None:
-        return {}
+        return {}, []
     _refuse_aliases(text, where)
     out: dict[str, str] = {}
-    _walk_nodes(root, [], node_fqn, out, {}, where)
-    return out
+    sections: list[str] = []
+    _walk_nodes(root, [], node_fqn, out, {}, where, sections)
+    return out, sections
 
 
 def _refuse_aliases(text: str, where: str) -> None:
@@ -849,10 +862,12 @@ def _unique_keys(node, where: str, prefix: str = "") -> list[str]:
 
 
 def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str],
-                origins: dict[str, tuple[str, str]], where: str) -> None:
+                origins: dict[str, tuple[str, str]], where: str,
+                sections: list[str]) -> None:
     """Node-name levels: mappings down to ``ros__parameters``.
 
-    ``origins`` holds, per parameter collected into ``out``, its section and line.
+    ``origins`` holds, per parameter collected into ``out``, its section and line;
+    ``sections`` gets every section's node-name key, matching ``node_fqn`` or not.
     """
     import yaml
 
@@ -877,6 +892,7 @@ def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str],
             lines: dict[str, str] = {}
             _flatten(value, "", params, lines, where)
             section = "/".join(path)
+            sections.append(section)
             if selector_matches(section, node_fqn):
                 for name in params:
                     if name in origins:
@@ -889,7 +905,7 @@ def _walk_nodes(node, path: list[str], node_fqn: str, out: dict[str, str],
                     origins[name] = (section, lines[name])
                 out.update(params)
         else:
-            _walk_nodes(value, [*path, key], node_fqn, out, origins, where)
+            _walk_nodes(value, [*path, key], node_fqn, out, origins, where, sections)
 
 
 def _flatten(node, prefix: str, out: dict[str, str], lines: dict[str, str],
@@ -966,21 +982,43 @@ def args_outside_ros(argv: Sequence[str]) -> list[str]:
     return outside
 
 
+def _remap_rules(argv: Sequence[str]) -> list[str]:
+    """Every remap rule of ``argv``, in order.
+
+    Each ``-r``/``--remap`` value in a ``--ros-args`` section, and each deprecated
+    ``from:=to`` outside one: rcl still applies those.
+    """
+    rules: list[str] = []
+    inside, flag = False, ""
+    for arg in argv:
+        if inside and flag in ("-r", "--remap"):
+            rules.append(arg)
+        elif arg == "--ros-args":
+            inside = True
+        elif arg == "--" and inside:
+            inside = False
+        elif not inside and ":=" in arg:
+            rules.append(arg)
+        flag = arg if inside else ""
+    return rules
+
+
 def node_fqn_from_args(argv: Sequence[str], default_name: str = NODE_NAME) -> str:
-    """Fully qualified node name after ``-r __node:=`` / ``-r __ns:=`` remaps in ``argv``."""
-    name, namespace = default_name, "/"
-    for section in _ros_sections(argv):
-        for flag, value in _pairs(section):
-            if flag not in ("-r", "--remap"):
-                continue
-            lhs, sep, rhs = value.partition(":=")
-            if not sep:
-                continue
-            lhs = lhs.rsplit(":", 1)[-1]  # 'node:__ns:=/x' names the node it applies to
-            if lhs in ("__node", "__name"):
-                name = rhs
-            elif lhs == "__ns":
-                namespace = rhs if rhs.startswith("/") else "/" + rhs
+    """Fully qualified node name after the ``__node:=`` / ``__ns:=`` remaps in ``argv``.
+
+    As rcl: the first rule that applies wins, a rule prefixed with another node's name
+    (``other:__node:=x``) does not apply, and a deprecated rule outside ``--ros-args``
+    counts. Why: the params files are checked for the node rcl will create, and one that
+    gives it no parameter is refused (``validate_ros_args``).
+    """
+    found: dict[str, str] = {}
+    for rule in _remap_rules(argv):
+        lhs, sep, rhs = rule.partition(":=")
+        node, _, key = lhs.rpartition(":")
+        if sep and (not node or node == default_name):
+            found.setdefault("__node" if key == "__name" else key, rhs)
+    name, namespace = found.get("__node", default_name), found.get("__ns", "/")
+    namespace = namespace if namespace.startswith("/") else "/" + namespace
     return namespace.rstrip("/") + "/" + name
 
 
@@ -1000,8 +1038,31 @@ def validate_ros_args(argv: Sequence[str], signals: Iterable[str] | None = None)
     """Check every params file in ``argv`` before rcl reads it; ParamsFileError naming it."""
     fqn = node_fqn_from_args(argv)
     for path in params_files_from_args(argv):
-        params = read_params_file(path, fqn)
+        params, sections = params_and_sections(path, fqn)
+        _require_a_section(path, fqn, sections)
         errors = unknown_parameters(params, signals)
         if errors:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise ParamsFileError(f"params file {path!r}: {errors[0]}{more}")
+
+
+def _require_a_section(path: str, node_fqn: str, sections: list[str]) -> None:
+    """ParamsFileError when no section of params file ``path`` applies to ``node_fqn``.
+
+    Why: rcl reads such a file without a word (0 bytes, comments only, sections for
+    other nodes or another namespace) and the node ran on the defaults the file was
+    meant to replace. A section for this node that sets nothing is deliberate (launch_ros
+    writes one for an empty parameter dict) and passes, as does a file that leaves every
+    parameter to another file given with it.
+    """
+    if any(selector_matches(section, node_fqn) for section in sections):
+        return
+    found = (f"its sections {sections} name other nodes" if sections
+             else "it has no node sections (it is empty or holds only comments)")
+    names = ["/**", node_fqn] + ([node_fqn[1:]] if node_fqn.count("/") == 1 else [])
+    looked = ", ".join(map(repr, names[:-1])) + f" or {names[-1]!r}"
+    raise ParamsFileError(
+        f"params file {path!r} holds no parameters for this node ({node_fqn}): {found}; "
+        f"looked for a section {looked} (or a wildcard matching {node_fqn}) with "
+        "ros__parameters; a file meant to set nothing needs '/**:' with "
+        "'ros__parameters: {}'")
