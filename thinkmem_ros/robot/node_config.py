@@ -22,7 +22,9 @@ naming ``signals.<name>.scale``; every adapter is checked against its message ty
 Parameter files are outside input too: ``validate_ros_args`` checks every ``--params-file``
 before rcl parses it (a readable regular file, YAML, ``ros__parameters`` structure, no
 parameter this node does not declare, no unknown signal-map key, no parameter given twice,
-since rcl keeps the last silently), and ``unknown_parameters`` names
+since rcl keeps the last silently, and some section that applies to this node: an empty
+file or one for other nodes only started the node on defaults without a word), and
+``unknown_parameters`` names
 overrides that match no declared parameter (a typo must not be silently ignored).
 """
 
