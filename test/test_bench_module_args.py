@@ -27,6 +27,18 @@ def test_anticipation_refuses(capsys, argv, says):
     assert says in _refused(capsys, anticipation.main, argv)
 
 
+def test_anticipation_refuses_its_outputs_before_the_run(capsys, tmp_path, monkeypatch):
+    """--json and --plot were written after the run, over whatever was there: a text file
+    of the user's became a report, and a format matplotlib cannot save was a traceback."""
+    monkeypatch.setattr(anticipation, "run", lambda *_a, **_k: pytest.fail("the run started"))
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine\n")
+    assert "--json" in _refused(capsys, anticipation.main, ["--quick", "--json", str(victim)])
+    assert "PNG" in _refused(capsys, anticipation.main, ["--quick", "--plot",
+                                                         str(tmp_path / "a.yaml")])
+    assert victim.read_text() == "mine\n"
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--signals", ""], "not signals of the default map"),
     (["--signals", "temperature,nope"], "['nope']"),

@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from thinkmem_ros.bench import MAX_SEEDS
+from thinkmem_ros.bench.common import check_report_outputs
 from thinkmem_ros.consolidator.anticipation_export import ExportConfig, build_rules
 from thinkmem_ros.consolidator.knowledge import KnowledgeUnit
 from thinkmem_ros.core.arguments import OneLineParser
@@ -489,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.seeds <= MAX_SEEDS:
         parser.error(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
+    check_report_outputs(parser, args)  # written after the run: refused before it
     if args.policy_bundle:
         from thinkmem_ros.policy.bundle import BundleError
 

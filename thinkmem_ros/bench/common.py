@@ -148,3 +148,36 @@ def epochs_for(n_rows: int, base: int, *, min_steps: int = 400, batch_size: int 
     """
     steps = max(1, -(-int(round(n_rows * (1.0 - val_fraction))) // batch_size))
     return int(min(cap, max(base, -(-min_steps // steps))))
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _a_png(path: Path) -> bool:
+    """Whether an existing --plot is a PNG (an earlier plot: replacing it loses nothing)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(PNG_MAGIC)) == PNG_MAGIC
+    except OSError:
+        return False
+
+
+def check_report_outputs(parser, args) -> None:
+    """Refuse --json and --plot before the run: one line, exit 2.
+
+    For the benchmarks run as ``python -m`` (``args.json``, ``args.plot``). Why: both were
+    written only after minutes of work, over whatever was there (a text file of the user's
+    became a report), and a folder or a format matplotlib cannot save failed then with a
+    traceback, the results lost.
+    """
+    from thinkmem_ros.core.output_files import check_output, json_report
+
+    if args.plot and Path(args.plot).suffix.lower() != ".png":
+        parser.error(f"--plot {args.plot}: the plot is a PNG; give a path ending in .png")
+    try:
+        if args.json:
+            check_output(args.json, "--json", replaces=json_report("experiment", "results"))
+        if args.plot:
+            check_output(args.plot, "--plot", replaces=("a PNG image", _a_png))
+    except SystemExit as refused:
+        parser.error(str(refused.code))

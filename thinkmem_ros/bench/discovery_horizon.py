@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from thinkmem_ros.bench.common import check_report_outputs
 from thinkmem_ros.core.arguments import OneLineParser
 
 SIZES = (100_000, 300_000, 1_000_000, 3_000_000)  # events the store carries before the round
@@ -133,38 +134,6 @@ def plot(report: dict, path: str | Path) -> None:
     save(fig, path)
 
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _a_png(path: Path) -> bool:
-    """Whether an existing --plot is a PNG (an earlier plot: replacing it loses nothing)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(len(PNG_MAGIC)) == PNG_MAGIC
-    except OSError:
-        return False
-
-
-def _check_outputs(parser: OneLineParser, args) -> None:
-    """Refuse --json and --plot before the run: one line, exit 2.
-
-    Why: both were written only after minutes of stores built and rounds timed, over
-    whatever was there (a text file of the user's became a report), and a folder or a
-    format matplotlib cannot save failed then with a traceback, the results lost.
-    """
-    from thinkmem_ros.core.output_files import check_output, json_report
-
-    if args.plot and Path(args.plot).suffix.lower() != ".png":
-        parser.error(f"--plot {args.plot}: the plot is a PNG; give a path ending in .png")
-    try:
-        if args.json:
-            check_output(args.json, "--json", replaces=json_report("experiment", "results"))
-        if args.plot:
-            check_output(args.plot, "--plot", replaces=("a PNG image", _a_png))
-    except SystemExit as refused:
-        parser.error(str(refused.code))
-
-
 def _options(argv: list[str] | None):
     """Parsed and checked options (sizes, horizon, outputs): bad ones exit 2 in one line."""
     parser = OneLineParser(prog="python -m thinkmem_ros.bench.discovery_horizon",
@@ -182,7 +151,7 @@ def _options(argv: list[str] | None):
         parser.error(f"--sizes {args.sizes!r} is not a comma-separated list of integers")
     if not args.sizes or min(args.sizes) < 1000 or args.horizon < 1024:
         parser.error("--sizes must be >= 1000 events each and --horizon >= 1024")
-    _check_outputs(parser, args)
+    check_report_outputs(parser, args)
     return parser, args
 
 
