@@ -44,9 +44,10 @@ partitions can be scored from per-partition sums.
 
 3. Per-pattern checks on the significant set, each an exact conditional test; Holm's
    step-down at ``alpha`` over that set on the largest of their p-values:
-   - order: given where the pattern's codes sit in an episode, the labels a/b/c are
-     permuted among those slots; the forward order must win more often than that allows
-     (A...B...C against B...A...C, A...C...B and the rest at once);
+   - order (``order_test``): the codes' roles relabelled, forward's surprise in bits in
+     each episode holding them is a uniform draw from all L! orders' (exact); its tail
+     times L! (the order tested is the best of L! by selection), so codes that come
+     together in no fixed order are not taken for one of their orders;
    - each element adds: with the other two codes where they are, the element's own
      occurrences are treated as landing on slots at its base rate f_x (its share of all
      events): P(x on one of the m_e slots that would complete the pattern) =

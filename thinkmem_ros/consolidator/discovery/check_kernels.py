@@ -78,83 +78,14 @@ def fit_levels(t, p0, p1, p2, length, scales, lo, hi, back):
     return count
 
 
-@njit(cache=True)
-def valid_matrix(t, union, g, lo, back):
-    n = union.size
-    out = np.zeros((n, n), np.bool_)
-    for x in range(n):
-        for y in range(n):
-            out[x, y] = fits(t, union[x], union[y], g, lo, back)
-    return out
 
 
-@njit(cache=True)
-def order_relevant(t, union, length, g, lo, back):
-    valid = valid_matrix(t, union, g, lo, back)
-    n = union.size
-    if length == 2:
-        return valid.any()
-    for y in range(n):
-        if valid[:, y].any() and valid[y, :].any():
-            return True
-    return False
 
 
-@njit(cache=True)
-def pick(union, mask):
-    count = 0
-    for x in range(union.size):
-        if mask >> x & 1:
-            count += 1
-    out = np.empty(count, np.int64)
-    k = 0
-    for x in range(union.size):
-        if mask >> x & 1:
-            out[k] = union[x]
-            k += 1
-    return out
 
 
-@njit(cache=True)
-def popcount(mask):
-    count = 0
-    while mask:
-        count += mask & 1
-        mask >>= 1
-    return count
 
 
-@njit(cache=True)
-def order_p(t, union, counts, length, g, lo, hi, back):
-    """``occurrences._order_p_e``: every labelling of the slots, or the union bound."""
-    total = union.size
-    if total <= 9:
-        full = (1 << total) - 1
-        hits = 0
-        n = 0
-        for m0 in range(full + 1):
-            if popcount(m0) != counts[0]:
-                continue
-            rest = full & ~m0
-            for m1 in range(full + 1):
-                if m1 & ~rest or popcount(m1) != counts[1]:
-                    continue
-                m2 = rest & ~m1
-                n += 1
-                if tightest(t, pick(union, m0), pick(union, m1), pick(union, m2),
-                            length, lo, hi, back) <= g:
-                    hits += 1
-        return hits / n
-    valid = valid_matrix(t, union, g, lo, back)
-    if length == 2:
-        tuples = float(valid.sum())
-        return min(1.0, counts[0] * counts[1] * tuples / (total * (total - 1)))
-    inner = 0
-    for y in range(total):
-        inner += valid[:, y].sum() * valid[y, :].sum()
-    tuples = float(inner)
-    return min(1.0, counts[0] * counts[1] * counts[2] * tuples
-               / (total * (total - 1) * (total - 2)))
 
 
 @njit(cache=True)
@@ -275,28 +206,6 @@ def positions(c, code):
     return out
 
 
-@njit(cache=True)
-def merged(p0, p1, p2):
-    """The three (ascending, disjoint) position arrays as one ascending array.
-
-    What ``np.sort(np.concatenate(...))`` gives, without compiling numba's sort.
-    """
-    out = np.empty(p0.size + p1.size + p2.size, np.int64)
-    i = j = k = 0
-    for x in range(out.size):
-        a = p0[i] if i < p0.size else 1 << 62
-        b = p1[j] if j < p1.size else 1 << 62
-        c = p2[k] if k < p2.size else 1 << 62
-        if a <= b and a <= c:
-            out[x] = a
-            i += 1
-        elif b <= c:
-            out[x] = b
-            j += 1
-        else:
-            out[x] = c
-            k += 1
-    return out
 
 
 @njit(cache=True)
@@ -319,16 +228,10 @@ def terms(t, c, codes, g, lo, hi, back, scales, others):
         antecedent = 1
         reverse = int(p1.size > 0 and fits_any(t, p1, p0, g, lo, back))
     present = p0.size > 0 and p1.size > 0 and (length == 2 or p2.size > 0)
-    has_order = False
-    order = 0.0
+    fwd = 0
     diffs = np.zeros(others.shape[0], np.int64)
     gaps = np.full(length - 1, math.nan)
     if present:
-        union = merged(p0, p1, p2)
-        if order_relevant(t, union, length, g, lo, back):
-            has_order = True
-            counts = np.array([p0.size, p1.size, p2.size])
-            order = order_p(t, union, counts, length, g, lo, hi, back)
         fwd = fit_levels(t, p0, p1, p2, length, scales, lo, hi, back)
         for o in range(others.shape[0]):
             q = others[o]
@@ -346,8 +249,7 @@ def terms(t, c, codes, g, lo, hi, back, scales, others):
                 others_there = False
         if others_there:
             elig[w] = eligible(t, p0, p1, p2, length, w, g, lo, back)
-    return (antecedent, reverse, has_contrast, strata, has_order, order, present, diffs,
-            elig, gaps)
+    return (antecedent, reverse, has_contrast, strata, present, fwd, diffs, elig, gaps)
 
 
 @njit(cache=True)
@@ -357,9 +259,8 @@ def rows_terms(time, code, start, rows, codes, g, lo, hi, back, scales, others):
     ant = np.zeros(n, np.int64)
     rev = np.zeros(n, np.int64)
     strata = np.zeros((3, ROOM_STRATA + 1), np.int64)
-    has_order = np.zeros(n, np.bool_)
-    order = np.zeros(n)
     present = np.zeros(n, np.bool_)
+    level = np.zeros(n, np.int64)
     diffs = np.zeros((n, n_other), np.int64)
     elig = np.zeros((n, length), np.int64)
     gaps = np.full((n, length - 1), math.nan)
@@ -370,17 +271,17 @@ def rows_terms(time, code, start, rows, codes, g, lo, hi, back, scales, others):
         ant[r], rev[r] = got[0], got[1]
         if got[2]:
             strata += got[3]
-        has_order[r], order[r], present[r] = got[4], got[5], got[6]
-        diffs[r], elig[r], gaps[r] = got[7], got[8], got[9]
-    return ant, rev, strata, has_order, order, present, diffs, elig, gaps
+        present[r], level[r] = got[4], got[5]
+        diffs[r], elig[r], gaps[r] = got[6], got[7], got[8]
+    return ant, rev, strata, present, level, diffs, elig, gaps
 
 
 def gathered_terms(log, start: np.ndarray, rows: np.ndarray, codes: tuple[int, ...],
                    g: float, cfg, scales: np.ndarray, others: np.ndarray):
     """``episode_terms`` of every episode in ``rows`` in one call, as arrays (one row each).
 
-    (antecedent, reverse, contrast strata summed (3, 5), has_order, order, present, diffs,
-    eligible, gaps).
+    (antecedent, reverse, contrast strata summed (3, 5), present, forward's fitted scales,
+    diffs, eligible, gaps).
     """
     return rows_terms(log.time, log.code, start, np.asarray(rows, np.int64),
                       np.asarray(codes, np.int64), float(g), float(cfg.min_gap),

@@ -8,7 +8,6 @@ Part of ``consolidator.discovery``; its package docstring gives the four steps.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -25,9 +24,8 @@ from thinkmem_ros.consolidator.discovery.occurrences import (
     _fit_levels,
     _fits,
     _fits_any,
-    _order_p_e,
-    _order_relevant,
 )
+from thinkmem_ros.consolidator.discovery.order_test import order_p, orders
 from thinkmem_ros.consolidator.discovery.tails import _sign_flip_tail, pb_tail
 
 
@@ -93,7 +91,7 @@ class _Terms:
     antecedent: int  # A...B fits at g (a pair: A is there)
     reverse: int  # B...A fits at g
     contrast: tuple | None  # ``_Contrast.terms`` (triples)
-    order: float | None  # P(forward order) under permuted labels, where an order fits
+    level: int | None  # forward's fitted scales, where every code is there
     diffs: tuple[int, ...] | None  # forward's fitted scales less each other order's
     eligible: tuple[int, ...]  # per element, slots that would complete the pattern (0: none)
     gaps: tuple[float | None, ...]  # per step, the tightest fitting gap (all codes there)
@@ -119,20 +117,18 @@ def _episode_terms(ctx: _Episodes, e: int, codes: tuple[int, ...], g: float,
         antecedent = 1
         reverse = int(bool(pos[1].size and _fits_any(t, pos[1], pos[0], g, cfg)))
     present = all(p.size for p in pos)
-    order = diffs = None
+    level = diffs = None
     gaps: tuple[float | None, ...] = (None,) * (length - 1)
     if present:
-        if _order_relevant(t, pos, g, cfg):
-            order = _order_p_e(t, pos, g, cfg)
         # forward against each other order: how many scales each one fits
-        fwd = _fit_levels(t, pos, ctx.scales, cfg)
+        fwd = level = _fit_levels(t, pos, ctx.scales, cfg)
         diffs = tuple(fwd - _fit_levels(t, [pos[i] for i in perm], ctx.scales, cfg)
                       for perm in others)
         gaps = tuple(_tightest_step(t, x, y, g, cfg) for x, y in zip(pos[:-1], pos[1:]))
     eligible = tuple(
         0 if any(pos[i].size == 0 for i in range(length) if i != w)
         else _eligible(t, pos, w, n, g, cfg) for w in range(length))
-    return _Terms(antecedent, reverse, contrast, order, diffs, eligible, gaps)
+    return _Terms(antecedent, reverse, contrast, level, diffs, eligible, gaps)
 
 
 def _tightest_step(t: np.ndarray, x: np.ndarray, y: np.ndarray, g: float,
@@ -149,9 +145,9 @@ class _Gathered:
     antecedent: int
     reverse: int
     contrast: _Contrast
-    order_p: list[float]
-    order_obs: int
-    diffs: list[list[int]]  # per other order
+    present: list[int]  # episodes holding every code
+    levels: list[int]  # forward's fitted scales there
+    diffs: list[list[int]]  # per other order, over ``present``
     add_p: list[list[float]]  # per element
     add_obs: list[int]
     gap_lists: list[list[float]]  # per step, over the supporting episodes
@@ -161,16 +157,16 @@ def _gather_each(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndar
                  held: np.ndarray, others: list[tuple[int, ...]]) -> _Gathered:
     """Episode by episode in Python (``USE_KERNEL`` off, or no numba)."""
     length = len(codes)
-    out = _Gathered(0, 0, _Contrast(), [], 0, [[] for _ in others],
+    out = _Gathered(0, 0, _Contrast(), [], [], [[] for _ in others],
                     [[] for _ in range(length)], [0] * length, [[] for _ in range(length - 1)])
     for e, is_held in zip(rows.tolist(), held.tolist()):
         terms = _episode_terms(ctx, e, codes, g, others)
         out.antecedent += terms.antecedent
         out.reverse += terms.reverse
         out.contrast.add_terms(terms.contrast)
-        if terms.order is not None:
-            out.order_p.append(terms.order)
-            out.order_obs += is_held
+        if terms.level is not None:
+            out.present.append(e)
+            out.levels.append(terms.level)
         if terms.diffs is not None:
             for o, d in enumerate(terms.diffs):
                 out.diffs[o].append(d)
@@ -198,14 +194,14 @@ def _gather_rows(ctx: _Episodes, codes: tuple[int, ...], g: float, rows: np.ndar
         return None
     got = kernel.gathered_terms(ctx.log, ctx.start, rows, codes, g, ctx.cfg, ctx.scales,
                                 np.asarray(others, np.int64).reshape(len(others), len(codes)))
-    ant, rev, strata, has_order, order, present, diffs, elig, gaps = got
+    ant, rev, strata, present, level, diffs, elig, gaps = got
     contrast = _Contrast()
     if len(codes) == 3:
         contrast.add_terms((strata[0], strata[1], strata[2]))
     adds = [elig[:, w][elig[:, w] > 0].tolist() for w in range(len(codes))]
     return _Gathered(
-        int(ant.sum()), int(rev.sum()), contrast, order[has_order].tolist(),
-        int(np.count_nonzero(has_order & held)),
+        int(ant.sum()), int(rev.sum()), contrast, rows[present].tolist(),
+        level[present].tolist(),
         [diffs[present, o].tolist() for o in range(len(others))],
         # Python floats, as episode by episode (numpy's pow may differ in the last bit)
         [[1.0 - (1.0 - ctx.freq[codes[w]]) ** m for m in ms] for w, ms in enumerate(adds)],
@@ -236,8 +232,7 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     The placement check is left unrun: ``examine`` runs it where Holm passed the rest.
     """
     length = len(codes)
-    others = [perm for perm in itertools.permutations(range(length))
-              if perm != tuple(range(length))]
+    others = orders(length)
     # every episode holding all codes but (at most) one: the element tests of code w run
     # over the episodes where the other codes are in place, whether or not w is there
     rows = np.unique(np.concatenate([
@@ -247,10 +242,12 @@ def _check(ctx: _Episodes, codes: tuple[int, ...], g: float, support_rows: np.nd
     got = _gather_rows(ctx, codes, g, rows, held, others)
     if got is None:
         got = _gather_each(ctx, codes, g, rows, held, others)
-    contrast, order_p, order_obs, diffs = got.contrast, got.order_p, got.order_obs, got.diffs
+    contrast, diffs = got.contrast, got.diffs
     add_p, add_obs, gap_lists = got.add_p, got.add_obs, got.gap_lists
     antecedent, reverse = got.antecedent, got.reverse
-    p_order = _one_tail(order_p, order_obs)
+    p_order = order_p(ctx, codes, np.asarray(got.present, np.int64),
+                      np.asarray(got.levels, np.int64),
+                      np.asarray(diffs, np.int64).T.reshape(len(got.present), len(others)))
     # forward must also beat every other order outright (scales fitted, summed over the
     # episodes); the sign-flip p-value of the closest one is kept as evidence
     margins = [int(np.sum(d)) for d in diffs]

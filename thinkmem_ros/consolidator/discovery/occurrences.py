@@ -1,4 +1,4 @@
-"""Where a pattern's codes sit in one episode: fits, tightest occurrence, order, slots.
+"""Where a pattern's codes sit in one episode: fits, tightest occurrence, levels, slots.
 
 Why: the checks ask these about one episode's few copies of two or three codes ~10^5 times
 a round; small cases loop in Python (``SMALL_SLOTS``), larger ones build gap matrices.
@@ -7,7 +7,6 @@ Part of ``consolidator.discovery``; its package docstring gives the four steps.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -55,8 +54,6 @@ def _fits_any(t: np.ndarray, first: np.ndarray, second: np.ndarray, g: float,
     return False
 
 
-def _holds(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> bool:
-    return _tightest(t, pos, cfg) <= g
 
 
 def _step_gaps(t: np.ndarray, first: np.ndarray, second: np.ndarray,
@@ -103,32 +100,6 @@ def _tightest_small(t: np.ndarray, pos: list[list[int]], cfg: DiscoveryConfig) -
     return best
 
 
-def _order_p_e(t: np.ndarray, pos: list[np.ndarray], g: float, cfg: DiscoveryConfig) -> float:
-    """P(forward order holds at g) when the labels are permuted among the pattern's slots."""
-    counts = [len(p) for p in pos]
-    union = np.sort(np.concatenate(pos))
-    total = union.size
-    if total <= 9:
-        hits = n = 0
-        idx = range(total)
-        for first in itertools.combinations(idx, counts[0]):
-            rest = [i for i in idx if i not in first]
-            for second in itertools.combinations(rest, counts[1]):
-                third = [i for i in rest if i not in second]
-                groups = [union[list(first)], union[list(second)]]
-                if len(pos) == 3:
-                    groups.append(union[third])
-                n += 1
-                hits += _holds(t, groups, g, cfg)
-        return hits / n
-    # many copies: union bound over position tuples
-    valid = _fits(t, union, union, g, cfg)
-    if len(pos) == 2:
-        tuples = float(valid.sum())
-        return min(1.0, counts[0] * counts[1] * tuples / (total * (total - 1)))
-    tuples = float((valid.sum(axis=0) * valid.sum(axis=1)).sum())
-    return min(1.0, counts[0] * counts[1] * counts[2] * tuples
-               / (total * (total - 1) * (total - 2)))
 
 
 def _eligible(t: np.ndarray, pos: list[np.ndarray], which: int, n: int, g: float,
@@ -192,14 +163,6 @@ def _fit_levels(t: np.ndarray, pos: list[np.ndarray], scales: np.ndarray,
     return int(np.count_nonzero(scales >= _tightest(t, pos, cfg)))
 
 
-def _order_relevant(t: np.ndarray, pos: list[np.ndarray], g: float,
-                    cfg: DiscoveryConfig) -> bool:
-    """Whether some order of the pattern's codes fits at g in this episode."""
-    union = np.sort(np.concatenate(pos))
-    valid = _fits(t, union, union, g, cfg)
-    if len(pos) == 2:
-        return bool(valid.any())
-    return bool((valid.any(axis=0) & valid.any(axis=1)).any())
 
 
 def _episodes_with(ctx: _Episodes, codes: tuple[int, ...]) -> np.ndarray:

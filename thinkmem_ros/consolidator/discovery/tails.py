@@ -136,8 +136,10 @@ SCORE_CAP = 48 * STEPS_PER_BIT
 """Steps an episode can score at most (a tail of 2^-48 already outweighs any family here)."""
 
 
-def _level_scores(pe: np.ndarray) -> np.ndarray:
+def _level_scores(pe: np.ndarray, steps: int = STEPS_PER_BIT) -> np.ndarray:
     """(R, L) bits each frame scores at level l = 1..L: floor(-log2 P(level >= l)), capped.
+
+    ``steps`` per bit (the order check scores finer: ``order_test``).
 
     A frame's level is the number of scales its tightest occurrence fits in; what a level
     is worth depends on the episode: fitting 60 s in a sparse episode is rare, in a dense
@@ -150,8 +152,8 @@ def _level_scores(pe: np.ndarray) -> np.ndarray:
     """
     q = pe[:, ::-1]
     with np.errstate(divide="ignore"):
-        bits = np.floor(-np.log2(np.maximum(q, 1e-300)) * STEPS_PER_BIT + 1e-9)
-    return np.clip(bits, 0, SCORE_CAP).astype(np.int64)
+        bits = np.floor(-np.log2(np.maximum(q, 1e-300)) * steps + 1e-9)
+    return np.clip(bits, 0, SCORE_CAP // STEPS_PER_BIT * steps).astype(np.int64)
 
 
 def _score_tail(pes: list[np.ndarray], z: np.ndarray, bits: bool = True) -> np.ndarray:
@@ -229,6 +231,58 @@ def _sign_flip_tail(d: np.ndarray, law=None) -> float:
     total = int(mags.sum())
     dist = (law or _sign_flip_law)(mags, total)
     return float(min(1.0, dist[total + observed:].sum()))
+
+
+RELABEL_WORK = 300_000_000
+"""Largest exact law of the relabelling test (episodes x states); above it, Hoeffding."""
+
+
+def relabel_tail(diffs: np.ndarray) -> float:
+    """P(forward's summed fit is at least as large) when each episode's orders are relabelled.
+
+    ``diffs``: one row per episode holding every code, forward's fitted scales less each
+    other order's. Under "no order is preferred" the codes' roles are exchangeable: the
+    relabelling that makes order s forward is as likely as none, so forward's value in an
+    episode is a uniform draw from the episode's values of all orders, independently per
+    episode, and the tail of the sum is exact. Unlike permuting the labels over the codes'
+    slots, it keeps one copy of each code in a cluster of one copy each, and it fits no
+    scale to the data. The law saturates at the observed sum, so it holds only as many
+    states as forward's lead; past ``RELABEL_WORK`` Hoeffding's bound stands in (valid,
+    larger).
+    """
+    diffs = np.asarray(diffs, np.int64).reshape(len(diffs), -1)
+    values = -np.concatenate((np.zeros((diffs.shape[0], 1), np.int64), diffs), axis=1)
+    values = values[(values != 0).any(axis=1)]
+    if not values.size:
+        return 1.0
+    shifted = values - values.min(axis=1, keepdims=True)
+    need = int(-values.min(axis=1).sum())  # the sum of shifted values forward reached
+    if need <= 0:
+        return 1.0
+    if values.shape[0] * (need + 1) > RELABEL_WORK:
+        return _hoeffding(shifted, need)
+    share = 1.0 / values.shape[1]
+    dist = np.zeros(need + 1)
+    dist[0] = 1.0
+    for row in shifted:
+        new = np.zeros(need + 1)
+        for v in row.tolist():
+            if v >= need:
+                new[need] += share * dist.sum()
+            else:
+                new[v:need] += share * dist[:need - v]
+                new[need] += share * dist[need - v:].sum()
+        dist = new
+    return float(min(1.0, dist[need]))
+
+
+def _hoeffding(shifted: np.ndarray, need: int) -> float:
+    """Hoeffding's bound on P(sum of uniform draws from each row >= need)."""
+    mean = float(shifted.mean(axis=1).sum())
+    spread = float(((shifted.max(axis=1) - shifted.min(axis=1)) ** 2).sum())
+    if need <= mean or spread == 0:
+        return 1.0
+    return float(min(1.0, np.exp(-2.0 * (need - mean) ** 2 / spread)))
 
 
 def _sign_flip_law(mags: np.ndarray, total: int) -> np.ndarray:
