@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import unprivileged
 from conftest import spinning_node
 
 from thinkmem_ros.playback.bag_files import (
@@ -163,21 +164,6 @@ def test_a_ros1_bag_check_that_cannot_read_the_file_says_why():
         is_ros1_bag("/proc/self/mem")
 
 
-def _unprivileged() -> list[str]:
-    """A prefix that cannot bypass permission bits: as root, setpriv drops the capabilities
-    that let root read a chmod 000 file anyway."""
-    if os.geteuid() != 0:
-        return []
-    drop = [shutil.which("setpriv") or "setpriv",
-            "--bounding-set=-dac_override,-dac_read_search",
-            "--inh-caps=-dac_override,-dac_read_search"]
-    try:
-        works = subprocess.run([*drop, "true"], capture_output=True, timeout=30).returncode == 0
-    except OSError:
-        works = False
-    if not works:
-        pytest.skip("running as root, and setpriv cannot drop the capabilities to read anything")
-    return drop
 
 
 REAL = ROOT / "test" / "data" / "real"
@@ -195,7 +181,7 @@ def test_an_unreadable_ros1_bag_is_named_unreadable_not_no_bag(tmp_path, argv):
     names = {"BAG": bag, "OUT": tmp_path / "out", "PARAMS": REAL / "husky_params.yaml",
              "RULES": REAL / "husky_rules.yaml"}
     bag.chmod(0)
-    done = subprocess.run([*_unprivileged(), sys.executable, "-m", "thinkmem_ros.cli",
+    done = subprocess.run([*unprivileged(), sys.executable, "-m", "thinkmem_ros.cli",
                            *[str(names.get(a, a)) for a in argv]], env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "Traceback" not in done.stderr

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from cli_checks import assert_one_line, run
+from cli_checks import assert_one_line, run, unprivileged
 
 from thinkmem_ros.commands import train
 
@@ -321,21 +321,6 @@ def test_train_bag_refuses_the_worlds_options_it_would_ignore(tmp_path, capsys):
     assert_one_line(code, err, "--scenario, --duration: only for the synthetic world")
 
 
-def _unprivileged() -> list[str]:
-    """A command prefix that cannot bypass file permissions: as root, setpriv drops the
-    capabilities that override them (a root session reads a chmod 000 folder anyway)."""
-    if os.geteuid() != 0:
-        return []
-    drop = [shutil.which("setpriv") or "setpriv", "--bounding-set=-dac_override,-dac_read_search",
-            "--inh-caps=-dac_override,-dac_read_search"]
-    try:
-        works = subprocess.run([*drop, "true"], capture_output=True, timeout=30).returncode == 0
-    except OSError:
-        works = False
-    if not works:
-        pytest.skip("running as root, and setpriv cannot drop the capabilities that make "
-                    "root ignore permission bits")
-    return drop
 
 
 @pytest.mark.parametrize("argv, code", [
@@ -346,7 +331,7 @@ def _unprivileged() -> list[str]:
 def test_an_unreadable_bag_folder_is_one_line_naming_it(small_bag, tmp_path, argv, code):
     """A PermissionError from listing the folder escaped calibrate (exit 1, not its
     documented 2) and train --bag through the catch-all as an unexpected error."""
-    prefix = _unprivileged()
+    prefix = unprivileged()
     bag = tmp_path / "bag"
     shutil.copytree(small_bag, bag)
     rules = tmp_path / "rules.yaml"

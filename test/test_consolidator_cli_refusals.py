@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_consolidator_cli_hostile import assert_one_line
 
 from thinkmem_ros.commands import consolidator
 from thinkmem_ros.consolidator.round_lock import RoundLock, RoundLockError
@@ -49,11 +50,6 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def assert_one_line(code: int, err: str, *names: object) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for name in names:
-        assert str(name) in err, err
 
 
 def tree(root: Path) -> list[str]:
