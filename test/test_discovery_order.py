@@ -87,3 +87,15 @@ def test_the_relabelling_tail_is_the_enumerated_law():
     assert relabel_tail(np.zeros((3, 5), np.int64)) == 1.0  # every order fits alike
     lone = np.full((4, 5), 7)  # forward fits, no other order does, in 4 episodes
     assert relabel_tail(lone) == pytest.approx(6.0 ** -4)
+
+
+def test_past_its_work_bound_the_tail_is_hoeffdings_never_below_the_exact_law(monkeypatch):
+    from thinkmem_ros.consolidator.discovery import tails
+
+    rng = np.random.default_rng(1)
+    diffs = rng.integers(-2, 8, size=(60, 5))
+    exact = relabel_tail(diffs)
+    monkeypatch.setattr(tails, "RELABEL_WORK", 10)  # too small for any exact law
+    bound = tails.relabel_tail(diffs)
+    assert exact < bound <= 1.0
+    assert bound < 1e-3  # still a usable bound where forward leads by this much
