@@ -227,13 +227,15 @@ def test_train_refuses_the_current_folder_as_out_before_training(tmp_path):
 def test_the_results_summary_refuses_what_is_no_report(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "bin.json").write_bytes(bytes(range(256)))
-    for path in (tmp_path / "missing.json", tmp_path, tmp_path / "list.json",
-                 tmp_path / "bin.json"):
+    for path, says in ((tmp_path / "missing.json", "not a benchmark report"),
+                       (tmp_path, "is a folder, not a file"),  # refused before it is opened
+                       (tmp_path / "list.json", "not a benchmark report"),
+                       (tmp_path / "bin.json", "not a benchmark report")):
         res = subprocess.run([sys.executable, "-m", "thinkmem_ros.bench.summary", str(path)],
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
         assert res.returncode == 2 and res.stdout == ""
-        _one_line_refusal(res, "not a benchmark report")
+        _one_line_refusal(res, says)
 
 
 
