@@ -99,3 +99,23 @@ def test_past_its_work_bound_the_tail_is_hoeffdings_never_below_the_exact_law(mo
     bound = tails.relabel_tail(diffs)
     assert exact < bound <= 1.0
     assert bound < 1e-3  # still a usable bound where forward leads by this much
+
+
+def test_a_rule_in_short_missions_keeps_its_order_evidence():
+    """In missions of seven events (time = position, as a consolidator has them) the null
+    makes every level likely enough to score 0 bits, and on bits alone the demo's planted
+    rule had an order p of 1; the level itself keeps that evidence."""
+    rng = np.random.default_rng(4)
+    names = [f"N{i:02d}" for i in range(13)] + ["A", "B", "C"]
+    episodes = []
+    for k in range(18):
+        events = [names[i] for i in rng.integers(13, size=4)]
+        if k < 12:  # the rule, its steps a few events apart, and twice reversed
+            at = np.sort(rng.choice(len(events) + 1, 3, replace=False))
+            for offset, code in zip(at[::-1], ("C", "B", "A") if k < 10 else "ABC"):
+                events.insert(int(offset), code)
+        episodes.append(_Ep(k, k * 4 // 18, [(float(j), n) for j, n in enumerate(events)]))
+    log = EventLog.from_episodes(episodes, tuple(names))
+    result = discover(log, DiscoveryConfig(), np.random.default_rng(0))
+    rule = next(r for r in result.scored if tuple(r.pattern) == ("A", "B", "C"))
+    assert rule.p_order < 0.01, rule.p_order

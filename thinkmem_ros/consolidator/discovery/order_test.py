@@ -13,10 +13,12 @@ cluster of one copy of each code stays one copy of each under a relabelling; per
 labels over the codes' slots, as this check did before, gave it a second copy as often as
 not, which made the order it happened to show look rare, and it was read at the scale the
 family-wide stage had chosen for that very order. Each order is scored by the family's own
-statistic, the surprise of its tightest occurrence's level in that episode, here in
-quarter bits (``tails._level_scores``), a map that is the same for every order of an
-episode, so the relabelling test stays exact; tight fits count for far more than the
-coarse fits every order reaches somewhere in a long episode.
+statistics, the surprise of its tightest occurrence's level in that episode in quarter
+bits (``tails._level_scores``) plus the level itself: a map that is the same for every
+order of an episode, so the relabelling test stays exact. The bits make tight fits count
+for far more than the coarse fits every order reaches somewhere in a long episode; the
+level keeps the evidence of short missions, whose null makes every level likely enough to
+score 0 bits (the demo's planted rule had an order p of 1 on bits alone).
 
 The order tested is the one the data made significant, the best of L! by selection, so its
 p-value is multiplied by L! (Bonferroni over the orders): an unordered cluster then
@@ -38,10 +40,9 @@ from thinkmem_ros.consolidator.discovery.significance import _null_probs
 from thinkmem_ros.consolidator.discovery.tails import _level_scores, relabel_tail
 
 STEPS_PER_BIT = 4
-"""Score resolution of the order check: a quarter bit. Whole bits floor every level a short,
-dense mission's null makes likelier than 1/2 to 0, so in the rounds' missions the first
-rounds' rules lost the evidence of their tight fits (round 2's rule waited until round 5
-on one seed); the relabelling law only grows with it."""
+"""Score resolution of the order check's bits: a quarter bit. Whole bits floor every level
+a short, dense mission's null makes likelier than 1/2 to 0 (on bits alone, the rounds'
+round-2 rule waited until round 5 on one seed); the relabelling law only grows with it."""
 
 
 def orders(length: int) -> list[tuple[int, ...]]:
@@ -61,9 +62,12 @@ def order_p(ctx: _Episodes, codes: tuple[int, ...], rows: np.ndarray, levels: np
     rows = np.asarray(rows, np.int64)
     fitted = np.asarray(levels, np.int64)[:, None] - np.concatenate(
         (np.zeros((len(rows), 1), np.int64), np.asarray(diffs, np.int64)), axis=1)
-    copies = np.stack([ctx.copies(rows, np.full(rows.size, c)) for c in codes], axis=1)
+    # sorted: the score map must be the same under every relabelling, and the exact order
+    # probability at the widest scale depends on which code has how many copies
+    copies = np.sort(np.stack([ctx.copies(rows, np.full(rows.size, c)) for c in codes],
+                             axis=1), axis=1)
     score = np.concatenate((np.zeros((rows.size, 1), np.int64), _level_scores(
         _null_probs(ctx, rows, copies), STEPS_PER_BIT)), axis=1)
-    steps = np.take_along_axis(score, fitted, axis=1)
+    steps = np.take_along_axis(score, fitted, axis=1) + fitted
     p = relabel_tail(steps[:, :1] - steps[:, 1:])
     return min(1.0, p * math.factorial(len(codes)))
