@@ -186,13 +186,24 @@ SETS_RATE = "thinking_node:\n  ros__parameters:\n    frame_rate_hz: 5.0\n"
 ], ids=["empty-wildcard-section", "empty-own-section", "other-file-sets", "launch-fqn",
         "wildcard-namespace", "first-remap-wins", "node-prefixed-remap"])
 def test_a_params_file_with_a_section_for_this_node_passes(files, args, tmp_path):
-    from thinkmem_ros.robot.node_config import validate_ros_args
+    from thinkmem_ros.robot.node_config import (
+        node_fqn_from_args,
+        params_and_sections,
+        selector_matches,
+        validate_ros_args,
+    )
 
     paths = [write(tmp_path, f"p{index}.yaml", text) for index, text in enumerate(files)]
     files_args = [arg for path in paths for arg in ("--params-file", path)]
-    validate_ros_args(["prog", "--ros-args", *args, *files_args])
-    validate_ros_args(["prog", "--ros-args", *args, "--params-file", str(PARAMS),
-                       *files_args])
+    argv = ["prog", "--ros-args", *args, *files_args]
+    assert validate_ros_args(argv) is None  # raises ParamsFileError on a refusal
+    assert validate_ros_args(["prog", "--ros-args", *args, "--params-file", str(PARAMS),
+                              *files_args]) is None
+    # each file has a section that applies to the node rcl will create
+    fqn = node_fqn_from_args(argv)
+    for path in paths:
+        sections = params_and_sections(path, fqn)[1]
+        assert any(selector_matches(section, fqn) for section in sections), (sections, fqn)
 
 
 def test_the_node_name_is_the_one_rcl_gives(tmp_path):
